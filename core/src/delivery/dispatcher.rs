@@ -1,0 +1,446 @@
+//! The dispatcher: drains a key's outbox to the poller's consumer with per-key ordering,
+//! concurrency across keys, retries, parking and hold-key.
+
+use std::collections::HashSet;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures::{FutureExt, StreamExt};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::consumer::{Consumer, Delivery, Handler, HandlerContext, HandlerError, Partition, Subscription};
+use super::options::{AckMode, DeliveryOptions};
+use super::policy::{self, FailureDecision, Group};
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::model::{Lease, OutboxRow, ParkedKind, ParkedQuery, ParkedRow, PKey};
+use crate::rng::Rng;
+use crate::store::Store;
+
+/// The default number of outbox rows loaded per slice.
+pub const DEFAULT_DISPATCH_BATCH_SIZE: usize = 100;
+
+/// What one drain did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Events delivered and acknowledged.
+    pub delivered: u64,
+    /// Events parked (poison).
+    pub parked: u64,
+    /// Failed attempts recorded for a later retry.
+    pub failed: u64,
+    /// The earliest time a waiting retry becomes due (epoch ms), so a daemon can wake for it.
+    pub next_retry_at: Option<i64>,
+    /// A poison event was parked with `halt`: the drain stopped and the circuit should open.
+    pub halted: bool,
+    /// The drain was cancelled or the subscriber went away; unfinished events stay pending.
+    pub aborted: bool,
+    /// No consumer is attached: nothing was delivered and events wait in the outbox.
+    pub no_consumer: bool,
+    /// Pending rows left after the drain.
+    pub remaining: u64,
+}
+
+/// The caller's side of a drain: the partition handed to handlers and a cancellation token that
+/// fires on stop-without-drain or lease loss.
+#[derive(Clone, Debug, Default)]
+pub struct DrainContext {
+    /// The partition, with its transient data.
+    pub partition: Partition,
+    /// Cancels in-flight deliveries; they are not acknowledged and will be delivered again.
+    pub cancel: CancellationToken,
+}
+
+/// Detaches a handler registered with [`Dispatcher::on`].
+#[derive(Debug)]
+pub struct Unsubscribe {
+    slot: Arc<Slot>,
+    id: u64,
+}
+
+impl Unsubscribe {
+    /// Detaches the handler; events then wait in the outbox until a consumer attaches.
+    pub fn unsubscribe(self) {
+        self.slot.detach(self.id);
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    consumer: Mutex<Option<(u64, Consumer)>>,
+    next_id: AtomicU64,
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slot").finish_non_exhaustive()
+    }
+}
+
+impl Slot {
+    fn attach(&self, poller: &str, consumer: Consumer) -> Result<u64> {
+        let mut slot = self.consumer.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.is_some() {
+            return Err(Error::config(
+                "on/subscribe",
+                format!("poller '{poller}' already has a consumer: `on` and `subscribe` are exclusive, one per poller"),
+            ));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        *slot = Some((id, consumer));
+        Ok(id)
+    }
+
+    fn detach(&self, id: u64) {
+        let mut slot = self.consumer.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.as_ref().is_some_and(|(current, _)| *current == id) {
+            *slot = None;
+        }
+    }
+
+    fn current(&self) -> Option<Consumer> {
+        self.consumer.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|(_, c)| c.clone())
+    }
+}
+
+/// How one attempt ended.
+enum Attempt {
+    Delivered,
+    Failed(HandlerError),
+    /// Cancelled, or the subscriber went away: not acknowledged, no attempt recorded.
+    Aborted,
+}
+
+/// What one group's run did.
+#[derive(Default)]
+struct GroupOutcome {
+    delivered: u64,
+    parked: u64,
+    failed: u64,
+    next_retry_at: Option<i64>,
+    blocked: bool,
+    aborted: bool,
+}
+
+/// Delivers a poller's outbox to its consumer (one per poller).
+///
+/// Within an ordering key events are delivered strictly one after another in sequence order;
+/// up to `concurrency` keys are in flight at once. A failed attempt is retried after a
+/// full-jitter backoff, during which its key waits and other keys go on. An event that fails
+/// every attempt is parked (with its history) and, with `hold_key`, holds its key until the
+/// parked row is retried or discarded.
+pub struct Dispatcher {
+    poller: String,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    rng: Arc<dyn Rng>,
+    options: DeliveryOptions,
+    batch_size: usize,
+    slot: Arc<Slot>,
+}
+
+impl std::fmt::Debug for Dispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher")
+            .field("poller", &self.poller)
+            .field("options", &self.options)
+            .field("batch_size", &self.batch_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Dispatcher {
+    /// A dispatcher for `poller`. Fails with a `Config` error naming the option when the options
+    /// are invalid (concurrency 0, attempts 0, backoff max below base, batch size 0).
+    pub fn new(
+        poller: impl Into<String>,
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        rng: Arc<dyn Rng>,
+        options: DeliveryOptions,
+        batch_size: usize,
+    ) -> Result<Self> {
+        options.validate()?;
+        if batch_size == 0 {
+            return Err(Error::config("dispatch_batch_size", "must be at least 1, got 0"));
+        }
+        Ok(Self { poller: poller.into(), store, clock, rng, options, batch_size, slot: Arc::default() })
+    }
+
+    /// The poller this dispatcher serves.
+    pub fn poller(&self) -> &str {
+        &self.poller
+    }
+
+    /// The delivery options.
+    pub fn options(&self) -> &DeliveryOptions {
+        &self.options
+    }
+
+    /// Attaches a handler. Fails with a `Config` error if a consumer is already attached.
+    pub fn on(&self, handler: impl Handler) -> Result<Unsubscribe> {
+        let id = self.slot.attach(&self.poller, Consumer::Handler(Arc::new(handler)))?;
+        Ok(Unsubscribe { slot: Arc::clone(&self.slot), id })
+    }
+
+    /// Attaches a pull-based subscription. Fails with a `Config` error if a consumer is already
+    /// attached. Dropping the subscription detaches it.
+    pub fn subscribe(&self) -> Result<Subscription> {
+        let (tx, rx) = mpsc::channel(1);
+        let id = self.slot.attach(&self.poller, Consumer::Subscriber(tx))?;
+        let slot = Arc::clone(&self.slot);
+        Ok(Subscription::new(rx, Box::new(move || slot.detach(id))))
+    }
+
+    /// True while a handler or a subscription is attached.
+    pub fn has_consumer(&self) -> bool {
+        self.slot.current().is_some()
+    }
+
+    /// Delivers the pending events of `key` under `lease`.
+    ///
+    /// Loads the outbox a slice at a time (in sequence order), skips keys that are held by a
+    /// parked event or already waiting in this drain, and delivers the rest with up to
+    /// `concurrency` keys in flight. A row whose next attempt lies in the future blocks its key
+    /// for this drain and is reported in `next_retry_at`. Stops when a pass makes no progress,
+    /// on a `halt`, on cancellation, or on the first store error (`LeaseLost` included; in-flight
+    /// handlers are then cancelled).
+    pub async fn drain(&self, key: &PKey, lease: &Lease, ctx: &DrainContext) -> Result<DrainReport> {
+        let mut report = DrainReport::default();
+        let Some(consumer) = self.slot.current() else {
+            report.no_consumer = true;
+            report.remaining = self.store.count_pending(key).await?;
+            return Ok(report);
+        };
+        let cancel = ctx.cancel.child_token();
+        let halted = AtomicBool::new(false);
+        let mut blocked: HashSet<String> = HashSet::new();
+        let mut window = self.batch_size;
+        while !cancel.is_cancelled() {
+            let rows = self.store.load_pending(key, window).await?;
+            if rows.is_empty() {
+                break;
+            }
+            let slice_full = rows.len() >= window;
+            let held: HashSet<String> = self.store.held_keys(key).await?.into_iter().collect();
+            let groups = policy::eligible_groups(rows, |r| self.options.key_of(&r.event), &held, &blocked);
+            if groups.is_empty() {
+                match policy::widened_window(window, self.batch_size, slice_full) {
+                    Some(wider) => {
+                        window = wider;
+                        continue;
+                    }
+                    None => break,
+                }
+            }
+            let mut progress = false;
+            let mut runs = futures::stream::iter(groups)
+                .map(|group| {
+                    let group_key = group.key.clone();
+                    self.run_group(key, lease, group, &consumer, &ctx.partition, &cancel, &halted)
+                        .map(move |outcome| (group_key, outcome))
+                })
+                .buffer_unordered(self.options.concurrency);
+            while let Some((group_key, outcome)) = runs.next().await {
+                let outcome = match outcome {
+                    Ok(outcome) => outcome,
+                    Err(error) => {
+                        cancel.cancel();
+                        return Err(error);
+                    }
+                };
+                progress |= outcome.delivered + outcome.parked + outcome.failed > 0 || outcome.blocked;
+                report.delivered += outcome.delivered;
+                report.parked += outcome.parked;
+                report.failed += outcome.failed;
+                report.aborted |= outcome.aborted;
+                report.next_retry_at = min_opt(report.next_retry_at, outcome.next_retry_at);
+                if outcome.blocked {
+                    blocked.insert(group_key);
+                }
+            }
+            drop(runs);
+            report.halted = halted.load(Ordering::Acquire);
+            if report.halted || report.aborted || !progress {
+                break;
+            }
+        }
+        report.aborted |= cancel.is_cancelled() && !report.halted;
+        report.remaining = self.store.count_pending(key).await?;
+        Ok(report)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn run_group(
+        &self,
+        key: &PKey,
+        lease: &Lease,
+        group: Group,
+        consumer: &Consumer,
+        partition: &Partition,
+        cancel: &CancellationToken,
+        halted: &AtomicBool,
+    ) -> Result<GroupOutcome> {
+        let mut outcome = GroupOutcome::default();
+        for row in group.rows {
+            if halted.load(Ordering::Acquire) || cancel.is_cancelled() {
+                outcome.aborted = cancel.is_cancelled();
+                return Ok(outcome);
+            }
+            if let Some(at) = row.next_attempt_at {
+                if at > self.clock.now_ms() {
+                    outcome.blocked = true;
+                    outcome.next_retry_at = min_opt(outcome.next_retry_at, Some(at));
+                    return Ok(outcome);
+                }
+            }
+            let attempt = row.attempts.saturating_add(1);
+            match self.attempt(&row, attempt, consumer, partition, cancel).await {
+                Attempt::Delivered => {
+                    self.store.ack_events(key, lease, std::slice::from_ref(&row.event_id)).await?;
+                    outcome.delivered += 1;
+                    tracing::debug!(poller = %self.poller, partition = %key.partition, event = %row.event_id, attempt, "delivered");
+                }
+                Attempt::Aborted => {
+                    outcome.aborted = true;
+                    return Ok(outcome);
+                }
+                Attempt::Failed(error) => {
+                    let serialized = error.to_serialized();
+                    let decision = policy::on_failure(attempt, error.kind(), &self.options, self.rng.next_f64());
+                    match decision {
+                        FailureDecision::Retry { delay_ms } => {
+                            let at = self.clock.now_ms().saturating_add(delay_ms);
+                            self.store.record_attempt(key, lease, &row.event_id, &serialized, Some(at)).await?;
+                            tracing::info!(poller = %self.poller, partition = %key.partition, event = %row.event_id, attempt, delay_ms, error = %serialized.message, "delivery failed; will retry");
+                            outcome.failed += 1;
+                            outcome.blocked = true;
+                            outcome.next_retry_at = min_opt(outcome.next_retry_at, Some(at));
+                            return Ok(outcome);
+                        }
+                        FailureDecision::Park { hold_key, halt } => {
+                            let parked = ParkedRow {
+                                id: row.event_id.clone(),
+                                kind: ParkedKind::Poison,
+                                item: None,
+                                error: policy::parked_error(row.last_error.as_ref(), serialized),
+                                attempts: attempt,
+                                parked_at: self.clock.now_ms(),
+                                hold_key: hold_key.then(|| group.key.clone()),
+                                event: Some(row.event),
+                            };
+                            self.store.park_event(key, lease, &parked).await?;
+                            tracing::warn!(poller = %self.poller, partition = %key.partition, event = %parked.id, attempts = attempt, hold_key, halt, "event parked");
+                            outcome.parked += 1;
+                            if halt {
+                                halted.store(true, Ordering::Release);
+                                return Ok(outcome);
+                            }
+                            if hold_key {
+                                outcome.blocked = true;
+                                return Ok(outcome);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(outcome)
+    }
+
+    async fn attempt(
+        &self,
+        row: &OutboxRow,
+        attempt: u32,
+        consumer: &Consumer,
+        partition: &Partition,
+        cancel: &CancellationToken,
+    ) -> Attempt {
+        let mut event = row.event.clone();
+        event.attempt = attempt;
+        let ctx = HandlerContext::new(attempt, partition.clone(), cancel.child_token());
+        match consumer {
+            Consumer::Handler(handler) => {
+                let ack = ctx.ack_handle().clone();
+                let call = AssertUnwindSafe(handler.handle(event, ctx)).catch_unwind();
+                let result = tokio::select! {
+                    biased;
+                    () = cancel.cancelled() => return Attempt::Aborted,
+                    result = call => result,
+                };
+                let acked = ack.seal();
+                match result {
+                    Err(panic) => Attempt::Failed(HandlerError::transient(format!(
+                        "handler panicked: {}",
+                        panic_message(panic.as_ref())
+                    ))),
+                    Ok(Err(error)) => Attempt::Failed(error),
+                    Ok(Ok(())) if self.options.ack_mode == AckMode::Manual && !acked => {
+                        Attempt::Failed(HandlerError::transient(
+                            "handler returned without calling ctx.ack() (ack_mode is manual)",
+                        ))
+                    }
+                    Ok(Ok(())) => Attempt::Delivered,
+                }
+            }
+            Consumer::Subscriber(tx) => {
+                let (reply, outcome) = oneshot::channel();
+                let handover = tx.send(Delivery { event, ctx, reply });
+                let sent = tokio::select! {
+                    biased;
+                    () = cancel.cancelled() => return Attempt::Aborted,
+                    sent = handover => sent,
+                };
+                if sent.is_err() {
+                    return Attempt::Aborted;
+                }
+                let outcome = tokio::select! {
+                    biased;
+                    () = cancel.cancelled() => return Attempt::Aborted,
+                    outcome = outcome => outcome,
+                };
+                match outcome {
+                    Ok(Ok(())) => Attempt::Delivered,
+                    Ok(Err(error)) => Attempt::Failed(error),
+                    // The subscription was dropped with the event in hand: not acknowledged.
+                    Err(_) => Attempt::Aborted,
+                }
+            }
+        }
+    }
+
+    /// Parked rows of `key` (poison and quarantined), oldest first.
+    pub async fn list_parked(&self, key: &PKey, query: ParkedQuery) -> Result<Vec<ParkedRow>> {
+        self.store.list_parked(key, query).await
+    }
+
+    /// Moves parked poison events back to the outbox as pending (releasing their hold); the next
+    /// drain delivers them, then their key's successors in order. Returns how many moved.
+    pub async fn retry_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
+        self.store.retry_parked(key, ids).await
+    }
+
+    /// Deletes parked rows (releasing their hold). Returns how many were removed.
+    pub async fn discard_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
+        self.store.discard_parked(key, ids).await
+    }
+}
+
+fn min_opt(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}

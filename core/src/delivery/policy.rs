@@ -1,0 +1,224 @@
+//! The pure decisions of delivery: grouping by ordering key, what a failure leads to, and how the
+//! load window widens. No I/O, no clock, no randomness of their own.
+
+use std::collections::{HashMap, HashSet};
+
+use super::consumer::HandlerErrorKind;
+use super::options::{DeliveryOptions, PoisonAction};
+use crate::clock::duration_ms;
+use crate::model::{OutboxRow, ParkedError, SerializedError};
+
+/// The rows of one ordering key within a slice, in sequence order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Group {
+    /// The ordering key.
+    pub key: String,
+    /// The rows, in sequence order.
+    pub rows: Vec<OutboxRow>,
+}
+
+/// Splits a slice (already in sequence order) into groups by ordering key, in order of first
+/// appearance, leaving out keys that are held or blocked.
+pub fn eligible_groups(
+    rows: Vec<OutboxRow>,
+    key_of: impl Fn(&OutboxRow) -> String,
+    held: &HashSet<String>,
+    blocked: &HashSet<String>,
+) -> Vec<Group> {
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut groups: Vec<Group> = Vec::new();
+    for row in rows {
+        let key = key_of(&row);
+        if held.contains(&key) || blocked.contains(&key) {
+            continue;
+        }
+        match index.get(&key) {
+            Some(&i) => groups[i].rows.push(row),
+            None => {
+                index.insert(key.clone(), groups.len());
+                groups.push(Group { key, rows: vec![row] });
+            }
+        }
+    }
+    groups
+}
+
+/// The window for the next load when a slice had no eligible group: doubled (up to 16 × the batch
+/// size) when the slice was full, since held keys may be hiding deliverable rows behind them;
+/// `None` when widening cannot help.
+pub fn widened_window(window: usize, batch_size: usize, slice_full: bool) -> Option<usize> {
+    let max = batch_size.saturating_mul(16);
+    (slice_full && window < max).then(|| window.saturating_mul(2).min(max))
+}
+
+/// What a failed attempt leads to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FailureDecision {
+    /// Try again no earlier than `delay_ms` from now; the key waits.
+    Retry {
+        /// The delay before the next attempt.
+        delay_ms: i64,
+    },
+    /// Park the event.
+    Park {
+        /// Hold back the rest of the ordering key.
+        hold_key: bool,
+        /// Stop the whole drain (poison `halt`).
+        halt: bool,
+    },
+}
+
+/// Decides what failed attempt `attempt` (1-based) leads to. `u` is a uniform draw in `[0, 1)`
+/// for the full-jitter backoff.
+///
+/// A permanent failure parks at once; an exhausted attempt budget parks; a retry-after failure
+/// waits exactly as told; any other failure waits a full-jitter backoff.
+pub fn on_failure(
+    attempt: u32,
+    kind: &HandlerErrorKind,
+    options: &DeliveryOptions,
+    u: f64,
+) -> FailureDecision {
+    let exhausted = attempt >= options.attempts;
+    if exhausted || matches!(kind, HandlerErrorKind::Permanent) {
+        return FailureDecision::Park {
+            hold_key: options.hold_key,
+            halt: options.poison == PoisonAction::Halt,
+        };
+    }
+    let delay_ms = match kind {
+        HandlerErrorKind::RetryAfter(delay) => duration_ms(*delay),
+        _ => options.backoff.full_jitter_ms(attempt, u),
+    };
+    FailureDecision::Retry { delay_ms }
+}
+
+/// The error of a parked row: the last error, with the row's earlier error (if any) and the last
+/// one as history.
+pub fn parked_error(previous: Option<&SerializedError>, last: SerializedError) -> ParkedError {
+    let history: Vec<SerializedError> = previous.into_iter().cloned().chain([last.clone()]).collect();
+    ParkedError { error: last, history: Some(history), issues: None }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::event::{Event, EventType};
+    use crate::model::Lane;
+    use crate::rng::{Rng, SeededRng};
+
+    fn row(seq: i64, subject: &str) -> OutboxRow {
+        OutboxRow::pending(
+            Event {
+                id: format!("e{seq}"),
+                event_type: EventType::Created,
+                source: "urn:watukuy:t".into(),
+                subject: subject.into(),
+                time: String::new(),
+                poller: "t".into(),
+                partition: String::new(),
+                lane: Lane::Live,
+                sequence: seq,
+                cursor: None,
+                data: None,
+                previous: None,
+                attempt: 0,
+            },
+            0,
+        )
+    }
+
+    #[test]
+    fn groups_keep_first_appearance_and_sequence_order() {
+        let rows = vec![row(1, "a"), row(2, "b"), row(3, "a"), row(4, "c"), row(5, "b")];
+        let groups = eligible_groups(rows, |r| r.event.subject.clone(), &HashSet::new(), &HashSet::new());
+        let shape: Vec<(String, Vec<i64>)> =
+            groups.into_iter().map(|g| (g.key, g.rows.iter().map(|r| r.sequence).collect())).collect();
+        assert_eq!(
+            shape,
+            vec![("a".into(), vec![1, 3]), ("b".into(), vec![2, 5]), ("c".into(), vec![4])]
+        );
+    }
+
+    #[test]
+    fn held_and_blocked_keys_are_left_out() {
+        let rows = vec![row(1, "a"), row(2, "b"), row(3, "c")];
+        let held: HashSet<String> = ["a".to_owned()].into();
+        let blocked: HashSet<String> = ["c".to_owned()].into();
+        let groups = eligible_groups(rows, |r| r.event.subject.clone(), &held, &blocked);
+        assert_eq!(groups.iter().map(|g| g.key.as_str()).collect::<Vec<_>>(), vec!["b"]);
+    }
+
+    #[test]
+    fn window_doubles_up_to_sixteen_batches_only_when_full() {
+        assert_eq!(widened_window(100, 100, true), Some(200));
+        assert_eq!(widened_window(800, 100, true), Some(1600));
+        assert_eq!(widened_window(1600, 100, true), None);
+        assert_eq!(widened_window(100, 100, false), None);
+        let mut w = 3;
+        let mut seen = vec![w];
+        while let Some(next) = widened_window(w, 3, true) {
+            w = next;
+            seen.push(w);
+        }
+        assert_eq!(seen, vec![3, 6, 12, 24, 48]);
+    }
+
+    #[test]
+    fn retries_then_parks_with_a_pinned_delay_sequence() {
+        let options = DeliveryOptions::default().attempts(4);
+        let rng = SeededRng::new(7);
+        let decisions: Vec<FailureDecision> = (1..=4)
+            .map(|n| on_failure(n, &HandlerErrorKind::Transient, &options, rng.next_f64()))
+            .collect();
+        let again = SeededRng::new(7);
+        let expected_delays: Vec<i64> =
+            (1..=3).map(|n| options.backoff.full_jitter_ms(n, again.next_f64())).collect();
+        assert_eq!(
+            decisions,
+            vec![
+                FailureDecision::Retry { delay_ms: expected_delays[0] },
+                FailureDecision::Retry { delay_ms: expected_delays[1] },
+                FailureDecision::Retry { delay_ms: expected_delays[2] },
+                FailureDecision::Park { hold_key: true, halt: false },
+            ]
+        );
+    }
+
+    #[test]
+    fn one_attempt_means_no_retry() {
+        let options = DeliveryOptions::default().attempts(1).hold_key(false);
+        assert_eq!(
+            on_failure(1, &HandlerErrorKind::Transient, &options, 0.5),
+            FailureDecision::Park { hold_key: false, halt: false }
+        );
+    }
+
+    #[test]
+    fn permanent_parks_at_once_and_halt_is_reported() {
+        let options = DeliveryOptions::default().poison(PoisonAction::Halt);
+        assert_eq!(
+            on_failure(1, &HandlerErrorKind::Permanent, &options, 0.5),
+            FailureDecision::Park { hold_key: true, halt: true }
+        );
+    }
+
+    #[test]
+    fn retry_after_waits_exactly_as_told() {
+        let options = DeliveryOptions::default();
+        let kind = HandlerErrorKind::RetryAfter(Duration::from_millis(1_234));
+        assert_eq!(on_failure(2, &kind, &options, 0.9), FailureDecision::Retry { delay_ms: 1_234 });
+    }
+
+    #[test]
+    fn parked_error_history_ends_with_the_last_error() {
+        let first = SerializedError::new("HandlerError", "one");
+        let last = SerializedError::new("HandlerError", "two");
+        let parked = parked_error(Some(&first), last.clone());
+        assert_eq!(parked.error, last);
+        assert_eq!(parked.history, Some(vec![first, last.clone()]));
+        assert_eq!(parked_error(None, last.clone()).history, Some(vec![last]));
+    }
+}

@@ -1,0 +1,303 @@
+//! The [`Store`] contract: everything the engine persists goes through it.
+//!
+//! Every method's documentation carries a numbered **Contract**. Each bullet is proven by exactly
+//! one conformance case of `watukuy-conformance`, named after the bullet (`module::case`), so a
+//! store that passes `store_tests!` keeps every promise below.
+//!
+//! Rules every implementation follows:
+//! - **Fencing.** A *fenced* method takes the caller's [`Lease`] and, in the same atomic unit as its
+//!   write, checks that the key's current lease has the same owner and epoch. On mismatch (a stale,
+//!   released, foreign or made-up lease) it writes nothing and fails with
+//!   [`Error::LeaseLost`](crate::Error::LeaseLost) carrying the key and the *rejected* epoch.
+//!   Expiry alone does not fail the fence: only another acquisition does.
+//! - **Time is a parameter.** Stores never read a clock; `now_ms` arrives from the engine.
+//! - **No driver types cross this boundary.** Driver errors are mapped once, per backend, into
+//!   [`Error::Store`](crate::Error::Store) with a transient/permanent flag.
+//! - **Unfenced admin writes never touch the lease.**
+//! - **In-process stores hand out copies**, never references into their own state.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+
+use crate::error::Result;
+use crate::model::{
+    Capabilities, CommitBatch, ItemRow, Lease, LogQuery, LoggedEvent, OutboxRow, ParkedQuery,
+    ParkedRow, PKey, PollerState, SerializedError, StatePatch, Validator,
+};
+
+/// The default batch size of [`Store::stream_identities`].
+pub const DEFAULT_IDENTITY_BATCH: usize = 1000;
+
+/// Persistence for pollers: leases, state, the item snapshot, the outbox, parked rows,
+/// HTTP validators and the replay log.
+///
+/// Object safe: the engine holds an `Arc<dyn Store>`, so wrappers and runtime choice of backend
+/// are plain values.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// What this store supports.
+    ///
+    /// **Contract**
+    /// 1. Returns the same three flags on every call (`setup::exposes_capabilities`).
+    fn capabilities(&self) -> Capabilities;
+
+    /// Creates or upgrades the store's schema.
+    ///
+    /// **Contract**
+    /// 1. Idempotent: calling it again changes nothing and the store reads as empty
+    ///    (`setup::migrate_is_idempotent`).
+    async fn migrate(&self) -> Result<()>;
+
+    /// Releases the store's resources. The store may reopen lazily on its next use.
+    async fn close(&self) -> Result<()>;
+
+    /// Takes the lease on `key` for `owner` until `now_ms + ttl_ms`.
+    ///
+    /// **Contract**
+    /// 1. On a key never leased, returns `Lease { owner, epoch: 1, expires_at: now + ttl }`
+    ///    (`leases::acquire_on_empty_key_returns_epoch_1`).
+    /// 2. Returns `None`, changing nothing, while another owner's lease is unexpired
+    ///    (`expires_at > now`) (`leases::other_owner_cannot_acquire_valid_lease`).
+    /// 3. The same owner re-acquiring gets the next epoch and a new expiry; its old lease stops
+    ///    passing the fence (`leases::same_owner_reacquire_bumps_epoch`).
+    /// 4. At or after `expires_at` another owner takes it with the next epoch
+    ///    (`leases::expired_lease_is_stolen_with_next_epoch`).
+    /// 5. Epochs are strictly increasing per key across every acquisition, releases included
+    ///    (`leases::release_then_acquire_keeps_epoch_monotonic`).
+    async fn acquire_lease(
+        &self,
+        key: &PKey,
+        owner: &str,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<Option<Lease>>;
+
+    /// Extends the caller's lease to `now_ms + ttl_ms` if it is still the current one.
+    ///
+    /// **Contract**
+    /// 1. Returns `true` and moves the expiry when owner and epoch match; `false`, changing nothing,
+    ///    for a stale epoch, another owner or another key (`leases::renew_succeeds_for_current_epoch_only`).
+    async fn renew_lease(&self, key: &PKey, lease: &Lease, ttl_ms: i64, now_ms: i64)
+    -> Result<bool>;
+
+    /// Gives the lease up if it is still the current one; otherwise does nothing.
+    ///
+    /// **Contract**
+    /// 1. After a release, `get_lease` is `None` and the epoch counter is kept
+    ///    (`leases::release_then_acquire_keeps_epoch_monotonic`).
+    /// 2. A stale epoch, another owner or another key is a silent no-op
+    ///    (`leases::release_with_stale_lease_is_noop`).
+    async fn release_lease(&self, key: &PKey, lease: &Lease) -> Result<()>;
+
+    /// The current holder of `key`, expired or not, or `None` if unowned.
+    ///
+    /// **Contract**
+    /// 1. `None` before any acquisition, the holder afterwards (`leases::get_lease_is_none_then_holder`).
+    async fn get_lease(&self, key: &PKey) -> Result<Option<Lease>>;
+
+    /// The key's state, or `None` if it was never saved.
+    ///
+    /// **Contract**
+    /// 1. `None` for an unknown key, even after a lease was acquired on it
+    ///    (`state::load_state_is_none_for_unknown_key`).
+    async fn load_state(&self, key: &PKey) -> Result<Option<PollerState>>;
+
+    /// Fenced: applies `patch` (top-level replace, see [`PollerState::apply`]).
+    ///
+    /// **Contract**
+    /// 1. Round-trips every field, nested JSON included; a first save creates the zero state with
+    ///    `created_at = patch.updated_at` (`state::save_state_round_trips_every_field`).
+    /// 2. Fenced: a stale lease, another owner or a made-up epoch fails with `LeaseLost` and
+    ///    changes nothing (`fencing::save_state_rejects_stale_lease`).
+    async fn save_state(&self, key: &PKey, lease: &Lease, patch: &StatePatch) -> Result<()>;
+
+    /// Unfenced: applies `patch` without a lease (pause, resume, trigger, reset, partition removal).
+    ///
+    /// **Contract**
+    /// 1. Creates the zero state with `created_at = patch.updated_at` and creates no lease
+    ///    (`state::unfenced_save_creates_zero_state`).
+    /// 2. Without `updated_at`, a new state has `created_at = 0`
+    ///    (`state::unfenced_save_without_updated_at_uses_zero`).
+    /// 3. Patches replace top-level fields wholesale and keep `created_at`
+    ///    (`state::patches_replace_top_level_fields`).
+    async fn save_state_unfenced(&self, key: &PKey, patch: &StatePatch) -> Result<()>;
+
+    /// Every key that has state or a lease, optionally only those of one poller (any order).
+    ///
+    /// **Contract**
+    /// 1. Lists keys created by lease acquisition or by an unfenced save; the filter keeps one
+    ///    poller; an unknown poller gives an empty list (`state::list_keys_filters_by_poller`).
+    async fn list_keys(&self, poller: Option<&str>) -> Result<Vec<PKey>>;
+
+    /// Unfenced: removes everything of `key`: state, lease, items, outbox, parked, validators, log.
+    ///
+    /// **Contract**
+    /// 1. Leaves other keys intact, is idempotent, and the key leaves `list_keys`
+    ///    (`state::delete_key_removes_everything`).
+    async fn delete_key(&self, key: &PKey) -> Result<()>;
+
+    /// Unfenced: drops the item snapshot of `key` and nothing else.
+    ///
+    /// **Contract**
+    /// 1. Outbox, parked rows, state and lease are untouched; clearing an unknown key is fine
+    ///    (`state::clear_items_drops_snapshot_only`).
+    async fn clear_items(&self, key: &PKey) -> Result<()>;
+
+    /// The stored rows of the given identities; absent identities are left out.
+    ///
+    /// **Contract**
+    /// 1. Returns present rows only, payload only when stored (absent and JSON `null` differ),
+    ///    `version: None` round-trips, empty input gives an empty map
+    ///    (`items::load_versions_returns_present_rows`).
+    async fn load_versions(&self, key: &PKey, identities: &[String])
+    -> Result<HashMap<String, ItemRow>>;
+
+    /// Every identity of the snapshot exactly once, in batches of at most `batch_size`.
+    ///
+    /// **Contract**
+    /// 1. Batches are full except the last; together they cover the snapshot exactly once; an
+    ///    empty snapshot yields no batch (`items::stream_identities_batches`).
+    fn stream_identities<'a>(
+        &'a self,
+        key: &'a PKey,
+        batch_size: usize,
+    ) -> BoxStream<'a, Result<Vec<String>>>;
+
+    /// The snapshot's size.
+    ///
+    /// **Contract**
+    /// 1. Counts rows after upserts and deletes (`items::count_items_counts_snapshot`).
+    async fn count_items(&self, key: &PKey) -> Result<u64>;
+
+    /// Fenced, atomic: applies one page's work in ONE transaction.
+    ///
+    /// Upserts and deletes of items, outbox rows (insert or replace by event id; a row with
+    /// status `Delivered` is not pending), parked rows (insert or replace by id), a log append of
+    /// the events when `batch.log`, and the state patch. All or nothing.
+    ///
+    /// **Contract**
+    /// 1. Applies every part together; the state equals the zero state plus the patch
+    ///    (`commit_poll::applies_everything_together`).
+    /// 2. Appends to the log only when `batch.log` (`commit_poll::appends_log_only_when_asked`).
+    /// 3. Re-committing an event id overwrites the row, attempts included
+    ///    (`commit_poll::recommitting_event_overwrites_row`).
+    /// 4. An empty batch still applies the patch (`commit_poll::empty_batch_applies_patch`).
+    /// 5. Fenced: with a bad lease nothing of the batch lands (`fencing::commit_poll_rejects_stale_lease`).
+    async fn commit_poll(&self, key: &PKey, lease: &Lease, batch: &CommitBatch) -> Result<()>;
+
+    /// Up to `limit` pending rows in sequence order. Not filtered by `next_attempt_at`: the
+    /// dispatcher decides what a future retry time means.
+    ///
+    /// **Contract**
+    /// 1. Sequence order, honours `limit` (0 gives none), ignores `next_attempt_at`, sees only its
+    ///    key (`outbox::load_pending_orders_by_sequence`).
+    async fn load_pending(&self, key: &PKey, limit: usize) -> Result<Vec<OutboxRow>>;
+
+    /// The number of pending rows.
+    ///
+    /// **Contract**
+    /// 1. Counts pending rows only; acks decrement it (`outbox::count_pending_counts_pending_only`).
+    async fn count_pending(&self, key: &PKey) -> Result<u64>;
+
+    /// Fenced: removes delivered rows (or marks them delivered). Unknown ids are ignored.
+    ///
+    /// **Contract**
+    /// 1. Removes the rows; unknown ids and an empty list are no-ops
+    ///    (`outbox::ack_removes_rows_ignores_unknown`).
+    /// 2. Fenced (`fencing::ack_events_rejects_stale_lease`).
+    async fn ack_events(&self, key: &PKey, lease: &Lease, ids: &[String]) -> Result<()>;
+
+    /// Fenced: records a failed attempt: `attempts + 1`, the error and the next attempt time.
+    ///
+    /// **Contract**
+    /// 1. Increments attempts, stores the error and `next_attempt_at` (which may be `None`);
+    ///    an unknown id is a no-op (`outbox::record_attempt_updates_row`).
+    /// 2. Fenced (`fencing::record_attempt_rejects_stale_lease`).
+    async fn record_attempt(
+        &self,
+        key: &PKey,
+        lease: &Lease,
+        id: &str,
+        error: &SerializedError,
+        next_attempt_at: Option<i64>,
+    ) -> Result<()>;
+
+    /// Fenced: inserts or replaces a parked row and removes the outbox row of its event, if any.
+    ///
+    /// **Contract**
+    /// 1. The outbox row of `row.event` is removed; `held_keys` reflects `hold_key`; a row without
+    ///    an event leaves the outbox alone (`parked::park_event_removes_outbox_row_and_holds`).
+    /// 2. Fenced (`fencing::park_event_rejects_stale_lease`).
+    async fn park_event(&self, key: &PKey, lease: &Lease, row: &ParkedRow) -> Result<()>;
+
+    /// Parked rows ordered by `parked_at`, then id.
+    ///
+    /// **Contract**
+    /// 1. Filters by kind, orders by `parked_at` then id, honours the limit
+    ///    (`parked::list_parked_filters_orders_limits`).
+    async fn list_parked(&self, key: &PKey, query: ParkedQuery) -> Result<Vec<ParkedRow>>;
+
+    /// The number of parked rows of every kind.
+    ///
+    /// **Contract**
+    /// 1. Counts every kind; re-parking an id replaces the row (`parked::count_parked_counts_every_kind`).
+    async fn count_parked(&self, key: &PKey) -> Result<u64>;
+
+    /// Unfenced: moves poison rows back to the outbox as pending and releases their hold.
+    ///
+    /// The new outbox row is `{ event_id, sequence: event.sequence, attempts: 0,
+    /// next_attempt_at: None, last_error: None, created_at: parked_at }`. Invalid rows and
+    /// unknown ids are ignored. Returns how many rows moved.
+    ///
+    /// **Contract**
+    /// 1. Exactly that row appears, the parked row and its hold are gone, invalid rows and unknown
+    ///    ids are ignored, the count is returned (`parked::retry_parked_moves_poison_back`).
+    async fn retry_parked(&self, key: &PKey, ids: &[String]) -> Result<u64>;
+
+    /// Unfenced: deletes parked rows; returns how many were removed (duplicates count once).
+    ///
+    /// **Contract**
+    /// 1. Removes rows, counts each once, updates held keys (`parked::discard_parked_returns_count`).
+    async fn discard_parked(&self, key: &PKey, ids: &[String]) -> Result<u64>;
+
+    /// The distinct non-null hold keys of parked rows.
+    ///
+    /// **Contract**
+    /// 1. Reflects parking, retrying and discarding (`parked::park_event_removes_outbox_row_and_holds`).
+    async fn held_keys(&self, key: &PKey) -> Result<Vec<String>>;
+
+    /// The validators stored for a URL hash.
+    ///
+    /// **Contract**
+    /// 1. `None` until set; round-trips (all-`None` fields allowed); overwrites; URLs are
+    ///    independent (`validators::validators_round_trip`).
+    async fn get_validator(&self, key: &PKey, url_hash: &str) -> Result<Option<Validator>>;
+
+    /// Fenced: stores the validators of a URL hash.
+    ///
+    /// **Contract**
+    /// 1. Fenced (`fencing::set_validator_rejects_stale_lease`).
+    async fn set_validator(
+        &self,
+        key: &PKey,
+        lease: &Lease,
+        url_hash: &str,
+        validator: &Validator,
+    ) -> Result<()>;
+
+    /// Log entries matching `query`, in sequence order, at most `limit`.
+    ///
+    /// **Contract**
+    /// 1. `sequence > after_sequence`, in sequence order (`log::read_log_after_sequence`).
+    /// 2. `created_at` within `[from_time, to_time]` inclusive, honours `limit` (0 gives none)
+    ///    (`log::read_log_time_range_and_limit`).
+    async fn read_log(&self, key: &PKey, query: LogQuery, limit: usize) -> Result<Vec<LoggedEvent>>;
+
+    /// Deletes log entries created strictly before `older_than`; returns how many.
+    ///
+    /// **Contract**
+    /// 1. Strictly older only, idempotent, per key (`log::prune_log_strictly_older`).
+    async fn prune_log(&self, key: &PKey, older_than: i64) -> Result<u64>;
+}
