@@ -47,7 +47,11 @@ impl Backoff {
         let base = duration_ms(self.base);
         let exponent = i32::try_from(attempt.saturating_sub(1)).unwrap_or(i32::MAX);
         let raw = ms_f64(base) * self.factor.powi(exponent);
-        if raw.is_finite() && raw < ms_f64(max) { f64_to_ms(raw) } else { max }
+        if raw.is_finite() && raw < ms_f64(max) {
+            f64_to_ms(raw)
+        } else {
+            max
+        }
     }
 
     /// The delay after failed attempt `attempt` with full jitter: `round(u * cap)`, where `u` is a
@@ -88,7 +92,12 @@ mod tests {
     fn caps_grow_exponentially_up_to_max() {
         let b = delivery_default();
         let caps: Vec<i64> = (1..=9).map(|n| b.cap_ms(n)).collect();
-        assert_eq!(caps, vec![1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 120_000, 120_000]);
+        assert_eq!(
+            caps,
+            vec![
+                1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 120_000, 120_000
+            ]
+        );
         assert_eq!(b.cap_ms(10_000), 120_000, "huge attempts saturate at max");
     }
 
@@ -96,9 +105,13 @@ mod tests {
     fn full_jitter_sequence_is_pinned_for_a_seed() {
         let b = delivery_default();
         let rng = SeededRng::new(42);
-        let delays: Vec<i64> = (1..=6).map(|n| b.full_jitter_ms(n, rng.next_f64())).collect();
+        let delays: Vec<i64> = (1..=6)
+            .map(|n| b.full_jitter_ms(n, rng.next_f64()))
+            .collect();
         let again = SeededRng::new(42);
-        let replay: Vec<i64> = (1..=6).map(|n| b.full_jitter_ms(n, again.next_f64())).collect();
+        let replay: Vec<i64> = (1..=6)
+            .map(|n| b.full_jitter_ms(n, again.next_f64()))
+            .collect();
         assert_eq!(delays, replay);
         for (n, d) in (1..=6).zip(&delays) {
             assert!((0..=b.cap_ms(n)).contains(d), "attempt {n}: {d}");
@@ -118,8 +131,16 @@ mod tests {
     fn validation_names_the_option() {
         let bad = Backoff::new(Duration::from_secs(10), 2.0, Duration::from_secs(1));
         let err = bad.validate("delivery.retry.backoff").unwrap_err();
-        assert!(err.to_string().contains("delivery.retry.backoff.max"), "{err}");
+        assert!(
+            err.to_string().contains("delivery.retry.backoff.max"),
+            "{err}"
+        );
         let bad = Backoff::new(Duration::from_secs(1), 0.5, Duration::from_secs(1));
-        assert!(bad.validate("x").unwrap_err().to_string().contains("x.factor"));
+        assert!(
+            bad.validate("x")
+                .unwrap_err()
+                .to_string()
+                .contains("x.factor")
+        );
     }
 }

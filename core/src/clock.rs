@@ -73,14 +73,18 @@ pub struct TokioClock {
 impl TokioClock {
     /// A clock reading `origin_ms` now and moving with tokio's time.
     pub fn starting_at(origin_ms: i64) -> Self {
-        Self { origin_ms, start: tokio::time::Instant::now() }
+        Self {
+            origin_ms,
+            start: tokio::time::Instant::now(),
+        }
     }
 }
 
 #[async_trait]
 impl Clock for TokioClock {
     fn now_ms(&self) -> i64 {
-        self.origin_ms.saturating_add(duration_ms(self.start.elapsed()))
+        self.origin_ms
+            .saturating_add(duration_ms(self.start.elapsed()))
     }
 
     async fn sleep_until(&self, deadline_ms: i64) {
@@ -100,7 +104,9 @@ pub struct ManualClock {
 impl ManualClock {
     /// A clock reading `now_ms`.
     pub fn new(now_ms: i64) -> Self {
-        Self { now: Arc::new(tokio::sync::watch::Sender::new(now_ms)) }
+        Self {
+            now: Arc::new(tokio::sync::watch::Sender::new(now_ms)),
+        }
     }
 
     /// Moves time forward by `duration`, waking every sleeper whose deadline passed.
@@ -168,8 +174,14 @@ mod tests {
     #[test]
     fn formats_rfc3339() {
         assert_eq!(format_rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(format_rfc3339_ms(1_767_225_600_000), "2026-01-01T00:00:00.000Z");
-        assert_eq!(format_rfc3339_ms(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(
+            format_rfc3339_ms(1_767_225_600_000),
+            "2026-01-01T00:00:00.000Z"
+        );
+        assert_eq!(
+            format_rfc3339_ms(951_782_400_123),
+            "2000-02-29T00:00:00.123Z"
+        );
         assert_eq!(format_rfc3339_ms(-1), "1969-12-31T23:59:59.999Z");
     }
 

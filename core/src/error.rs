@@ -201,9 +201,7 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Store { transient, .. } => *transient,
-            Error::Http { status, .. } => {
-                status.is_none_or(|s| s == 408 || s == 429 || s >= 500)
-            }
+            Error::Http { status, .. } => status.is_none_or(|s| s == 408 || s == 429 || s >= 500),
             Error::BudgetTimeout { .. } => true,
             _ => false,
         }
@@ -211,17 +209,29 @@ impl Error {
 
     /// A configuration error naming the option.
     pub fn config(option: impl Into<String>, message: impl Into<String>) -> Self {
-        Error::Config { option: option.into(), message: message.into() }
+        Error::Config {
+            option: option.into(),
+            message: message.into(),
+        }
     }
 
     /// The lease-lost error for `key` and the rejected epoch.
     pub fn lease_lost(key: &PKey, epoch: i64) -> Self {
-        Error::LeaseLost { poller: key.poller.clone(), partition: key.partition.clone(), epoch }
+        Error::LeaseLost {
+            poller: key.poller.clone(),
+            partition: key.partition.clone(),
+            epoch,
+        }
     }
 
     /// A store failure without a driver error.
     pub fn store(kind: StoreErrorKind, transient: bool, message: impl Into<String>) -> Self {
-        Error::Store { kind, transient, message: message.into(), source: None }
+        Error::Store {
+            kind,
+            transient,
+            message: message.into(),
+            source: None,
+        }
     }
 
     /// A store failure wrapping the driver's error.
@@ -231,12 +241,22 @@ impl Error {
         message: impl Into<String>,
         source: impl Into<BoxError>,
     ) -> Self {
-        Error::Store { kind, transient, message: message.into(), source: Some(source.into()) }
+        Error::Store {
+            kind,
+            transient,
+            message: message.into(),
+            source: Some(source.into()),
+        }
     }
 
     /// Stored data that could not be decoded.
     pub fn corrupt(what: impl fmt::Display, source: impl Into<BoxError>) -> Self {
-        Error::store_with(StoreErrorKind::Corrupt, false, format!("cannot decode {what}"), source)
+        Error::store_with(
+            StoreErrorKind::Corrupt,
+            false,
+            format!("cannot decode {what}"),
+            source,
+        )
     }
 
     /// This error as plain data, with its code.
@@ -265,10 +285,18 @@ mod tests {
 
     #[test]
     fn codes_are_stable_strings() {
-        assert_eq!(Error::config("delivery.concurrency", "must be at least 1").code().as_str(), "CONFIG");
+        assert_eq!(
+            Error::config("delivery.concurrency", "must be at least 1")
+                .code()
+                .as_str(),
+            "CONFIG"
+        );
         let err = Error::lease_lost(&PKey::new("orders", "b"), 3);
         assert_eq!(err.code(), ErrorCode::LeaseLost);
-        assert_eq!(err.to_string(), "lease lost on orders/b: epoch 3 was rejected");
+        assert_eq!(
+            err.to_string(),
+            "lease lost on orders/b: epoch 3 was rejected"
+        );
     }
 
     #[test]

@@ -63,13 +63,25 @@ pub struct Event {
     /// Monotonic per `(poller, partition)`; delivery order within an ordering key follows it.
     pub sequence: i64,
     /// The lane cursor after the page that produced the event (parsed JSON), if any.
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "json::present")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "json::present"
+    )]
     pub cursor: Option<Json>,
     /// The item; absent for deletes unless the poller retains payloads.
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "json::present")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "json::present"
+    )]
     pub data: Option<Json>,
     /// The previous payload (`retain: payload` only): on updates, and on full-scan deletes.
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "json::present")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "json::present"
+    )]
     pub previous: Option<Json>,
     /// The delivery attempt, 1-based when delivered; 0 in storage.
     pub attempt: u32,
@@ -97,7 +109,11 @@ pub struct CloudEvent {
     /// Always `application/json`.
     pub datacontenttype: String,
     /// The item.
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "json::present")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "json::present"
+    )]
     pub data: Option<Json>,
     /// Extension: the partition key.
     pub watukuypartition: String,
@@ -108,7 +124,11 @@ pub struct CloudEvent {
     /// Extension: the poller's name.
     pub watukuypoller: String,
     /// Extension: the previous payload, when retained.
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "json::present")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "json::present"
+    )]
     pub watukuyprevious: Option<Json>,
 }
 
@@ -148,7 +168,10 @@ impl TryFrom<CloudEvent> for Event {
 
     fn try_from(ce: CloudEvent) -> Result<Self, Self::Error> {
         if ce.specversion != "1.0" {
-            return Err(CloudEventError(format!("specversion {:?} is not \"1.0\"", ce.specversion)));
+            return Err(CloudEventError(format!(
+                "specversion {:?} is not \"1.0\"",
+                ce.specversion
+            )));
         }
         let prefix = format!("{}.", ce.watukuypoller);
         let event_type = match ce.event_type.strip_prefix(&prefix) {
@@ -213,7 +236,10 @@ mod tests {
         delete.data = None;
         delete.previous = None;
         let json = serde_json::to_value(delete).unwrap();
-        assert!(json.get("data").is_none(), "a delete under retain:hash has no data field");
+        assert!(
+            json.get("data").is_none(),
+            "a delete under retain:hash has no data field"
+        );
     }
 
     #[test]
@@ -225,7 +251,13 @@ mod tests {
         let text = serde_json::to_string(&ce).unwrap();
         assert!(text.contains(r#""watukuyprevious":{"id":"o1","total":10}"#));
         let back = Event::try_from(serde_json::from_str::<CloudEvent>(&text).unwrap()).unwrap();
-        assert_eq!(back, Event { cursor: None, ..event });
+        assert_eq!(
+            back,
+            Event {
+                cursor: None,
+                ..event
+            }
+        );
     }
 
     #[test]

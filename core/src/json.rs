@@ -112,7 +112,10 @@ pub mod present {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     /// Writes the text when present (callers skip the field when absent).
-    pub fn serialize<S: Serializer>(value: &Option<Json>, serializer: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: Serializer>(
+        value: &Option<Json>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
         match value {
             Some(json) => json.serialize(serializer),
             None => serializer.serialize_none(),
@@ -120,7 +123,9 @@ pub mod present {
     }
 
     /// Reads a present field, `null` included, as `Some`.
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Json>, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<Json>, D::Error> {
         Json::deserialize(deserializer).map(Some)
     }
 }

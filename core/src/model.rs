@@ -22,7 +22,10 @@ pub struct PKey {
 impl PKey {
     /// Builds a key from a poller name and a partition key.
     pub fn new(poller: impl Into<String>, partition: impl Into<String>) -> Self {
-        Self { poller: poller.into(), partition: partition.into() }
+        Self {
+            poller: poller.into(),
+            partition: partition.into(),
+        }
     }
 }
 
@@ -226,12 +229,21 @@ pub struct SerializedError {
 impl SerializedError {
     /// Builds an error with a name and a message.
     pub fn new(name: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { name: name.into(), message: message.into(), code: None, status: None, cause: None }
+        Self {
+            name: name.into(),
+            message: message.into(),
+            code: None,
+            status: None,
+            cause: None,
+        }
     }
 
     /// Serializes any error with its `source()` chain, nested up to three levels.
     pub fn from_error(name: impl Into<String>, error: &(dyn std::error::Error + 'static)) -> Self {
-        fn chain(error: &(dyn std::error::Error + 'static), depth: u8) -> Option<Box<SerializedError>> {
+        fn chain(
+            error: &(dyn std::error::Error + 'static),
+            depth: u8,
+        ) -> Option<Box<SerializedError>> {
             if depth == 0 {
                 return None;
             }
@@ -428,7 +440,11 @@ pub struct ItemRow {
     /// The schema version the row was written with.
     pub schema_version: u32,
     /// The last payload, kept only with `retain: payload`. Absent and JSON `null` differ.
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "json::present")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "json::present"
+    )]
     pub payload: Option<Json>,
     /// When the item was last seen (epoch ms).
     pub seen_at: i64,
@@ -538,7 +554,11 @@ pub struct ParkedRow {
     /// The event, for poison rows.
     pub event: Option<Event>,
     /// The raw item, for quarantined items.
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "json::present")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "json::present"
+    )]
     pub item: Option<Json>,
     /// What went wrong.
     pub error: ParkedError,
@@ -630,29 +650,60 @@ mod tests {
     #[test]
     fn patch_replaces_top_level_fields_and_keeps_created_at() {
         let mut lanes = Lanes::default();
-        lanes.backfill = Some(LaneCursor { cursor: Some("1".into()), ..LaneCursor::default() });
-        let first = StatePatch { lanes: Some(lanes), sequence: Some(3), updated_at: Some(10), ..StatePatch::default() };
+        lanes.backfill = Some(LaneCursor {
+            cursor: Some("1".into()),
+            ..LaneCursor::default()
+        });
+        let first = StatePatch {
+            lanes: Some(lanes),
+            sequence: Some(3),
+            updated_at: Some(10),
+            ..StatePatch::default()
+        };
         let state = PollerState::patched(None, &first);
         assert_eq!(state.created_at, 10);
         assert_eq!(state.sequence, 3);
-        let second = StatePatch { lanes: Some(Lanes::default()), updated_at: Some(20), ..StatePatch::default() };
+        let second = StatePatch {
+            lanes: Some(Lanes::default()),
+            updated_at: Some(20),
+            ..StatePatch::default()
+        };
         let state = PollerState::patched(Some(state), &second);
         assert_eq!(state.lanes, Lanes::default());
-        assert_eq!((state.created_at, state.updated_at, state.sequence), (10, 20, 3));
+        assert_eq!(
+            (state.created_at, state.updated_at, state.sequence),
+            (10, 20, 3)
+        );
     }
 
     #[test]
     fn patch_without_updated_at_creates_at_zero() {
-        let state = PollerState::patched(None, &StatePatch { paused: Some(true), ..StatePatch::default() });
+        let state = PollerState::patched(
+            None,
+            &StatePatch {
+                paused: Some(true),
+                ..StatePatch::default()
+            },
+        );
         assert_eq!(state.created_at, 0);
         assert!(state.paused);
     }
 
     #[test]
     fn patch_fields_name_the_set_fields() {
-        let patch = StatePatch { paused: Some(true), sequence: Some(7), ..StatePatch::default() };
-        let fields: Vec<(&str, String)> =
-            patch.fields().into_iter().map(|(k, v)| (k, v.as_str().to_owned())).collect();
-        assert_eq!(fields, vec![("paused", "true".to_owned()), ("sequence", "7".to_owned())]);
+        let patch = StatePatch {
+            paused: Some(true),
+            sequence: Some(7),
+            ..StatePatch::default()
+        };
+        let fields: Vec<(&str, String)> = patch
+            .fields()
+            .into_iter()
+            .map(|(k, v)| (k, v.as_str().to_owned()))
+            .collect();
+        assert_eq!(
+            fields,
+            vec![("paused", "true".to_owned()), ("sequence", "7".to_owned())]
+        );
     }
 }

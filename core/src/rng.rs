@@ -22,7 +22,10 @@ pub struct SeededRng {
 impl SeededRng {
     /// A generator whose sequence is fixed by `seed`.
     pub fn new(seed: u32) -> Self {
-        Self { state: Mutex::new(seed), seed }
+        Self {
+            state: Mutex::new(seed),
+            seed,
+        }
     }
 
     /// The seed this generator started from.
@@ -32,7 +35,10 @@ impl SeededRng {
 
     /// The next raw 32-bit value.
     pub fn next_u32(&self) -> u32 {
-        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         *state = state.wrapping_add(0x6D2B_79F5);
         let a = *state;
         let mut t = (a ^ (a >> 15)).wrapping_mul(1 | a);
@@ -74,7 +80,9 @@ pub struct SystemRng(SeededRng);
 impl SystemRng {
     /// A generator with an unpredictable seed.
     pub fn new() -> Self {
-        let bits = std::collections::hash_map::RandomState::new().build_hasher().finish();
+        let bits = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
         let folded = (bits ^ (bits >> 32)) & u64::from(u32::MAX);
         Self(SeededRng::new(u32::try_from(folded).unwrap_or_default()))
     }

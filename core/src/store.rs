@@ -23,8 +23,8 @@ use futures::stream::BoxStream;
 
 use crate::error::Result;
 use crate::model::{
-    Capabilities, CommitBatch, ItemRow, Lease, LogQuery, LoggedEvent, OutboxRow, ParkedQuery,
-    ParkedRow, PKey, PollerState, SerializedError, StatePatch, Validator,
+    Capabilities, CommitBatch, ItemRow, Lease, LogQuery, LoggedEvent, OutboxRow, PKey, ParkedQuery,
+    ParkedRow, PollerState, SerializedError, StatePatch, Validator,
 };
 
 /// The default batch size of [`Store::stream_identities`].
@@ -79,8 +79,13 @@ pub trait Store: Send + Sync + 'static {
     /// **Contract**
     /// 1. Returns `true` and moves the expiry when owner and epoch match; `false`, changing nothing,
     ///    for a stale epoch, another owner or another key (`leases::renew_succeeds_for_current_epoch_only`).
-    async fn renew_lease(&self, key: &PKey, lease: &Lease, ttl_ms: i64, now_ms: i64)
-    -> Result<bool>;
+    async fn renew_lease(
+        &self,
+        key: &PKey,
+        lease: &Lease,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<bool>;
 
     /// Gives the lease up if it is still the current one; otherwise does nothing.
     ///
@@ -151,8 +156,11 @@ pub trait Store: Send + Sync + 'static {
     /// 1. Returns present rows only, payload only when stored (absent and JSON `null` differ),
     ///    `version: None` round-trips, empty input gives an empty map
     ///    (`items::load_versions_returns_present_rows`).
-    async fn load_versions(&self, key: &PKey, identities: &[String])
-    -> Result<HashMap<String, ItemRow>>;
+    async fn load_versions(
+        &self,
+        key: &PKey,
+        identities: &[String],
+    ) -> Result<HashMap<String, ItemRow>>;
 
     /// Every identity of the snapshot exactly once, in batches of at most `batch_size`.
     ///
@@ -293,7 +301,8 @@ pub trait Store: Send + Sync + 'static {
     /// 1. `sequence > after_sequence`, in sequence order (`log::read_log_after_sequence`).
     /// 2. `created_at` within `[from_time, to_time]` inclusive, honours `limit` (0 gives none)
     ///    (`log::read_log_time_range_and_limit`).
-    async fn read_log(&self, key: &PKey, query: LogQuery, limit: usize) -> Result<Vec<LoggedEvent>>;
+    async fn read_log(&self, key: &PKey, query: LogQuery, limit: usize)
+    -> Result<Vec<LoggedEvent>>;
 
     /// Deletes log entries created strictly before `older_than`; returns how many.
     ///

@@ -3,8 +3,8 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -38,17 +38,26 @@ pub struct HandlerError {
 impl HandlerError {
     /// A failure worth retrying with backoff.
     pub fn transient(error: impl Into<BoxError>) -> Self {
-        Self { kind: HandlerErrorKind::Transient, source: error.into() }
+        Self {
+            kind: HandlerErrorKind::Transient,
+            source: error.into(),
+        }
     }
 
     /// A failure retrying cannot fix: the event is parked at once.
     pub fn permanent(error: impl Into<BoxError>) -> Self {
-        Self { kind: HandlerErrorKind::Permanent, source: error.into() }
+        Self {
+            kind: HandlerErrorKind::Permanent,
+            source: error.into(),
+        }
     }
 
     /// A failure to retry no earlier than `delay` from now.
     pub fn retry_after(delay: Duration, error: impl Into<BoxError>) -> Self {
-        Self { kind: HandlerErrorKind::RetryAfter(delay), source: error.into() }
+        Self {
+            kind: HandlerErrorKind::RetryAfter(delay),
+            source: error.into(),
+        }
     }
 
     /// The classification.
@@ -76,7 +85,10 @@ impl<E: Into<BoxError>> From<E> for HandlerError {
 
 impl fmt::Debug for HandlerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HandlerError").field("kind", &self.kind).field("source", &self.source).finish()
+        f.debug_struct("HandlerError")
+            .field("kind", &self.kind)
+            .field("source", &self.source)
+            .finish()
     }
 }
 
@@ -101,7 +113,10 @@ pub struct Partition {
 impl Partition {
     /// A partition without data.
     pub fn new(key: impl Into<String>) -> Self {
-        Self { key: key.into(), data: None }
+        Self {
+            key: key.into(),
+            data: None,
+        }
     }
 }
 
@@ -117,7 +132,9 @@ impl AckHandle {
     /// Acknowledges; returns `false` when it had no effect (already acknowledged, or too late:
     /// the attempt has finished).
     pub fn ack(&self) -> bool {
-        self.0.compare_exchange(ACK_OPEN, ACK_DONE, Ordering::AcqRel, Ordering::Acquire).is_ok()
+        self.0
+            .compare_exchange(ACK_OPEN, ACK_DONE, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
     }
 
     /// Ends the attempt: later acks have no effect. Returns whether it was acknowledged.
@@ -142,7 +159,12 @@ pub struct HandlerContext {
 impl HandlerContext {
     /// Builds a context (the dispatcher does this; public for handler unit tests).
     pub fn new(attempt: u32, partition: Partition, cancel: CancellationToken) -> Self {
-        Self { attempt, partition, cancel, ack: AckHandle::default() }
+        Self {
+            attempt,
+            partition,
+            cancel,
+            ack: AckHandle::default(),
+        }
     }
 
     /// Acknowledges the event. Required before returning `Ok` in manual mode; a no-op in auto
@@ -203,13 +225,22 @@ pub struct Subscription {
 
 impl fmt::Debug for Subscription {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Subscription").field("in_flight", &self.in_flight.is_some()).finish()
+        f.debug_struct("Subscription")
+            .field("in_flight", &self.in_flight.is_some())
+            .finish()
     }
 }
 
 impl Subscription {
-    pub(crate) fn new(rx: mpsc::Receiver<Delivery>, detach: Box<dyn FnOnce() + Send + Sync>) -> Self {
-        Self { rx, in_flight: None, detach: Some(detach) }
+    pub(crate) fn new(
+        rx: mpsc::Receiver<Delivery>,
+        detach: Box<dyn FnOnce() + Send + Sync>,
+    ) -> Self {
+        Self {
+            rx,
+            in_flight: None,
+            detach: Some(detach),
+        }
     }
 
     /// Acknowledges the event in hand (if any) and waits for the next one. `None` once the

@@ -10,12 +10,14 @@ use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::consumer::{Consumer, Delivery, Handler, HandlerContext, HandlerError, Partition, Subscription};
+use super::consumer::{
+    Consumer, Delivery, Handler, HandlerContext, HandlerError, Partition, Subscription,
+};
 use super::options::{AckMode, DeliveryOptions};
 use super::policy::{self, FailureDecision, Group};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
-use crate::model::{Lease, OutboxRow, ParkedKind, ParkedQuery, ParkedRow, PKey};
+use crate::model::{Lease, OutboxRow, PKey, ParkedKind, ParkedQuery, ParkedRow};
 use crate::rng::Rng;
 use crate::store::Store;
 
@@ -85,7 +87,9 @@ impl Slot {
         if slot.is_some() {
             return Err(Error::config(
                 "on/subscribe",
-                format!("poller '{poller}' already has a consumer: `on` and `subscribe` are exclusive, one per poller"),
+                format!(
+                    "poller '{poller}' already has a consumer: `on` and `subscribe` are exclusive, one per poller"
+                ),
             ));
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -101,7 +105,11 @@ impl Slot {
     }
 
     fn current(&self) -> Option<Consumer> {
-        self.consumer.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|(_, c)| c.clone())
+        self.consumer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|(_, c)| c.clone())
     }
 }
 
@@ -164,9 +172,20 @@ impl Dispatcher {
     ) -> Result<Self> {
         options.validate()?;
         if batch_size == 0 {
-            return Err(Error::config("dispatch_batch_size", "must be at least 1, got 0"));
+            return Err(Error::config(
+                "dispatch_batch_size",
+                "must be at least 1, got 0",
+            ));
         }
-        Ok(Self { poller: poller.into(), store, clock, rng, options, batch_size, slot: Arc::default() })
+        Ok(Self {
+            poller: poller.into(),
+            store,
+            clock,
+            rng,
+            options,
+            batch_size,
+            slot: Arc::default(),
+        })
     }
 
     /// The poller this dispatcher serves.
@@ -181,8 +200,13 @@ impl Dispatcher {
 
     /// Attaches a handler. Fails with a `Config` error if a consumer is already attached.
     pub fn on(&self, handler: impl Handler) -> Result<Unsubscribe> {
-        let id = self.slot.attach(&self.poller, Consumer::Handler(Arc::new(handler)))?;
-        Ok(Unsubscribe { slot: Arc::clone(&self.slot), id })
+        let id = self
+            .slot
+            .attach(&self.poller, Consumer::Handler(Arc::new(handler)))?;
+        Ok(Unsubscribe {
+            slot: Arc::clone(&self.slot),
+            id,
+        })
     }
 
     /// Attaches a pull-based subscription. Fails with a `Config` error if a consumer is already
@@ -207,7 +231,12 @@ impl Dispatcher {
     /// for this drain and is reported in `next_retry_at`. Stops when a pass makes no progress,
     /// on a `halt`, on cancellation, or on the first store error (`LeaseLost` included; in-flight
     /// handlers are then cancelled).
-    pub async fn drain(&self, key: &PKey, lease: &Lease, ctx: &DrainContext) -> Result<DrainReport> {
+    pub async fn drain(
+        &self,
+        key: &PKey,
+        lease: &Lease,
+        ctx: &DrainContext,
+    ) -> Result<DrainReport> {
         let mut report = DrainReport::default();
         let Some(consumer) = self.slot.current() else {
             report.no_consumer = true;
@@ -225,7 +254,8 @@ impl Dispatcher {
             }
             let slice_full = rows.len() >= window;
             let held: HashSet<String> = self.store.held_keys(key).await?.into_iter().collect();
-            let groups = policy::eligible_groups(rows, |r| self.options.key_of(&r.event), &held, &blocked);
+            let groups =
+                policy::eligible_groups(rows, |r| self.options.key_of(&r.event), &held, &blocked);
             if groups.is_empty() {
                 match policy::widened_window(window, self.batch_size, slice_full) {
                     Some(wider) => {
@@ -239,8 +269,16 @@ impl Dispatcher {
             let mut runs = futures::stream::iter(groups)
                 .map(|group| {
                     let group_key = group.key.clone();
-                    self.run_group(key, lease, group, &consumer, &ctx.partition, &cancel, &halted)
-                        .map(move |outcome| (group_key, outcome))
+                    self.run_group(
+                        key,
+                        lease,
+                        group,
+                        &consumer,
+                        &ctx.partition,
+                        &cancel,
+                        &halted,
+                    )
+                    .map(move |outcome| (group_key, outcome))
                 })
                 .buffer_unordered(self.options.concurrency);
             while let Some((group_key, outcome)) = runs.next().await {
@@ -251,7 +289,8 @@ impl Dispatcher {
                         return Err(error);
                     }
                 };
-                progress |= outcome.delivered + outcome.parked + outcome.failed > 0 || outcome.blocked;
+                progress |=
+                    outcome.delivered + outcome.parked + outcome.failed > 0 || outcome.blocked;
                 report.delivered += outcome.delivered;
                 report.parked += outcome.parked;
                 report.failed += outcome.failed;
@@ -297,9 +336,14 @@ impl Dispatcher {
                 }
             }
             let attempt = row.attempts.saturating_add(1);
-            match self.attempt(&row, attempt, consumer, partition, cancel).await {
+            match self
+                .attempt(&row, attempt, consumer, partition, cancel)
+                .await
+            {
                 Attempt::Delivered => {
-                    self.store.ack_events(key, lease, std::slice::from_ref(&row.event_id)).await?;
+                    self.store
+                        .ack_events(key, lease, std::slice::from_ref(&row.event_id))
+                        .await?;
                     outcome.delivered += 1;
                     tracing::debug!(poller = %self.poller, partition = %key.partition, event = %row.event_id, attempt, "delivered");
                 }
@@ -309,11 +353,18 @@ impl Dispatcher {
                 }
                 Attempt::Failed(error) => {
                     let serialized = error.to_serialized();
-                    let decision = policy::on_failure(attempt, error.kind(), &self.options, self.rng.next_f64());
+                    let decision = policy::on_failure(
+                        attempt,
+                        error.kind(),
+                        &self.options,
+                        self.rng.next_f64(),
+                    );
                     match decision {
                         FailureDecision::Retry { delay_ms } => {
                             let at = self.clock.now_ms().saturating_add(delay_ms);
-                            self.store.record_attempt(key, lease, &row.event_id, &serialized, Some(at)).await?;
+                            self.store
+                                .record_attempt(key, lease, &row.event_id, &serialized, Some(at))
+                                .await?;
                             tracing::info!(poller = %self.poller, partition = %key.partition, event = %row.event_id, attempt, delay_ms, error = %serialized.message, "delivery failed; will retry");
                             outcome.failed += 1;
                             outcome.blocked = true;

@@ -9,5 +9,7 @@ pub use consumer::{
     AckHandle, Handler, HandlerContext, HandlerError, HandlerErrorKind, HandlerResult, Partition,
     Subscription,
 };
-pub use dispatcher::{DEFAULT_DISPATCH_BATCH_SIZE, Dispatcher, DrainContext, DrainReport, Unsubscribe};
+pub use dispatcher::{
+    DEFAULT_DISPATCH_BATCH_SIZE, Dispatcher, DrainContext, DrainReport, Unsubscribe,
+};
 pub use options::{AckMode, DeliveryOptions, OrderingKeyFn, PoisonAction};

@@ -65,7 +65,14 @@ impl Default for DeliveryOptions {
 impl fmt::Debug for DeliveryOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeliveryOptions")
-            .field("ordering_key", &if self.ordering_key.is_some() { "custom" } else { "subject" })
+            .field(
+                "ordering_key",
+                &if self.ordering_key.is_some() {
+                    "custom"
+                } else {
+                    "subject"
+                },
+            )
             .field("concurrency", &self.concurrency)
             .field("attempts", &self.attempts)
             .field("backoff", &self.backoff)
@@ -147,10 +154,16 @@ impl DeliveryOptions {
     /// Checks every option; the error names the first bad one (`delivery.<option>`).
     pub fn validate(&self) -> Result<()> {
         if self.concurrency == 0 {
-            return Err(Error::config("delivery.concurrency", "must be at least 1, got 0"));
+            return Err(Error::config(
+                "delivery.concurrency",
+                "must be at least 1, got 0",
+            ));
         }
         if self.attempts == 0 {
-            return Err(Error::config("delivery.retry.attempts", "must be at least 1, got 0"));
+            return Err(Error::config(
+                "delivery.retry.attempts",
+                "must be at least 1, got 0",
+            ));
         }
         self.backoff.validate("delivery.retry.backoff")
     }
@@ -169,8 +182,14 @@ mod tests {
     #[test]
     fn invalid_options_name_the_option() {
         let cases = [
-            (DeliveryOptions::default().concurrency(0), "delivery.concurrency"),
-            (DeliveryOptions::default().attempts(0), "delivery.retry.attempts"),
+            (
+                DeliveryOptions::default().concurrency(0),
+                "delivery.concurrency",
+            ),
+            (
+                DeliveryOptions::default().attempts(0),
+                "delivery.retry.attempts",
+            ),
             (
                 DeliveryOptions::default().backoff(Backoff::new(
                     Duration::from_secs(5),

@@ -36,7 +36,10 @@ pub fn eligible_groups(
             Some(&i) => groups[i].rows.push(row),
             None => {
                 index.insert(key.clone(), groups.len());
-                groups.push(Group { key, rows: vec![row] });
+                groups.push(Group {
+                    key,
+                    rows: vec![row],
+                });
             }
         }
     }
@@ -96,8 +99,16 @@ pub fn on_failure(
 /// The error of a parked row: the last error, with the row's earlier error (if any) and the last
 /// one as history.
 pub fn parked_error(previous: Option<&SerializedError>, last: SerializedError) -> ParkedError {
-    let history: Vec<SerializedError> = previous.into_iter().cloned().chain([last.clone()]).collect();
-    ParkedError { error: last, history: Some(history), issues: None }
+    let history: Vec<SerializedError> = previous
+        .into_iter()
+        .cloned()
+        .chain([last.clone()])
+        .collect();
+    ParkedError {
+        error: last,
+        history: Some(history),
+        issues: None,
+    }
 }
 
 #[cfg(test)]
@@ -132,13 +143,30 @@ mod tests {
 
     #[test]
     fn groups_keep_first_appearance_and_sequence_order() {
-        let rows = vec![row(1, "a"), row(2, "b"), row(3, "a"), row(4, "c"), row(5, "b")];
-        let groups = eligible_groups(rows, |r| r.event.subject.clone(), &HashSet::new(), &HashSet::new());
-        let shape: Vec<(String, Vec<i64>)> =
-            groups.into_iter().map(|g| (g.key, g.rows.iter().map(|r| r.sequence).collect())).collect();
+        let rows = vec![
+            row(1, "a"),
+            row(2, "b"),
+            row(3, "a"),
+            row(4, "c"),
+            row(5, "b"),
+        ];
+        let groups = eligible_groups(
+            rows,
+            |r| r.event.subject.clone(),
+            &HashSet::new(),
+            &HashSet::new(),
+        );
+        let shape: Vec<(String, Vec<i64>)> = groups
+            .into_iter()
+            .map(|g| (g.key, g.rows.iter().map(|r| r.sequence).collect()))
+            .collect();
         assert_eq!(
             shape,
-            vec![("a".into(), vec![1, 3]), ("b".into(), vec![2, 5]), ("c".into(), vec![4])]
+            vec![
+                ("a".into(), vec![1, 3]),
+                ("b".into(), vec![2, 5]),
+                ("c".into(), vec![4])
+            ]
         );
     }
 
@@ -148,7 +176,10 @@ mod tests {
         let held: HashSet<String> = ["a".to_owned()].into();
         let blocked: HashSet<String> = ["c".to_owned()].into();
         let groups = eligible_groups(rows, |r| r.event.subject.clone(), &held, &blocked);
-        assert_eq!(groups.iter().map(|g| g.key.as_str()).collect::<Vec<_>>(), vec!["b"]);
+        assert_eq!(
+            groups.iter().map(|g| g.key.as_str()).collect::<Vec<_>>(),
+            vec!["b"]
+        );
     }
 
     #[test]
@@ -174,15 +205,25 @@ mod tests {
             .map(|n| on_failure(n, &HandlerErrorKind::Transient, &options, rng.next_f64()))
             .collect();
         let again = SeededRng::new(7);
-        let expected_delays: Vec<i64> =
-            (1..=3).map(|n| options.backoff.full_jitter_ms(n, again.next_f64())).collect();
+        let expected_delays: Vec<i64> = (1..=3)
+            .map(|n| options.backoff.full_jitter_ms(n, again.next_f64()))
+            .collect();
         assert_eq!(
             decisions,
             vec![
-                FailureDecision::Retry { delay_ms: expected_delays[0] },
-                FailureDecision::Retry { delay_ms: expected_delays[1] },
-                FailureDecision::Retry { delay_ms: expected_delays[2] },
-                FailureDecision::Park { hold_key: true, halt: false },
+                FailureDecision::Retry {
+                    delay_ms: expected_delays[0]
+                },
+                FailureDecision::Retry {
+                    delay_ms: expected_delays[1]
+                },
+                FailureDecision::Retry {
+                    delay_ms: expected_delays[2]
+                },
+                FailureDecision::Park {
+                    hold_key: true,
+                    halt: false
+                },
             ]
         );
     }
@@ -192,7 +233,10 @@ mod tests {
         let options = DeliveryOptions::default().attempts(1).hold_key(false);
         assert_eq!(
             on_failure(1, &HandlerErrorKind::Transient, &options, 0.5),
-            FailureDecision::Park { hold_key: false, halt: false }
+            FailureDecision::Park {
+                hold_key: false,
+                halt: false
+            }
         );
     }
 
@@ -201,7 +245,10 @@ mod tests {
         let options = DeliveryOptions::default().poison(PoisonAction::Halt);
         assert_eq!(
             on_failure(1, &HandlerErrorKind::Permanent, &options, 0.5),
-            FailureDecision::Park { hold_key: true, halt: true }
+            FailureDecision::Park {
+                hold_key: true,
+                halt: true
+            }
         );
     }
 
@@ -209,7 +256,10 @@ mod tests {
     fn retry_after_waits_exactly_as_told() {
         let options = DeliveryOptions::default();
         let kind = HandlerErrorKind::RetryAfter(Duration::from_millis(1_234));
-        assert_eq!(on_failure(2, &kind, &options, 0.9), FailureDecision::Retry { delay_ms: 1_234 });
+        assert_eq!(
+            on_failure(2, &kind, &options, 0.9),
+            FailureDecision::Retry { delay_ms: 1_234 }
+        );
     }
 
     #[test]

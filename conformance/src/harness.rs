@@ -1,0 +1,164 @@
+//! What a store author implements to run the suite: a [`Harness`] that hands out fresh stores.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+use watukuy_core::Store;
+
+/// Why a case did not pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CaseError {
+    /// The case does not apply (a missing capability or backend); the reason says which.
+    Skipped(String),
+    /// The store broke the contract; the message says where and how.
+    Failed(String),
+}
+
+impl CaseError {
+    /// A failure with a message.
+    pub fn failed(message: impl Into<String>) -> Self {
+        CaseError::Failed(message.into())
+    }
+
+    /// A skip with a reason.
+    pub fn skipped(reason: impl Into<String>) -> Self {
+        CaseError::Skipped(reason.into())
+    }
+}
+
+impl fmt::Display for CaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CaseError::Skipped(reason) => write!(f, "skipped: {reason}"),
+            CaseError::Failed(message) => write!(f, "failed: {message}"),
+        }
+    }
+}
+
+impl From<watukuy_core::Error> for CaseError {
+    fn from(error: watukuy_core::Error) -> Self {
+        CaseError::Failed(format!("unexpected error ({}): {error}", error.code()))
+    }
+}
+
+/// The result of one case.
+pub type CaseResult = Result<(), CaseError>;
+
+/// Which case is asking for a store (harnesses may use it to name a namespace).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CaseContext {
+    /// The case's module (`leases`, `fencing`, ...).
+    pub module: &'static str,
+    /// The case's name.
+    pub name: &'static str,
+}
+
+/// A fresh store for one case, with an optional cleanup run only when the case passed (so a
+/// failing case leaves its data behind for inspection).
+pub struct Fresh {
+    /// The store, migrated and empty.
+    pub store: Arc<dyn Store>,
+    cleanup: Option<BoxFuture<'static, ()>>,
+}
+
+impl fmt::Debug for Fresh {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fresh")
+            .field("cleanup", &self.cleanup.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Fresh {
+    /// A fresh store without cleanup.
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Self {
+            store,
+            cleanup: None,
+        }
+    }
+
+    /// Adds a cleanup (drop a schema, delete keys, remove a file) run after a passing case.
+    #[must_use]
+    pub fn with_cleanup(
+        mut self,
+        cleanup: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Self {
+        self.cleanup = Some(Box::pin(cleanup));
+        self
+    }
+
+    pub(crate) async fn cleanup(self) {
+        if let Some(cleanup) = self.cleanup {
+            cleanup.await;
+        }
+    }
+}
+
+/// Hands out a fresh, migrated, isolated store per case (a Postgres schema, a Redis key prefix,
+/// a SQLite temp file...).
+#[async_trait]
+pub trait Harness: Send + Sync + 'static {
+    /// A name for reports (`memory`, `sqlite-file`, ...).
+    fn name(&self) -> String;
+
+    /// A fresh store in its own namespace, already migrated. Return
+    /// `Err(CaseError::Skipped(..))` when the backend is not available (see [`backend_url`]).
+    async fn fresh(&self, ctx: CaseContext) -> Result<Fresh, CaseError>;
+}
+
+/// The environment variable naming backends that must be available (comma separated, e.g.
+/// `postgres,redis`): a missing one fails instead of skipping.
+pub const REQUIRE_BACKENDS_ENV: &str = "WATUKUY_REQUIRE_BACKENDS";
+
+/// Reads a backend's URL from `env_var`. When it is unset, the case is skipped with a loud
+/// reason, unless [`REQUIRE_BACKENDS_ENV`] names `backend`: then it fails.
+pub fn backend_url(backend: &str, env_var: &str) -> Result<String, CaseError> {
+    match std::env::var(env_var) {
+        Ok(url) if !url.trim().is_empty() => Ok(url),
+        _ => {
+            let required = std::env::var(REQUIRE_BACKENDS_ENV).unwrap_or_default();
+            if required
+                .split(',')
+                .any(|b| b.trim().eq_ignore_ascii_case(backend))
+            {
+                Err(CaseError::failed(format!(
+                    "{env_var} is not set but {REQUIRE_BACKENDS_ENV} requires the {backend} backend"
+                )))
+            } else {
+                Err(CaseError::skipped(format!(
+                    "SKIPPED: {env_var} is not set, so the {backend} backend was not tested"
+                )))
+            }
+        }
+    }
+}
+
+/// What a case receives: its fresh store, and the harness for cases that need more stores.
+#[derive(Clone)]
+pub struct Env {
+    /// The case's fresh store.
+    pub store: Arc<dyn Store>,
+    /// The harness, for another fresh store.
+    pub harness: Arc<dyn Harness>,
+    /// Which case this is.
+    pub ctx: CaseContext,
+}
+
+impl fmt::Debug for Env {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Env")
+            .field("harness", &self.harness.name())
+            .field("ctx", &self.ctx)
+            .finish()
+    }
+}
+
+impl Env {
+    /// The case's store.
+    pub fn store(&self) -> &dyn Store {
+        &*self.store
+    }
+}
