@@ -1,9 +1,11 @@
 #![doc = include_str!("../README.md")]
 
 pub mod cases;
+mod faulty;
 mod harness;
 mod runner;
 
+pub use faulty::{FaultyStore, Op, Timing};
 pub use harness::{
     CaseContext, CaseError, CaseResult, Env, Fresh, Harness, REQUIRE_BACKENDS_ENV, backend_url,
 };

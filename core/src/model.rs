@@ -649,11 +649,13 @@ mod tests {
 
     #[test]
     fn patch_replaces_top_level_fields_and_keeps_created_at() {
-        let mut lanes = Lanes::default();
-        lanes.backfill = Some(LaneCursor {
-            cursor: Some("1".into()),
-            ..LaneCursor::default()
-        });
+        let lanes = Lanes {
+            backfill: Some(LaneCursor {
+                cursor: Some("1".into()),
+                ..LaneCursor::default()
+            }),
+            ..Lanes::default()
+        };
         let first = StatePatch {
             lanes: Some(lanes),
             sequence: Some(3),
