@@ -1,7 +1,7 @@
 //! The [`Store`] contract: everything the engine persists goes through it.
 //!
 //! Every method's documentation carries a numbered **Contract**. Each bullet is proven by exactly
-//! one conformance case of `watukuy-conformance`, named after the bullet (`module::case`), so a
+//! one conformance case of `watukuy-conformance`, named in the bullet as module::case, so a
 //! store that passes `store_tests!` keeps every promise below.
 //!
 //! Rules every implementation follows:
@@ -66,6 +66,8 @@ pub trait Store: Send + Sync + 'static {
     ///    (`leases::expired_lease_is_stolen_with_next_epoch`).
     /// 5. Epochs are strictly increasing per key across every acquisition, releases included
     ///    (`leases::release_then_acquire_keeps_epoch_monotonic`).
+    /// 6. Keys are independent: a new partition starts at epoch 1 with nothing stored, and a lease
+    ///    or a write on one partition never touches another (`isolation::partitions_are_isolated`).
     async fn acquire_lease(
         &self,
         key: &PKey,
@@ -94,6 +96,7 @@ pub trait Store: Send + Sync + 'static {
     ///    (`leases::release_then_acquire_keeps_epoch_monotonic`).
     /// 2. A stale epoch, another owner or another key is a silent no-op
     ///    (`leases::release_with_stale_lease_is_noop`).
+    /// 3. A released lease no longer passes the fence (`fencing::released_lease_fails_fence`).
     async fn release_lease(&self, key: &PKey, lease: &Lease) -> Result<()>;
 
     /// The current holder of `key`, expired or not, or `None` if unowned.
@@ -116,6 +119,10 @@ pub trait Store: Send + Sync + 'static {
     ///    `created_at = patch.updated_at` (`state::save_state_round_trips_every_field`).
     /// 2. Fenced: a stale lease, another owner or a made-up epoch fails with `LeaseLost` and
     ///    changes nothing (`fencing::save_state_rejects_stale_lease`).
+    /// 3. A lease that was never acquired fails the fence and creates neither state nor lease
+    ///    (`fencing::fenced_writes_without_lease_are_rejected`).
+    /// 4. The `LeaseLost` error carries the key and the rejected epoch
+    ///    (`fencing::lease_lost_carries_key_and_epoch`).
     async fn save_state(&self, key: &PKey, lease: &Lease, patch: &StatePatch) -> Result<()>;
 
     /// Unfenced: applies `patch` without a lease (pause, resume, trigger, reset, partition removal).
@@ -141,6 +148,8 @@ pub trait Store: Send + Sync + 'static {
     /// **Contract**
     /// 1. Leaves other keys intact, is idempotent, and the key leaves `list_keys`
     ///    (`state::delete_key_removes_everything`).
+    /// 2. Pollers are independent: deleting one poller's key leaves another poller's key with the
+    ///    same partition intact (`isolation::pollers_are_isolated`).
     async fn delete_key(&self, key: &PKey) -> Result<()>;
 
     /// Unfenced: drops the item snapshot of `key` and nothing else.
@@ -193,6 +202,8 @@ pub trait Store: Send + Sync + 'static {
     ///    (`commit_poll::recommitting_event_overwrites_row`).
     /// 4. An empty batch still applies the patch (`commit_poll::empty_batch_applies_patch`).
     /// 5. Fenced: with a bad lease nothing of the batch lands (`fencing::commit_poll_rejects_stale_lease`).
+    /// 6. Upserts replace existing rows and deletes remove them; deleting an identity that never
+    ///    existed is fine (`items::upserts_replace_and_deletes_remove`).
     async fn commit_poll(&self, key: &PKey, lease: &Lease, batch: &CommitBatch) -> Result<()>;
 
     /// Up to `limit` pending rows in sequence order. Not filtered by `next_attempt_at`: the

@@ -1,0 +1,217 @@
+//! The suite catches broken stores: each deliberately wrong store below fails the case named for
+//! its defect, while the honest `MemoryStore` passes every case.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures::stream::BoxStream;
+use watukuy_conformance::{CaseContext, CaseError, Fresh, Harness, Outcome, Report, run_all};
+use watukuy_core::{
+    Capabilities, CommitBatch, ItemRow, Lease, LogQuery, LoggedEvent, OutboxRow, PKey,
+    ParkedQuery, ParkedRow, PollerState, Result, SerializedError, StatePatch, Store, Validator,
+};
+use watukuy_store_memory::MemoryStore;
+
+/// The one thing a broken store gets wrong.
+#[derive(Clone, Copy, Debug)]
+enum Defect {
+    /// None: the store is honest.
+    None,
+    /// `ack_events` checks the owner but not the epoch.
+    AckIgnoresEpoch,
+    /// `load_pending` hides rows whose retry is not due yet by the store's own idea of "now".
+    PendingFilteredByNextAttempt,
+    /// `commit_poll` writes the snapshot before checking the lease for the rest of the batch.
+    CommitNotAtomic,
+}
+
+/// The store's own clock, which the contract forbids it to have.
+const STORE_NOW: i64 = 1_767_225_600_000 + 60_000;
+
+struct Broken {
+    inner: MemoryStore,
+    defect: Defect,
+}
+
+impl Broken {
+    /// The current lease if `lease` has its owner: "checks the owner only".
+    async fn forge(&self, key: &PKey, lease: &Lease) -> Result<Lease> {
+        Ok(match self.inner.get_lease(key).await? {
+            Some(current) if current.owner == lease.owner => current,
+            _ => lease.clone(),
+        })
+    }
+}
+
+#[async_trait::async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl Store for Broken {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn migrate(&self) -> Result<()> {
+        self.inner.migrate().await
+    }
+    async fn close(&self) -> Result<()> {
+        self.inner.close().await
+    }
+    async fn acquire_lease(&self, key: &PKey, owner: &str, ttl_ms: i64, now_ms: i64) -> Result<Option<Lease>> {
+        self.inner.acquire_lease(key, owner, ttl_ms, now_ms).await
+    }
+    async fn renew_lease(&self, key: &PKey, lease: &Lease, ttl_ms: i64, now_ms: i64) -> Result<bool> {
+        self.inner.renew_lease(key, lease, ttl_ms, now_ms).await
+    }
+    async fn release_lease(&self, key: &PKey, lease: &Lease) -> Result<()> {
+        self.inner.release_lease(key, lease).await
+    }
+    async fn get_lease(&self, key: &PKey) -> Result<Option<Lease>> {
+        self.inner.get_lease(key).await
+    }
+    async fn load_state(&self, key: &PKey) -> Result<Option<PollerState>> {
+        self.inner.load_state(key).await
+    }
+    async fn save_state(&self, key: &PKey, lease: &Lease, patch: &StatePatch) -> Result<()> {
+        self.inner.save_state(key, lease, patch).await
+    }
+    async fn save_state_unfenced(&self, key: &PKey, patch: &StatePatch) -> Result<()> {
+        self.inner.save_state_unfenced(key, patch).await
+    }
+    async fn list_keys(&self, poller: Option<&str>) -> Result<Vec<PKey>> {
+        self.inner.list_keys(poller).await
+    }
+    async fn delete_key(&self, key: &PKey) -> Result<()> {
+        self.inner.delete_key(key).await
+    }
+    async fn clear_items(&self, key: &PKey) -> Result<()> {
+        self.inner.clear_items(key).await
+    }
+    async fn load_versions(&self, key: &PKey, identities: &[String]) -> Result<HashMap<String, ItemRow>> {
+        self.inner.load_versions(key, identities).await
+    }
+    fn stream_identities<'a>(&'a self, key: &'a PKey, batch_size: usize) -> BoxStream<'a, Result<Vec<String>>> {
+        self.inner.stream_identities(key, batch_size)
+    }
+    async fn count_items(&self, key: &PKey) -> Result<u64> {
+        self.inner.count_items(key).await
+    }
+    async fn commit_poll(&self, key: &PKey, lease: &Lease, batch: &CommitBatch) -> Result<()> {
+        if let Defect::CommitNotAtomic = self.defect {
+            if let Some(current) = self.inner.get_lease(key).await? {
+                let snapshot = CommitBatch {
+                    upserts: batch.upserts.clone(),
+                    deletes: batch.deletes.clone(),
+                    ..CommitBatch::default()
+                };
+                self.inner.commit_poll(key, &current, &snapshot).await?;
+            }
+        }
+        self.inner.commit_poll(key, lease, batch).await
+    }
+    async fn load_pending(&self, key: &PKey, limit: usize) -> Result<Vec<OutboxRow>> {
+        let rows = self.inner.load_pending(key, limit).await?;
+        Ok(match self.defect {
+            Defect::PendingFilteredByNextAttempt => {
+                rows.into_iter().filter(|r| r.next_attempt_at.is_none_or(|t| t <= STORE_NOW)).collect()
+            }
+            _ => rows,
+        })
+    }
+    async fn count_pending(&self, key: &PKey) -> Result<u64> {
+        self.inner.count_pending(key).await
+    }
+    async fn ack_events(&self, key: &PKey, lease: &Lease, ids: &[String]) -> Result<()> {
+        let lease = match self.defect {
+            Defect::AckIgnoresEpoch => self.forge(key, lease).await?,
+            _ => lease.clone(),
+        };
+        self.inner.ack_events(key, &lease, ids).await
+    }
+    async fn record_attempt(
+        &self,
+        key: &PKey,
+        lease: &Lease,
+        id: &str,
+        error: &SerializedError,
+        next_attempt_at: Option<i64>,
+    ) -> Result<()> {
+        self.inner.record_attempt(key, lease, id, error, next_attempt_at).await
+    }
+    async fn park_event(&self, key: &PKey, lease: &Lease, row: &ParkedRow) -> Result<()> {
+        self.inner.park_event(key, lease, row).await
+    }
+    async fn list_parked(&self, key: &PKey, query: ParkedQuery) -> Result<Vec<ParkedRow>> {
+        self.inner.list_parked(key, query).await
+    }
+    async fn count_parked(&self, key: &PKey) -> Result<u64> {
+        self.inner.count_parked(key).await
+    }
+    async fn retry_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
+        self.inner.retry_parked(key, ids).await
+    }
+    async fn discard_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
+        self.inner.discard_parked(key, ids).await
+    }
+    async fn held_keys(&self, key: &PKey) -> Result<Vec<String>> {
+        self.inner.held_keys(key).await
+    }
+    async fn get_validator(&self, key: &PKey, url_hash: &str) -> Result<Option<Validator>> {
+        self.inner.get_validator(key, url_hash).await
+    }
+    async fn set_validator(&self, key: &PKey, lease: &Lease, url_hash: &str, validator: &Validator) -> Result<()> {
+        self.inner.set_validator(key, lease, url_hash, validator).await
+    }
+    async fn read_log(&self, key: &PKey, query: LogQuery, limit: usize) -> Result<Vec<LoggedEvent>> {
+        self.inner.read_log(key, query, limit).await
+    }
+    async fn prune_log(&self, key: &PKey, older_than: i64) -> Result<u64> {
+        self.inner.prune_log(key, older_than).await
+    }
+}
+
+struct BrokenHarness(Defect);
+
+#[async_trait::async_trait]
+impl Harness for BrokenHarness {
+    fn name(&self) -> String {
+        format!("{:?}", self.0)
+    }
+
+    async fn fresh(&self, _ctx: CaseContext) -> std::result::Result<Fresh, CaseError> {
+        Ok(Fresh::new(Arc::new(Broken { inner: MemoryStore::new(), defect: self.0 })))
+    }
+}
+
+async fn report(defect: Defect) -> Report {
+    let report = run_all(BrokenHarness(defect)).await;
+    println!("{report}");
+    report
+}
+
+fn assert_fails(report: &Report, case: &str) {
+    match report.outcome(case) {
+        Some(Outcome::Failed(message)) => println!("{case} caught it: {message}"),
+        other => panic!("{case} should fail for {}, got {other:?}\n{report}", report.harness),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_honest_store_passes_every_case() {
+    let report = report(Defect::None).await;
+    assert!(report.is_ok(), "{report}");
+    assert_eq!(report.passed(), report.outcomes.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_ignores_the_epoch_on_ack_is_caught() {
+    assert_fails(&report(Defect::AckIgnoresEpoch).await, "fencing::ack_events_rejects_stale_lease");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_filters_pending_rows_by_next_attempt_is_caught() {
+    assert_fails(&report(Defect::PendingFilteredByNextAttempt).await, "outbox::load_pending_orders_by_sequence");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_whose_commit_is_not_atomic_is_caught() {
+    assert_fails(&report(Defect::CommitNotAtomic).await, "fencing::commit_poll_rejects_stale_lease");
+}

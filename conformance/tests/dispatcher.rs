@@ -1,0 +1,197 @@
+//! Dispatcher behaviour that does not depend on the store: panics, acknowledgement modes,
+//! consumer exclusivity, halting, lease loss, error classification and option validation.
+//! Runs on `MemoryStore` with a manual clock; nothing sleeps.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use watukuy_conformance::cases::fixtures::{NODE_A, NODE_B, T0, TTL, acquire, event, key};
+use watukuy_core::{
+    AckMode, Backoff, Clock, CommitBatch, DeliveryOptions, Dispatcher, DrainContext, Error,
+    ErrorCode, Event, HandlerContext, HandlerError, Lease, ManualClock, OutboxRow, PKey,
+    ParkedQuery, PoisonAction, SeededRng, Store,
+};
+use watukuy_store_memory::MemoryStore;
+
+struct Setup {
+    store: Arc<MemoryStore>,
+    clock: ManualClock,
+    key: PKey,
+    lease: Lease,
+}
+
+async fn setup(subjects: &[&str]) -> Setup {
+    let store = Arc::new(MemoryStore::new());
+    let key = key();
+    let lease = acquire(&*store, &key, NODE_A, T0).await.unwrap();
+    let events = subjects
+        .iter()
+        .zip(1..)
+        .map(|(s, seq)| OutboxRow::pending(event(&key, &format!("e{seq}"), seq, s), T0))
+        .collect();
+    let batch = CommitBatch { events, ..CommitBatch::default() };
+    store.commit_poll(&key, &lease, &batch).await.unwrap();
+    Setup { store, clock: ManualClock::new(T0), key, lease }
+}
+
+impl Setup {
+    fn dispatcher(&self, options: DeliveryOptions) -> Dispatcher {
+        Dispatcher::new("orders", self.store.clone(), Arc::new(self.clock.clone()), Arc::new(SeededRng::new(1)), options, 100)
+            .unwrap()
+    }
+
+    async fn drain(&self, d: &Dispatcher) -> watukuy_core::Result<watukuy_core::DrainReport> {
+        d.drain(&self.key, &self.lease, &DrainContext::default()).await
+    }
+}
+
+fn config_option(err: Error) -> String {
+    assert_eq!(err.code(), ErrorCode::Config, "{err}");
+    match err {
+        Error::Config { option, .. } => option,
+        other => panic!("not a config error: {other}"),
+    }
+}
+
+#[test]
+fn invalid_options_are_rejected_when_built_naming_the_option() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let build = |options: DeliveryOptions, batch: usize| {
+        Dispatcher::new("orders", store.clone(), Arc::new(ManualClock::new(0)), Arc::new(SeededRng::new(1)), options, batch)
+    };
+    let backwards = Backoff::new(Duration::from_secs(10), 2.0, Duration::from_secs(1));
+    assert_eq!(config_option(build(DeliveryOptions::default().concurrency(0), 100).unwrap_err()), "delivery.concurrency");
+    assert_eq!(config_option(build(DeliveryOptions::default().attempts(0), 100).unwrap_err()), "delivery.retry.attempts");
+    assert_eq!(config_option(build(DeliveryOptions::default().backoff(backwards), 100).unwrap_err()), "delivery.retry.backoff.max");
+    assert_eq!(config_option(build(DeliveryOptions::default(), 0).unwrap_err()), "dispatch_batch_size");
+}
+
+#[tokio::test]
+async fn a_panicking_handler_is_a_failed_attempt_not_a_crashed_dispatcher() {
+    let s = setup(&["a", "b"]).await;
+    let d = s.dispatcher(DeliveryOptions::default());
+    d.on(|event: Event, _ctx: HandlerContext| async move {
+        assert!(event.subject != "a", "cannot handle {}", event.subject);
+        Ok::<(), HandlerError>(())
+    })
+    .unwrap();
+    let report = s.drain(&d).await.unwrap();
+    assert_eq!((report.delivered, report.failed), (1, 1));
+    let row = &s.store.load_pending(&s.key, 10).await.unwrap()[0];
+    assert_eq!(row.event_id, "e1");
+    let message = &row.last_error.as_ref().unwrap().message;
+    assert!(message.starts_with("handler panicked: cannot handle a"), "{message}");
+}
+
+#[tokio::test]
+async fn manual_ack_is_required_and_a_late_ack_has_no_effect() {
+    let s = setup(&["a", "b"]).await;
+    let d = s.dispatcher(DeliveryOptions::default().ack_mode(AckMode::Manual));
+    let kept: Arc<Mutex<Option<HandlerContext>>> = Arc::default();
+    d.on({
+        let kept = kept.clone();
+        move |event: Event, ctx: HandlerContext| {
+            let kept = kept.clone();
+            async move {
+                if event.subject == "a" {
+                    // Returns without acknowledging; keeps the context to ack too late.
+                    *kept.lock().unwrap() = Some(ctx);
+                } else {
+                    assert!(ctx.ack());
+                }
+                Ok::<(), HandlerError>(())
+            }
+        }
+    })
+    .unwrap();
+    let report = s.drain(&d).await.unwrap();
+    assert_eq!((report.delivered, report.failed), (1, 1));
+    let late = kept.lock().unwrap().take().unwrap();
+    assert!(!late.ack(), "an ack after the handler returned has no effect");
+    let row = &s.store.load_pending(&s.key, 10).await.unwrap()[0];
+    assert_eq!(row.event_id, "e1");
+    assert_eq!(
+        row.last_error.as_ref().unwrap().message,
+        "handler returned without calling ctx.ack() (ack_mode is manual)"
+    );
+}
+
+#[tokio::test]
+async fn on_and_subscribe_are_exclusive_and_events_wait_without_a_consumer() {
+    let s = setup(&["a", "b"]).await;
+    let d = s.dispatcher(DeliveryOptions::default());
+    let report = s.drain(&d).await.unwrap();
+    assert!(report.no_consumer);
+    assert_eq!((report.delivered, report.remaining), (0, 2), "events wait in the outbox");
+
+    let handle = d.on(|_: Event, _: HandlerContext| async { Ok::<(), HandlerError>(()) }).unwrap();
+    assert_eq!(config_option(d.subscribe().unwrap_err()), "on/subscribe");
+    assert_eq!(config_option(d.on(|_: Event, _: HandlerContext| async { Ok::<(), HandlerError>(()) }).unwrap_err()), "on/subscribe");
+    handle.unsubscribe();
+    assert!(!d.has_consumer());
+    let subscription = d.subscribe().unwrap();
+    assert!(d.on(|_: Event, _: HandlerContext| async { Ok::<(), HandlerError>(()) }).is_err());
+    drop(subscription);
+    assert!(!d.has_consumer(), "dropping the subscription detaches it");
+}
+
+#[tokio::test]
+async fn halt_parks_and_stops_the_whole_drain() {
+    let s = setup(&["a", "b", "c"]).await;
+    let d = s.dispatcher(DeliveryOptions::default().attempts(1).poison(PoisonAction::Halt));
+    d.on(|event: Event, _: HandlerContext| async move {
+        if event.subject == "b" { Err(HandlerError::from("poison")) } else { Ok(()) }
+    })
+    .unwrap();
+    let report = s.drain(&d).await.unwrap();
+    assert!(report.halted);
+    assert_eq!((report.delivered, report.parked, report.remaining), (1, 1, 1), "c is not delivered after a halt");
+    let parked = s.store.list_parked(&s.key, ParkedQuery::default()).await.unwrap();
+    assert_eq!(parked[0].id, "e2");
+}
+
+#[tokio::test]
+async fn permanent_errors_park_at_once_and_retry_after_waits_as_told() {
+    let s = setup(&["a", "b"]).await;
+    let d = s.dispatcher(DeliveryOptions::default().attempts(5).hold_key(false));
+    d.on(|event: Event, _: HandlerContext| async move {
+        match event.subject.as_str() {
+            "a" => Err(HandlerError::permanent("schema mismatch")),
+            _ => Err(HandlerError::retry_after(Duration::from_secs(42), "rate limited")),
+        }
+    })
+    .unwrap();
+    let report = s.drain(&d).await.unwrap();
+    assert_eq!((report.parked, report.failed), (1, 1));
+    let parked = s.store.list_parked(&s.key, ParkedQuery::default()).await.unwrap();
+    assert_eq!((parked[0].id.as_str(), parked[0].attempts, parked[0].hold_key.as_deref()), ("e1", 1, None));
+    assert_eq!(report.next_retry_at, Some(s.clock.now_ms() + 42_000));
+}
+
+#[tokio::test]
+async fn lease_loss_fails_the_drain_and_cancels_in_flight_handlers() {
+    let s = setup(&["slow", "fast"]).await;
+    s.store.acquire_lease(&s.key, NODE_B, TTL, T0 + TTL).await.unwrap().unwrap();
+    let d = s.dispatcher(DeliveryOptions::default().concurrency(2));
+    let token: Arc<Mutex<Option<CancellationToken>>> = Arc::default();
+    d.on({
+        let token = token.clone();
+        move |event: Event, ctx: HandlerContext| {
+            let token = token.clone();
+            async move {
+                if event.subject == "slow" {
+                    *token.lock().unwrap() = Some(ctx.cancel.clone());
+                    ctx.cancel.cancelled().await;
+                }
+                Ok::<(), HandlerError>(())
+            }
+        }
+    })
+    .unwrap();
+    let err = s.drain(&d).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::LeaseLost, "{err}");
+    let token = token.lock().unwrap().take().expect("the slow handler started");
+    assert!(token.is_cancelled(), "in-flight handlers are told the lease is gone");
+    assert_eq!(s.store.count_pending(&s.key).await.unwrap(), 2, "nothing was acknowledged");
+}
