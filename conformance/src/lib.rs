@@ -34,6 +34,7 @@ macro_rules! for_each_case {
                 release_then_acquire_keeps_epoch_monotonic,
                 release_with_stale_lease_is_noop,
                 get_lease_is_none_then_holder,
+                epochs_survive_delete_key,
             }
             fencing {
                 save_state_rejects_stale_lease,

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use futures::stream::BoxStream;
 use watukuy_conformance::{CaseContext, CaseError, Fresh, Harness, Outcome, Report, run_all};
 use watukuy_core::{
-    Capabilities, CommitBatch, ItemRow, Lease, LogQuery, LoggedEvent, OutboxRow, PKey,
-    ParkedQuery, ParkedRow, PollerState, Result, SerializedError, StatePatch, Store, Validator,
+    Capabilities, CommitBatch, ItemRow, Lease, LogQuery, LoggedEvent, OutboxRow, PKey, ParkedQuery,
+    ParkedRow, PollerState, Result, SerializedError, StatePatch, Store, Validator,
 };
 use watukuy_store_memory::MemoryStore;
 
@@ -55,10 +55,22 @@ impl Store for Broken {
     async fn close(&self) -> Result<()> {
         self.inner.close().await
     }
-    async fn acquire_lease(&self, key: &PKey, owner: &str, ttl_ms: i64, now_ms: i64) -> Result<Option<Lease>> {
+    async fn acquire_lease(
+        &self,
+        key: &PKey,
+        owner: &str,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<Option<Lease>> {
         self.inner.acquire_lease(key, owner, ttl_ms, now_ms).await
     }
-    async fn renew_lease(&self, key: &PKey, lease: &Lease, ttl_ms: i64, now_ms: i64) -> Result<bool> {
+    async fn renew_lease(
+        &self,
+        key: &PKey,
+        lease: &Lease,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<bool> {
         self.inner.renew_lease(key, lease, ttl_ms, now_ms).await
     }
     async fn release_lease(&self, key: &PKey, lease: &Lease) -> Result<()> {
@@ -85,10 +97,18 @@ impl Store for Broken {
     async fn clear_items(&self, key: &PKey) -> Result<()> {
         self.inner.clear_items(key).await
     }
-    async fn load_versions(&self, key: &PKey, identities: &[String]) -> Result<HashMap<String, ItemRow>> {
+    async fn load_versions(
+        &self,
+        key: &PKey,
+        identities: &[String],
+    ) -> Result<HashMap<String, ItemRow>> {
         self.inner.load_versions(key, identities).await
     }
-    fn stream_identities<'a>(&'a self, key: &'a PKey, batch_size: usize) -> BoxStream<'a, Result<Vec<String>>> {
+    fn stream_identities<'a>(
+        &'a self,
+        key: &'a PKey,
+        batch_size: usize,
+    ) -> BoxStream<'a, Result<Vec<String>>> {
         self.inner.stream_identities(key, batch_size)
     }
     async fn count_items(&self, key: &PKey) -> Result<u64> {
@@ -110,9 +130,10 @@ impl Store for Broken {
     async fn load_pending(&self, key: &PKey, limit: usize) -> Result<Vec<OutboxRow>> {
         let rows = self.inner.load_pending(key, limit).await?;
         Ok(match self.defect {
-            Defect::PendingFilteredByNextAttempt => {
-                rows.into_iter().filter(|r| r.next_attempt_at.is_none_or(|t| t <= STORE_NOW)).collect()
-            }
+            Defect::PendingFilteredByNextAttempt => rows
+                .into_iter()
+                .filter(|r| r.next_attempt_at.is_none_or(|t| t <= STORE_NOW))
+                .collect(),
             _ => rows,
         })
     }
@@ -134,7 +155,9 @@ impl Store for Broken {
         error: &SerializedError,
         next_attempt_at: Option<i64>,
     ) -> Result<()> {
-        self.inner.record_attempt(key, lease, id, error, next_attempt_at).await
+        self.inner
+            .record_attempt(key, lease, id, error, next_attempt_at)
+            .await
     }
     async fn park_event(&self, key: &PKey, lease: &Lease, row: &ParkedRow) -> Result<()> {
         self.inner.park_event(key, lease, row).await
@@ -157,10 +180,23 @@ impl Store for Broken {
     async fn get_validator(&self, key: &PKey, url_hash: &str) -> Result<Option<Validator>> {
         self.inner.get_validator(key, url_hash).await
     }
-    async fn set_validator(&self, key: &PKey, lease: &Lease, url_hash: &str, validator: &Validator) -> Result<()> {
-        self.inner.set_validator(key, lease, url_hash, validator).await
+    async fn set_validator(
+        &self,
+        key: &PKey,
+        lease: &Lease,
+        url_hash: &str,
+        validator: &Validator,
+    ) -> Result<()> {
+        self.inner
+            .set_validator(key, lease, url_hash, validator)
+            .await
     }
-    async fn read_log(&self, key: &PKey, query: LogQuery, limit: usize) -> Result<Vec<LoggedEvent>> {
+    async fn read_log(
+        &self,
+        key: &PKey,
+        query: LogQuery,
+        limit: usize,
+    ) -> Result<Vec<LoggedEvent>> {
         self.inner.read_log(key, query, limit).await
     }
     async fn prune_log(&self, key: &PKey, older_than: i64) -> Result<u64> {
@@ -177,7 +213,10 @@ impl Harness for BrokenHarness {
     }
 
     async fn fresh(&self, _ctx: CaseContext) -> std::result::Result<Fresh, CaseError> {
-        Ok(Fresh::new(Arc::new(Broken { inner: MemoryStore::new(), defect: self.0 })))
+        Ok(Fresh::new(Arc::new(Broken {
+            inner: MemoryStore::new(),
+            defect: self.0,
+        })))
     }
 }
 
@@ -190,7 +229,10 @@ async fn report(defect: Defect) -> Report {
 fn assert_fails(report: &Report, case: &str) {
     match report.outcome(case) {
         Some(Outcome::Failed(message)) => println!("{case} caught it: {message}"),
-        other => panic!("{case} should fail for {}, got {other:?}\n{report}", report.harness),
+        other => panic!(
+            "{case} should fail for {}, got {other:?}\n{report}",
+            report.harness
+        ),
     }
 }
 
@@ -203,15 +245,24 @@ async fn the_honest_store_passes_every_case() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_ignores_the_epoch_on_ack_is_caught() {
-    assert_fails(&report(Defect::AckIgnoresEpoch).await, "fencing::ack_events_rejects_stale_lease");
+    assert_fails(
+        &report(Defect::AckIgnoresEpoch).await,
+        "fencing::ack_events_rejects_stale_lease",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_filters_pending_rows_by_next_attempt_is_caught() {
-    assert_fails(&report(Defect::PendingFilteredByNextAttempt).await, "outbox::load_pending_orders_by_sequence");
+    assert_fails(
+        &report(Defect::PendingFilteredByNextAttempt).await,
+        "outbox::load_pending_orders_by_sequence",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_whose_commit_is_not_atomic_is_caught() {
-    assert_fails(&report(Defect::CommitNotAtomic).await, "fencing::commit_poll_rejects_stale_lease");
+    assert_fails(
+        &report(Defect::CommitNotAtomic).await,
+        "fencing::commit_poll_rejects_stale_lease",
+    );
 }

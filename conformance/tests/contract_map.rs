@@ -17,12 +17,20 @@ fn named_in_docs() -> BTreeSet<String> {
 
 #[test]
 fn every_contract_bullet_names_an_existing_case() {
-    let cases: BTreeSet<String> =
-        watukuy_conformance::all_cases().iter().map(|c| format!("{}::{}", c.module, c.name)).collect();
+    let cases: BTreeSet<String> = watukuy_conformance::all_cases()
+        .iter()
+        .map(|c| format!("{}::{}", c.module, c.name))
+        .collect();
     let named = named_in_docs();
-    assert!(named.len() >= 40, "expected the contract to name its cases, found {named:?}");
+    assert!(
+        named.len() >= 40,
+        "expected the contract to name its cases, found {named:?}"
+    );
     let missing: Vec<&String> = named.difference(&cases).collect();
-    assert!(missing.is_empty(), "contract bullets name cases that do not exist: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "contract bullets name cases that do not exist: {missing:?}"
+    );
 }
 
 #[test]
@@ -34,11 +42,20 @@ fn every_contract_case_is_named_by_a_bullet() {
         .map(|c| format!("{}::{}", c.module, c.name))
         .filter(|path| !named.contains(path))
         .collect();
-    assert!(unnamed.is_empty(), "cases no contract bullet names: {unnamed:?}");
+    assert!(
+        unnamed.is_empty(),
+        "cases no contract bullet names: {unnamed:?}"
+    );
 }
 
 #[test]
-fn the_suite_has_the_fifty_contract_cases() {
-    let contract = watukuy_conformance::all_cases().iter().filter(|c| c.module != "guarantees").count();
-    assert_eq!(contract, 50);
+fn the_suite_has_the_fifty_contract_cases_and_more() {
+    let contract = watukuy_conformance::all_cases()
+        .iter()
+        .filter(|c| c.module != "guarantees")
+        .count();
+    assert!(
+        contract >= 50,
+        "SPEC §3.3 has 50 contract cases, the suite has {contract}"
+    );
 }

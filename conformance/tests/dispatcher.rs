@@ -30,19 +30,35 @@ async fn setup(subjects: &[&str]) -> Setup {
         .zip(1..)
         .map(|(s, seq)| OutboxRow::pending(event(&key, &format!("e{seq}"), seq, s), T0))
         .collect();
-    let batch = CommitBatch { events, ..CommitBatch::default() };
+    let batch = CommitBatch {
+        events,
+        ..CommitBatch::default()
+    };
     store.commit_poll(&key, &lease, &batch).await.unwrap();
-    Setup { store, clock: ManualClock::new(T0), key, lease }
+    Setup {
+        store,
+        clock: ManualClock::new(T0),
+        key,
+        lease,
+    }
 }
 
 impl Setup {
     fn dispatcher(&self, options: DeliveryOptions) -> Dispatcher {
-        Dispatcher::new("orders", self.store.clone(), Arc::new(self.clock.clone()), Arc::new(SeededRng::new(1)), options, 100)
-            .unwrap()
+        Dispatcher::new(
+            "orders",
+            self.store.clone(),
+            Arc::new(self.clock.clone()),
+            Arc::new(SeededRng::new(1)),
+            options,
+            100,
+        )
+        .unwrap()
     }
 
     async fn drain(&self, d: &Dispatcher) -> watukuy_core::Result<watukuy_core::DrainReport> {
-        d.drain(&self.key, &self.lease, &DrainContext::default()).await
+        d.drain(&self.key, &self.lease, &DrainContext::default())
+            .await
     }
 }
 
@@ -58,13 +74,32 @@ fn config_option(err: Error) -> String {
 fn invalid_options_are_rejected_when_built_naming_the_option() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let build = |options: DeliveryOptions, batch: usize| {
-        Dispatcher::new("orders", store.clone(), Arc::new(ManualClock::new(0)), Arc::new(SeededRng::new(1)), options, batch)
+        Dispatcher::new(
+            "orders",
+            store.clone(),
+            Arc::new(ManualClock::new(0)),
+            Arc::new(SeededRng::new(1)),
+            options,
+            batch,
+        )
     };
     let backwards = Backoff::new(Duration::from_secs(10), 2.0, Duration::from_secs(1));
-    assert_eq!(config_option(build(DeliveryOptions::default().concurrency(0), 100).unwrap_err()), "delivery.concurrency");
-    assert_eq!(config_option(build(DeliveryOptions::default().attempts(0), 100).unwrap_err()), "delivery.retry.attempts");
-    assert_eq!(config_option(build(DeliveryOptions::default().backoff(backwards), 100).unwrap_err()), "delivery.retry.backoff.max");
-    assert_eq!(config_option(build(DeliveryOptions::default(), 0).unwrap_err()), "dispatch_batch_size");
+    assert_eq!(
+        config_option(build(DeliveryOptions::default().concurrency(0), 100).unwrap_err()),
+        "delivery.concurrency"
+    );
+    assert_eq!(
+        config_option(build(DeliveryOptions::default().attempts(0), 100).unwrap_err()),
+        "delivery.retry.attempts"
+    );
+    assert_eq!(
+        config_option(build(DeliveryOptions::default().backoff(backwards), 100).unwrap_err()),
+        "delivery.retry.backoff.max"
+    );
+    assert_eq!(
+        config_option(build(DeliveryOptions::default(), 0).unwrap_err()),
+        "dispatch_batch_size"
+    );
 }
 
 #[tokio::test]
@@ -81,7 +116,10 @@ async fn a_panicking_handler_is_a_failed_attempt_not_a_crashed_dispatcher() {
     let row = &s.store.load_pending(&s.key, 10).await.unwrap()[0];
     assert_eq!(row.event_id, "e1");
     let message = &row.last_error.as_ref().unwrap().message;
-    assert!(message.starts_with("handler panicked: cannot handle a"), "{message}");
+    assert!(
+        message.starts_with("handler panicked: cannot handle a"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
@@ -108,7 +146,10 @@ async fn manual_ack_is_required_and_a_late_ack_has_no_effect() {
     let report = s.drain(&d).await.unwrap();
     assert_eq!((report.delivered, report.failed), (1, 1));
     let late = kept.lock().unwrap().take().unwrap();
-    assert!(!late.ack(), "an ack after the handler returned has no effect");
+    assert!(
+        !late.ack(),
+        "an ack after the handler returned has no effect"
+    );
     let row = &s.store.load_pending(&s.key, 10).await.unwrap()[0];
     assert_eq!(row.event_id, "e1");
     assert_eq!(
@@ -123,15 +164,30 @@ async fn on_and_subscribe_are_exclusive_and_events_wait_without_a_consumer() {
     let d = s.dispatcher(DeliveryOptions::default());
     let report = s.drain(&d).await.unwrap();
     assert!(report.no_consumer);
-    assert_eq!((report.delivered, report.remaining), (0, 2), "events wait in the outbox");
+    assert_eq!(
+        (report.delivered, report.remaining),
+        (0, 2),
+        "events wait in the outbox"
+    );
 
-    let handle = d.on(|_: Event, _: HandlerContext| async { Ok::<(), HandlerError>(()) }).unwrap();
+    let handle = d
+        .on(|_: Event, _: HandlerContext| async { Ok::<(), HandlerError>(()) })
+        .unwrap();
     assert_eq!(config_option(d.subscribe().unwrap_err()), "on/subscribe");
-    assert_eq!(config_option(d.on(|_: Event, _: HandlerContext| async { Ok::<(), HandlerError>(()) }).unwrap_err()), "on/subscribe");
+    assert_eq!(
+        config_option(
+            d.on(|_: Event, _: HandlerContext| async { Ok::<(), HandlerError>(()) })
+                .unwrap_err()
+        ),
+        "on/subscribe"
+    );
     handle.unsubscribe();
     assert!(!d.has_consumer());
     let subscription = d.subscribe().unwrap();
-    assert!(d.on(|_: Event, _: HandlerContext| async { Ok::<(), HandlerError>(()) }).is_err());
+    assert!(
+        d.on(|_: Event, _: HandlerContext| async { Ok::<(), HandlerError>(()) })
+            .is_err()
+    );
     drop(subscription);
     assert!(!d.has_consumer(), "dropping the subscription detaches it");
 }
@@ -139,15 +195,31 @@ async fn on_and_subscribe_are_exclusive_and_events_wait_without_a_consumer() {
 #[tokio::test]
 async fn halt_parks_and_stops_the_whole_drain() {
     let s = setup(&["a", "b", "c"]).await;
-    let d = s.dispatcher(DeliveryOptions::default().attempts(1).poison(PoisonAction::Halt));
+    let d = s.dispatcher(
+        DeliveryOptions::default()
+            .attempts(1)
+            .poison(PoisonAction::Halt),
+    );
     d.on(|event: Event, _: HandlerContext| async move {
-        if event.subject == "b" { Err(HandlerError::from("poison")) } else { Ok(()) }
+        if event.subject == "b" {
+            Err(HandlerError::from("poison"))
+        } else {
+            Ok(())
+        }
     })
     .unwrap();
     let report = s.drain(&d).await.unwrap();
     assert!(report.halted);
-    assert_eq!((report.delivered, report.parked, report.remaining), (1, 1, 1), "c is not delivered after a halt");
-    let parked = s.store.list_parked(&s.key, ParkedQuery::default()).await.unwrap();
+    assert_eq!(
+        (report.delivered, report.parked, report.remaining),
+        (1, 1, 1),
+        "c is not delivered after a halt"
+    );
+    let parked = s
+        .store
+        .list_parked(&s.key, ParkedQuery::default())
+        .await
+        .unwrap();
     assert_eq!(parked[0].id, "e2");
 }
 
@@ -158,21 +230,39 @@ async fn permanent_errors_park_at_once_and_retry_after_waits_as_told() {
     d.on(|event: Event, _: HandlerContext| async move {
         match event.subject.as_str() {
             "a" => Err(HandlerError::permanent("schema mismatch")),
-            _ => Err(HandlerError::retry_after(Duration::from_secs(42), "rate limited")),
+            _ => Err(HandlerError::retry_after(
+                Duration::from_secs(42),
+                "rate limited",
+            )),
         }
     })
     .unwrap();
     let report = s.drain(&d).await.unwrap();
     assert_eq!((report.parked, report.failed), (1, 1));
-    let parked = s.store.list_parked(&s.key, ParkedQuery::default()).await.unwrap();
-    assert_eq!((parked[0].id.as_str(), parked[0].attempts, parked[0].hold_key.as_deref()), ("e1", 1, None));
+    let parked = s
+        .store
+        .list_parked(&s.key, ParkedQuery::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            parked[0].id.as_str(),
+            parked[0].attempts,
+            parked[0].hold_key.as_deref()
+        ),
+        ("e1", 1, None)
+    );
     assert_eq!(report.next_retry_at, Some(s.clock.now_ms() + 42_000));
 }
 
 #[tokio::test]
 async fn lease_loss_fails_the_drain_and_cancels_in_flight_handlers() {
     let s = setup(&["slow", "fast"]).await;
-    s.store.acquire_lease(&s.key, NODE_B, TTL, T0 + TTL).await.unwrap().unwrap();
+    s.store
+        .acquire_lease(&s.key, NODE_B, TTL, T0 + TTL)
+        .await
+        .unwrap()
+        .unwrap();
     let d = s.dispatcher(DeliveryOptions::default().concurrency(2));
     let token: Arc<Mutex<Option<CancellationToken>>> = Arc::default();
     d.on({
@@ -191,7 +281,18 @@ async fn lease_loss_fails_the_drain_and_cancels_in_flight_handlers() {
     .unwrap();
     let err = s.drain(&d).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::LeaseLost, "{err}");
-    let token = token.lock().unwrap().take().expect("the slow handler started");
-    assert!(token.is_cancelled(), "in-flight handlers are told the lease is gone");
-    assert_eq!(s.store.count_pending(&s.key).await.unwrap(), 2, "nothing was acknowledged");
+    let token = token
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the slow handler started");
+    assert!(
+        token.is_cancelled(),
+        "in-flight handlers are told the lease is gone"
+    );
+    assert_eq!(
+        s.store.count_pending(&s.key).await.unwrap(),
+        2,
+        "nothing was acknowledged"
+    );
 }

@@ -136,7 +136,8 @@ pub trait Store: Send + Sync + 'static {
     ///    (`state::patches_replace_top_level_fields`).
     async fn save_state_unfenced(&self, key: &PKey, patch: &StatePatch) -> Result<()>;
 
-    /// Every key that has state or a lease, optionally only those of one poller (any order).
+    /// Every key ever written (by a lease acquisition, a save or a commit) and not deleted since,
+    /// optionally only those of one poller, matched exactly (any order).
     ///
     /// **Contract**
     /// 1. Lists keys created by lease acquisition or by an unfenced save; the filter keeps one
@@ -144,12 +145,16 @@ pub trait Store: Send + Sync + 'static {
     async fn list_keys(&self, poller: Option<&str>) -> Result<Vec<PKey>>;
 
     /// Unfenced: removes everything of `key`: state, lease, items, outbox, parked, validators, log.
+    /// Only the epoch counter survives, so a lease taken before the delete can never pass the
+    /// fence of the key when it comes back.
     ///
     /// **Contract**
     /// 1. Leaves other keys intact, is idempotent, and the key leaves `list_keys`
     ///    (`state::delete_key_removes_everything`).
     /// 2. Pollers are independent: deleting one poller's key leaves another poller's key with the
     ///    same partition intact (`isolation::pollers_are_isolated`).
+    /// 3. Epochs keep increasing across a delete: the next acquisition gets a higher epoch than any
+    ///    before, and a lease from before the delete fails the fence (`leases::epochs_survive_delete_key`).
     async fn delete_key(&self, key: &PKey) -> Result<()>;
 
     /// Unfenced: drops the item snapshot of `key` and nothing else.
@@ -192,7 +197,8 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// Upserts and deletes of items, outbox rows (insert or replace by event id; a row with
     /// status `Delivered` is not pending), parked rows (insert or replace by id), a log append of
-    /// the events when `batch.log`, and the state patch. All or nothing.
+    /// the events when `batch.log` (one [`LoggedEvent`] per outbox row, keyed by its sequence, with
+    /// the row's `created_at`), and the state patch. All or nothing.
     ///
     /// **Contract**
     /// 1. Applies every part together; the state equals the zero state plus the patch

@@ -171,3 +171,153 @@ pub async fn identity_batches(
         .try_collect()
         .await?)
 }
+
+/// The most rows [`observe`] reads from one list.
+pub const OBSERVE_LIMIT: usize = 10_000;
+
+/// Everything a store shows about one key through its read methods: what a case compares to
+/// prove that a call changed nothing, or exactly one thing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observation {
+    /// `load_state`.
+    pub state: Option<watukuy_core::PollerState>,
+    /// `get_lease`.
+    pub lease: Option<Lease>,
+    /// Every identity of `stream_identities`, sorted.
+    pub identities: Vec<String>,
+    /// `load_versions` of those identities, in the same order.
+    pub items: Vec<ItemRow>,
+    /// `count_items`.
+    pub item_count: u64,
+    /// `load_pending` (up to [`OBSERVE_LIMIT`]).
+    pub pending: Vec<OutboxRow>,
+    /// `count_pending`.
+    pub pending_count: u64,
+    /// `list_parked` without filters (up to [`OBSERVE_LIMIT`]).
+    pub parked: Vec<ParkedRow>,
+    /// `count_parked`.
+    pub parked_count: u64,
+    /// `held_keys`, sorted.
+    pub held_keys: Vec<String>,
+    /// `get_validator` of each URL hash asked for.
+    pub validators: Vec<(String, Option<watukuy_core::Validator>)>,
+    /// `read_log` without filters (up to [`OBSERVE_LIMIT`]); `None` when the store has no log.
+    pub log: Option<Vec<watukuy_core::LoggedEvent>>,
+}
+
+impl Observation {
+    /// What a key holding nothing looks like (`log`: the store's `capabilities().log`).
+    pub fn empty(log: bool, url_hashes: &[&str]) -> Self {
+        Observation {
+            state: None,
+            lease: None,
+            identities: Vec::new(),
+            items: Vec::new(),
+            item_count: 0,
+            pending: Vec::new(),
+            pending_count: 0,
+            parked: Vec::new(),
+            parked_count: 0,
+            held_keys: Vec::new(),
+            validators: url_hashes.iter().map(|u| ((*u).to_owned(), None)).collect(),
+            log: log.then(Vec::new),
+        }
+    }
+}
+
+/// Reads everything of `key` (validators of the given URL hashes; the log only when the store
+/// has one).
+pub async fn observe(
+    store: &dyn Store,
+    key: &PKey,
+    url_hashes: &[&str],
+) -> Result<Observation, CaseError> {
+    let mut identities: Vec<String> = identity_batches(store, key, 100)
+        .await?
+        .into_iter()
+        .flatten()
+        .collect();
+    identities.sort();
+    let mut rows = store.load_versions(key, &identities).await?;
+    let items = identities
+        .iter()
+        .filter_map(|identity| rows.remove(identity))
+        .collect();
+    let mut held_keys = store.held_keys(key).await?;
+    held_keys.sort();
+    let mut validators = Vec::with_capacity(url_hashes.len());
+    for url in url_hashes {
+        validators.push(((*url).to_owned(), store.get_validator(key, url).await?));
+    }
+    let log = if store.capabilities().log {
+        Some(
+            store
+                .read_log(key, watukuy_core::LogQuery::default(), OBSERVE_LIMIT)
+                .await?,
+        )
+    } else {
+        None
+    };
+    Ok(Observation {
+        state: store.load_state(key).await?,
+        lease: store.get_lease(key).await?,
+        identities,
+        items,
+        item_count: store.count_items(key).await?,
+        pending: store.load_pending(key, OBSERVE_LIMIT).await?,
+        pending_count: store.count_pending(key).await?,
+        parked: store
+            .list_parked(
+                key,
+                watukuy_core::ParkedQuery {
+                    kind: None,
+                    limit: Some(OBSERVE_LIMIT),
+                },
+            )
+            .await?,
+        parked_count: store.count_parked(key).await?,
+        held_keys,
+        validators,
+        log,
+    })
+}
+
+/// Owned ids from string slices, for `ack_events`, `retry_parked`, `discard_parked`, ...
+pub fn owned_ids(ids: &[&str]) -> Vec<String> {
+    ids.iter().map(|id| (*id).to_owned()).collect()
+}
+
+/// Commits a batch holding only `events` (appended to the log when `log`), with a patch that
+/// sets `sequence` to the highest event sequence and `updated_at` to `T0`, as the engine would.
+pub async fn commit_events(
+    store: &dyn Store,
+    key: &PKey,
+    lease: &Lease,
+    events: Vec<OutboxRow>,
+    log: bool,
+) -> CaseResult {
+    let sequence = events.iter().map(|row| row.sequence).max();
+    let batch = watukuy_core::CommitBatch {
+        state_patch: watukuy_core::StatePatch {
+            sequence,
+            updated_at: Some(T0),
+            ..watukuy_core::StatePatch::default()
+        },
+        events,
+        log,
+        ..watukuy_core::CommitBatch::default()
+    };
+    store.commit_poll(key, lease, &batch).await?;
+    Ok(())
+}
+
+/// The event ids of the pending rows of `key` (up to [`OBSERVE_LIMIT`]), in the order
+/// `load_pending` returns them.
+pub async fn pending_ids(store: &dyn Store, key: &PKey) -> Result<Vec<String>, CaseError> {
+    Ok(store
+        .load_pending(key, OBSERVE_LIMIT)
+        .await?
+        .into_iter()
+        .map(|row| row.event_id)
+        .collect())
+}

@@ -1,19 +1,382 @@
-//! Conformance cases: `items`.
-#![allow(missing_docs)]
+//! Conformance cases: `items` — the item snapshot (`load_versions`, `stream_identities`,
+//! `count_items`) as written by `commit_poll` upserts and deletes.
+
+use std::collections::{HashMap, HashSet};
+
+use watukuy_core::store::DEFAULT_IDENTITY_BATCH;
+use watukuy_core::{CommitBatch, ItemRow, Json, Lease, PKey, StatePatch, Store};
+
+use super::fixtures::{NODE_A, T0, acquire, identity_batches, item, json, key, key_b, key_other};
 use crate::harness::{CaseError, CaseResult, Env};
+use crate::{check, check_eq};
 
-pub async fn load_versions_returns_present_rows(_env: Env) -> CaseResult {
-    Err(CaseError::failed("not written yet"))
+/// A payload that only survives a store that keeps JSON text as it was written: a big integer
+/// no `f64` holds, raw non-ASCII text, an escaped character, empty containers, keys out of order.
+const EXACT_PAYLOAD: &str = r#"{"zeta":12345678901234567890123,"name":"Ñandú 🐦 señal","escaped":"caf\u00e9","tags":[],"meta":{},"alpha":-0.5e-7}"#;
+
+/// Commits `upserts` and `deletes` (nothing else) with a plain state patch.
+async fn commit_items(
+    store: &dyn Store,
+    key: &PKey,
+    lease: &Lease,
+    upserts: Vec<ItemRow>,
+    deletes: &[&str],
+) -> CaseResult {
+    let batch = CommitBatch {
+        state_patch: StatePatch {
+            updated_at: Some(T0),
+            ..StatePatch::default()
+        },
+        upserts,
+        deletes: deletes.iter().map(|id| (*id).to_owned()).collect(),
+        ..CommitBatch::default()
+    };
+    store.commit_poll(key, lease, &batch).await?;
+    Ok(())
 }
 
-pub async fn upserts_replace_and_deletes_remove(_env: Env) -> CaseResult {
-    Err(CaseError::failed("not written yet"))
+/// `load_versions` of `identities` given as string slices.
+async fn versions(
+    store: &dyn Store,
+    key: &PKey,
+    identities: &[&str],
+) -> Result<HashMap<String, ItemRow>, CaseError> {
+    let identities: Vec<String> = identities.iter().map(|id| (*id).to_owned()).collect();
+    Ok(store.load_versions(key, &identities).await?)
 }
 
-pub async fn stream_identities_batches(_env: Env) -> CaseResult {
-    Err(CaseError::failed("not written yet"))
+/// `Store::load_versions` contract 1: only present rows come back, each exactly as written; the
+/// payload is there only when it was stored (absent and JSON `null` differ, and a stored payload
+/// comes back byte for byte), `version: None` round-trips, empty input gives an empty map and
+/// another key sees nothing.
+pub async fn load_versions_returns_present_rows(env: Env) -> CaseResult {
+    let store = env.store();
+    let k = key();
+    let lease = acquire(store, &k, NODE_A, T0).await?;
+
+    let no_payload = item("no-payload", "hash-1");
+    let null_payload = ItemRow {
+        identity: "null-payload".to_owned(),
+        version: Some("v2".to_owned()),
+        hash: "hash-2".to_owned(),
+        schema_version: 3,
+        payload: Some(Json::null()),
+        seen_at: T0 + 1_000,
+    };
+    let exact_payload = ItemRow {
+        identity: "exact-payload".to_owned(),
+        version: Some("2026-01-01T00:00:00.000Z".to_owned()),
+        hash: "hash-3".to_owned(),
+        schema_version: 1,
+        payload: Some(json(EXACT_PAYLOAD)),
+        seen_at: T0 + 2_000,
+    };
+    commit_items(
+        store,
+        &k,
+        &lease,
+        vec![
+            no_payload.clone(),
+            null_payload.clone(),
+            exact_payload.clone(),
+        ],
+        &[],
+    )
+    .await?;
+
+    let rows = versions(
+        store,
+        &k,
+        &[
+            "no-payload",
+            "null-payload",
+            "exact-payload",
+            "never-written",
+        ],
+    )
+    .await?;
+    let mut returned: Vec<&str> = rows.keys().map(String::as_str).collect();
+    returned.sort_unstable();
+    check_eq!(
+        returned,
+        vec!["exact-payload", "no-payload", "null-payload"],
+        "load_versions returns exactly the present identities"
+    );
+
+    let row = rows.get("no-payload");
+    check_eq!(row, Some(&no_payload), "row without payload round-trips");
+    check!(
+        row.is_some_and(|r| r.payload.is_none() && r.version.is_none()),
+        "an absent payload stays absent (not JSON null) and version None stays None: {row:?}"
+    );
+
+    let row = rows.get("null-payload");
+    check_eq!(
+        row,
+        Some(&null_payload),
+        "row with a JSON null payload round-trips"
+    );
+    check!(
+        row.and_then(|r| r.payload.as_ref())
+            .is_some_and(Json::is_null),
+        "a JSON null payload comes back as Some(null), not absent: {row:?}"
+    );
+
+    let row = rows.get("exact-payload");
+    check_eq!(row, Some(&exact_payload), "row with a payload round-trips");
+    check_eq!(
+        row.and_then(|r| r.payload.as_ref()).map(Json::as_str),
+        Some(EXACT_PAYLOAD),
+        "the payload comes back byte for byte (big integer, unicode, escapes, empty containers, key order)"
+    );
+
+    // The map is keyed by the identity it carries.
+    for (identity, row) in &rows {
+        check_eq!(identity, &row.identity, "map key equals the row's identity");
+    }
+
+    let subset = versions(store, &k, &["null-payload"]).await?;
+    check_eq!(subset.len(), 1, "only the asked-for identity comes back");
+    check_eq!(subset.get("null-payload"), Some(&null_payload));
+
+    check!(
+        store.load_versions(&k, &[]).await?.is_empty(),
+        "empty input gives an empty map"
+    );
+    check!(
+        versions(store, &k, &["never-written", "also-missing"])
+            .await?
+            .is_empty(),
+        "only absent identities give an empty map"
+    );
+    for other in [key_b(), key_other()] {
+        let rows = versions(
+            store,
+            &other,
+            &["no-payload", "null-payload", "exact-payload"],
+        )
+        .await?;
+        check!(rows.is_empty(), "{other} sees none of {k}'s rows: {rows:?}");
+    }
+    Ok(())
 }
 
-pub async fn count_items_counts_snapshot(_env: Env) -> CaseResult {
-    Err(CaseError::failed("not written yet"))
+/// `Store::commit_poll` contract 6: upserts replace whole rows (a replacing row keeps nothing of
+/// the old one, payload and version included) and deletes remove them; deleting an identity that
+/// never existed is fine, and a deleted identity can be upserted again.
+pub async fn upserts_replace_and_deletes_remove(env: Env) -> CaseResult {
+    let store = env.store();
+    let k = key();
+    let lease = acquire(store, &k, NODE_A, T0).await?;
+
+    let first = ItemRow {
+        identity: "a".to_owned(),
+        version: Some("1".to_owned()),
+        hash: "hash-a1".to_owned(),
+        schema_version: 1,
+        payload: Some(json(r#"{"id":"a","v":1}"#)),
+        seen_at: T0,
+    };
+    let b = item("b", "hash-b1");
+    let c = item("c", "hash-c1");
+    commit_items(store, &k, &lease, vec![first, b, c.clone()], &[]).await?;
+
+    // Replace `a` with a row without version or payload; delete `b` and an identity that was
+    // never written.
+    let replacement = ItemRow {
+        identity: "a".to_owned(),
+        version: None,
+        hash: "hash-a2".to_owned(),
+        schema_version: 2,
+        payload: None,
+        seen_at: T0 + 5_000,
+    };
+    commit_items(
+        store,
+        &k,
+        &lease,
+        vec![replacement.clone()],
+        &["b", "never-existed"],
+    )
+    .await?;
+
+    let rows = versions(store, &k, &["a", "b", "c", "never-existed"]).await?;
+    check_eq!(rows.len(), 2, "a and c remain: {rows:?}");
+    check_eq!(
+        rows.get("a"),
+        Some(&replacement),
+        "the upsert replaced the whole row (no version or payload left over)"
+    );
+    check!(!rows.contains_key("b"), "b was deleted");
+    check_eq!(rows.get("c"), Some(&c), "c is untouched");
+    check_eq!(store.count_items(&k).await?, 2);
+
+    // A batch that only deletes identities that do not exist succeeds and changes nothing.
+    commit_items(store, &k, &lease, Vec::new(), &["b", "ghost"]).await?;
+    let again = versions(store, &k, &["a", "b", "c"]).await?;
+    check_eq!(again, rows, "deleting absent identities changes nothing");
+
+    // Deleted identities can come back.
+    let b_again = item("b", "hash-b2");
+    commit_items(store, &k, &lease, vec![b_again.clone()], &["c"]).await?;
+    let rows = versions(store, &k, &["a", "b", "c"]).await?;
+    check_eq!(rows.get("a"), Some(&replacement));
+    check_eq!(
+        rows.get("b"),
+        Some(&b_again),
+        "a deleted identity can be upserted again"
+    );
+    check!(!rows.contains_key("c"), "c was deleted");
+    check_eq!(store.count_items(&k).await?, 2);
+    Ok(())
+}
+
+/// `Store::stream_identities` contract 1: 2,500 identities come in batches of 1000/1000/500,
+/// every batch is full except the last, no empty batch is yielded (not even after an exact
+/// multiple), the default batch size covers all 2,500 exactly once, and an empty key yields
+/// nothing.
+pub async fn stream_identities_batches(env: Env) -> CaseResult {
+    let store = env.store();
+    let k = key();
+
+    check!(
+        identity_batches(store, &k, 1000).await?.is_empty(),
+        "a key never written yields no batch"
+    );
+
+    let lease = acquire(store, &k, NODE_A, T0).await?;
+    check!(
+        identity_batches(store, &k, DEFAULT_IDENTITY_BATCH)
+            .await?
+            .is_empty(),
+        "a leased key without items yields no batch"
+    );
+
+    let expected: HashSet<String> = (0..2_500).map(|i| format!("item-{i:04}")).collect();
+    let upserts = expected.iter().map(|id| item(id, "hash")).collect();
+    commit_items(store, &k, &lease, upserts, &[]).await?;
+    check_eq!(store.count_items(&k).await?, 2_500);
+
+    let batches = identity_batches(store, &k, 1000).await?;
+    let sizes: Vec<usize> = batches.iter().map(Vec::len).collect();
+    check_eq!(
+        sizes,
+        vec![1000, 1000, 500],
+        "batch sizes with batch_size 1000"
+    );
+    check_covers_once(&batches, &expected)?;
+
+    let batches = identity_batches(store, &k, 500).await?;
+    let sizes: Vec<usize> = batches.iter().map(Vec::len).collect();
+    check_eq!(
+        sizes,
+        vec![500; 5],
+        "an exact multiple gives full batches and no trailing empty batch"
+    );
+    check_covers_once(&batches, &expected)?;
+
+    let batches = identity_batches(store, &k, DEFAULT_IDENTITY_BATCH).await?;
+    let Some((last, full)) = batches.split_last() else {
+        return Err(CaseError::failed(
+            "the default batch size yielded no batch for 2,500 identities",
+        ));
+    };
+    check!(
+        full.iter().all(|b| b.len() == DEFAULT_IDENTITY_BATCH),
+        "every batch but the last is full with the default size {DEFAULT_IDENTITY_BATCH}"
+    );
+    check!(
+        !last.is_empty() && last.len() <= DEFAULT_IDENTITY_BATCH,
+        "the last batch holds 1..={DEFAULT_IDENTITY_BATCH} identities, got {}",
+        last.len()
+    );
+    check_covers_once(&batches, &expected)?;
+
+    for other in [key_b(), key_other()] {
+        check!(
+            identity_batches(store, &other, 1000).await?.is_empty(),
+            "{other} has an empty snapshot and yields no batch"
+        );
+    }
+    Ok(())
+}
+
+/// Fails unless the batches hold every expected identity exactly once and nothing else.
+fn check_covers_once(batches: &[Vec<String>], expected: &HashSet<String>) -> CaseResult {
+    let total: usize = batches.iter().map(Vec::len).sum();
+    let seen: HashSet<&String> = batches.iter().flatten().collect();
+    check_eq!(total, expected.len(), "identities yielded in total");
+    check_eq!(seen.len(), total, "no identity is yielded twice");
+    check!(
+        seen.iter().all(|id| expected.contains(*id)),
+        "only snapshot identities are yielded"
+    );
+    Ok(())
+}
+
+/// `Store::count_items` contract 1: the count follows upserts (new identities add, replacements
+/// do not) and deletes (unknown identities do not subtract), per key.
+pub async fn count_items_counts_snapshot(env: Env) -> CaseResult {
+    let store = env.store();
+    let k = key();
+    check_eq!(
+        store.count_items(&k).await?,
+        0,
+        "a key never written counts 0"
+    );
+
+    let lease = acquire(store, &k, NODE_A, T0).await?;
+    check_eq!(
+        store.count_items(&k).await?,
+        0,
+        "a leased key without items counts 0"
+    );
+
+    commit_items(
+        store,
+        &k,
+        &lease,
+        vec![item("a", "h1"), item("b", "h1"), item("c", "h1")],
+        &[],
+    )
+    .await?;
+    check_eq!(store.count_items(&k).await?, 3);
+
+    commit_items(
+        store,
+        &k,
+        &lease,
+        vec![item("a", "h2"), item("d", "h1")],
+        &[],
+    )
+    .await?;
+    check_eq!(
+        store.count_items(&k).await?,
+        4,
+        "a replacement does not add"
+    );
+
+    commit_items(store, &k, &lease, Vec::new(), &["b", "unknown"]).await?;
+    check_eq!(
+        store.count_items(&k).await?,
+        3,
+        "only the existing identity is subtracted"
+    );
+
+    commit_items(store, &k, &lease, Vec::new(), &["a", "c", "d"]).await?;
+    check_eq!(store.count_items(&k).await?, 0, "every row deleted");
+
+    commit_items(store, &k, &lease, vec![item("e", "h1")], &[]).await?;
+    check_eq!(store.count_items(&k).await?, 1);
+    check_eq!(
+        store.count_items(&key_b()).await?,
+        0,
+        "another partition counts 0"
+    );
+    check_eq!(
+        store.count_items(&key_other()).await?,
+        0,
+        "another poller counts 0"
+    );
+    Ok(())
 }

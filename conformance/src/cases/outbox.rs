@@ -1,19 +1,273 @@
-//! Conformance cases: `outbox`.
-#![allow(missing_docs)]
-use crate::harness::{CaseError, CaseResult, Env};
+//! Conformance cases: `outbox` — pending rows, acks and recorded attempts.
 
-pub async fn load_pending_orders_by_sequence(_env: Env) -> CaseResult {
-    Err(CaseError::failed("not written yet"))
+use watukuy_core::{OutboxRow, OutboxStatus, SerializedError};
+
+use super::fixtures::{
+    NODE_A, T0, acquire, commit_events, event, key, key_b, key_other, owned_ids, pending,
+    pending_ids,
+};
+use crate::harness::{CaseResult, Env};
+use crate::{check, check_eq};
+
+/// A year in milliseconds: "far in the future" for `next_attempt_at`.
+const YEAR_MS: i64 = 365 * 24 * 60 * 60 * 1_000;
+
+/// `Store::load_pending` contract 1: rows come in sequence order whatever the insertion order
+/// (and whatever the order of their ids and creation times), `limit` is honoured (0 gives none),
+/// rows whose `next_attempt_at` lies far in the future are still returned, and another key sees
+/// none of them.
+pub async fn load_pending_orders_by_sequence(env: Env) -> CaseResult {
+    let store = env.store();
+    let k = key();
+    let lease = acquire(store, &k, NODE_A, T0).await?;
+
+    // Ids sort opposite to sequences, creation times run backwards, and the rows arrive in two
+    // batches in scrambled order.
+    let s1 = OutboxRow::pending(event(&k, "evt-d", 1, "o1"), T0 + 4_000);
+    let s2 = OutboxRow {
+        next_attempt_at: Some(T0 + YEAR_MS),
+        ..OutboxRow::pending(event(&k, "evt-c", 2, "o2"), T0 + 3_000)
+    };
+    let s3 = OutboxRow::pending(event(&k, "evt-b", 3, "o3"), T0 + 2_000);
+    let s4 = OutboxRow::pending(event(&k, "evt-a", 4, "o4"), T0 + 1_000);
+    commit_events(
+        store,
+        &k,
+        &lease,
+        vec![s3.clone(), s1.clone(), s4.clone()],
+        false,
+    )
+    .await?;
+    commit_events(store, &k, &lease, vec![s2.clone()], false).await?;
+
+    // A recorded attempt pushes s3's next attempt a year out too.
+    let failure = SerializedError::new("HandlerError", "try again next year");
+    store
+        .record_attempt(&k, &lease, "evt-b", &failure, Some(T0 + YEAR_MS))
+        .await?;
+    let s3 = OutboxRow {
+        attempts: 1,
+        last_error: Some(failure),
+        next_attempt_at: Some(T0 + YEAR_MS),
+        ..s3
+    };
+
+    let all = vec![s1.clone(), s2.clone(), s3.clone(), s4.clone()];
+    check_eq!(
+        store.load_pending(&k, 100).await?,
+        all,
+        "every pending row in sequence order, future next_attempt_at included"
+    );
+    check_eq!(
+        store.load_pending(&k, 4).await?,
+        all,
+        "a limit equal to the count"
+    );
+    check_eq!(
+        store.load_pending(&k, 2).await?,
+        vec![s1.clone(), s2],
+        "limit 2 gives the two lowest sequences"
+    );
+    check_eq!(store.load_pending(&k, 1).await?, vec![s1], "limit 1");
+    check!(
+        store.load_pending(&k, 0).await?.is_empty(),
+        "limit 0 gives none"
+    );
+    for other in [key_b(), key_other()] {
+        check!(
+            store.load_pending(&other, 100).await?.is_empty(),
+            "{other} has no pending rows"
+        );
+    }
+    Ok(())
 }
 
-pub async fn count_pending_counts_pending_only(_env: Env) -> CaseResult {
-    Err(CaseError::failed("not written yet"))
+/// `Store::count_pending` contract 1: only pending rows count (rows committed with status
+/// `Delivered` do not), acks decrement the count, unknown and repeated acks do not, and another
+/// key counts 0.
+pub async fn count_pending_counts_pending_only(env: Env) -> CaseResult {
+    let store = env.store();
+    let k = key();
+    check_eq!(
+        store.count_pending(&k).await?,
+        0,
+        "a key never written counts 0"
+    );
+    let lease = acquire(store, &k, NODE_A, T0).await?;
+
+    let delivered = OutboxRow {
+        status: OutboxStatus::Delivered,
+        ..pending(&k, "evt-4", 4, "o4")
+    };
+    commit_events(
+        store,
+        &k,
+        &lease,
+        vec![
+            pending(&k, "evt-1", 1, "o1"),
+            pending(&k, "evt-2", 2, "o2"),
+            pending(&k, "evt-3", 3, "o3"),
+            delivered,
+        ],
+        false,
+    )
+    .await?;
+    check_eq!(
+        store.count_pending(&k).await?,
+        3,
+        "the delivered row is not counted"
+    );
+    check_eq!(
+        pending_ids(store, &k).await?,
+        owned_ids(&["evt-1", "evt-2", "evt-3"]),
+        "the delivered row is not pending"
+    );
+
+    store.ack_events(&k, &lease, &owned_ids(&["evt-1"])).await?;
+    check_eq!(
+        store.count_pending(&k).await?,
+        2,
+        "an ack decrements the count"
+    );
+    store
+        .ack_events(&k, &lease, &owned_ids(&["evt-1", "unknown", "evt-4"]))
+        .await?;
+    check_eq!(
+        store.count_pending(&k).await?,
+        2,
+        "acking an acked, an unknown and a delivered id changes nothing"
+    );
+    store
+        .ack_events(&k, &lease, &owned_ids(&["evt-2", "evt-3"]))
+        .await?;
+    check_eq!(store.count_pending(&k).await?, 0);
+    check_eq!(
+        store.count_pending(&key_b()).await?,
+        0,
+        "another partition counts 0"
+    );
+    check_eq!(
+        store.count_pending(&key_other()).await?,
+        0,
+        "another poller counts 0"
+    );
+    Ok(())
 }
 
-pub async fn ack_removes_rows_ignores_unknown(_env: Env) -> CaseResult {
-    Err(CaseError::failed("not written yet"))
+/// `Store::ack_events` contract 1: acked rows leave the outbox, the others stay exactly as they
+/// were; unknown ids, already-acked ids, repeated ids and an empty list are no-ops.
+pub async fn ack_removes_rows_ignores_unknown(env: Env) -> CaseResult {
+    let store = env.store();
+    let k = key();
+    let lease = acquire(store, &k, NODE_A, T0).await?;
+    let e1 = pending(&k, "evt-1", 1, "o1");
+    let e2 = pending(&k, "evt-2", 2, "o2");
+    let e3 = pending(&k, "evt-3", 3, "o3");
+    commit_events(store, &k, &lease, vec![e1.clone(), e2, e3.clone()], false).await?;
+
+    store.ack_events(&k, &lease, &[]).await?;
+    check_eq!(
+        store.count_pending(&k).await?,
+        3,
+        "an empty ack list is a no-op"
+    );
+
+    store
+        .ack_events(&k, &lease, &owned_ids(&["evt-2", "unknown"]))
+        .await?;
+    check_eq!(
+        store.load_pending(&k, 10).await?,
+        vec![e1.clone(), e3.clone()],
+        "evt-2 is gone, the unknown id was ignored, the other rows are unchanged"
+    );
+
+    store
+        .ack_events(&k, &lease, &owned_ids(&["evt-2", "also-unknown"]))
+        .await?;
+    check_eq!(
+        store.load_pending(&k, 10).await?,
+        vec![e1, e3],
+        "acking an acked id again is a no-op"
+    );
+
+    store
+        .ack_events(&k, &lease, &owned_ids(&["evt-3", "evt-1", "evt-3"]))
+        .await?;
+    check!(
+        store.load_pending(&k, 10).await?.is_empty(),
+        "every row acked (repeated ids are fine)"
+    );
+    check_eq!(store.count_pending(&k).await?, 0);
+    Ok(())
 }
 
-pub async fn record_attempt_updates_row(_env: Env) -> CaseResult {
-    Err(CaseError::failed("not written yet"))
+/// `Store::record_attempt` contract 1: each call adds one attempt and stores the error (with its
+/// nested cause) and `next_attempt_at`, which may be `None`; nothing else of the row changes,
+/// other rows are untouched, and an unknown id is a no-op that creates no row.
+pub async fn record_attempt_updates_row(env: Env) -> CaseResult {
+    let store = env.store();
+    let k = key();
+    let lease = acquire(store, &k, NODE_A, T0).await?;
+    let e1 = pending(&k, "evt-1", 1, "o1");
+    let e2 = pending(&k, "evt-2", 2, "o2");
+    commit_events(store, &k, &lease, vec![e1.clone(), e2.clone()], false).await?;
+
+    let first = SerializedError::new("HandlerError", "first failure");
+    store
+        .record_attempt(&k, &lease, "evt-1", &first, Some(T0 + 1_000))
+        .await?;
+    let after_first = OutboxRow {
+        attempts: 1,
+        last_error: Some(first),
+        next_attempt_at: Some(T0 + 1_000),
+        ..e1.clone()
+    };
+    check_eq!(
+        store.load_pending(&k, 10).await?,
+        vec![after_first.clone(), e2.clone()],
+        "attempts 1, the error and next_attempt_at recorded; evt-2 untouched"
+    );
+
+    let mut second = SerializedError::new("HttpError", "POST https://sink.example/x responded 503")
+        .with_code("HTTP");
+    second.status = Some(503);
+    second.cause = Some(Box::new(SerializedError::new(
+        "Error",
+        "upstream unavailable",
+    )));
+    store
+        .record_attempt(&k, &lease, "evt-1", &second, None)
+        .await?;
+    let after_second = OutboxRow {
+        attempts: 2,
+        last_error: Some(second),
+        next_attempt_at: None,
+        ..e1
+    };
+    check_eq!(
+        store.load_pending(&k, 10).await?,
+        vec![after_second.clone(), e2.clone()],
+        "attempts 2, the new error replaces the old one, next_attempt_at cleared to None"
+    );
+
+    store
+        .record_attempt(
+            &k,
+            &lease,
+            "unknown",
+            &SerializedError::new("HandlerError", "nobody"),
+            Some(T0),
+        )
+        .await?;
+    check_eq!(
+        store.load_pending(&k, 10).await?,
+        vec![after_second, e2],
+        "an unknown id is a no-op"
+    );
+    check_eq!(
+        store.count_pending(&k).await?,
+        2,
+        "no row was created for the unknown id"
+    );
+    Ok(())
 }

@@ -1,11 +1,81 @@
-//! Conformance cases: `setup`.
-#![allow(missing_docs)]
-use crate::harness::{CaseError, CaseResult, Env};
+//! Conformance cases: `setup` (SPEC §3.3 cases 1–2): capabilities and migrations.
 
-pub async fn exposes_capabilities(_env: Env) -> CaseResult {
-    Err(CaseError::failed("not written yet"))
+use watukuy_core::{PollerState, StatePatch};
+
+use super::fixtures::{NODE_A, Observation, T0, acquire, key, observe};
+use crate::harness::{CaseResult, Env};
+use crate::{check, check_eq};
+
+/// `Store::capabilities` contract 1: the store reports its three flags (`transactions`, `log`,
+/// `streaming`) and reports the same flags on every call, before and after `migrate()`.
+pub async fn exposes_capabilities(env: Env) -> CaseResult {
+    let store = env.store();
+    let first = store.capabilities();
+    check_eq!(
+        store.capabilities(),
+        first,
+        "capabilities() changed between two calls"
+    );
+    store.migrate().await?;
+    check_eq!(
+        store.capabilities(),
+        first,
+        "capabilities() changed after migrate()"
+    );
+    Ok(())
 }
 
-pub async fn migrate_is_idempotent(_env: Env) -> CaseResult {
-    Err(CaseError::failed("not written yet"))
+/// `Store::migrate` contract 1: migrating a migrated store again succeeds and changes nothing:
+/// an untouched store still reads as empty (`load_state` is `None`, `count_items` is 0, no keys),
+/// and data written before another `migrate()` is still there after it.
+pub async fn migrate_is_idempotent(env: Env) -> CaseResult {
+    let store = env.store();
+    let key = key();
+    store.migrate().await?;
+    store.migrate().await?;
+    check_eq!(
+        store.load_state(&key).await?,
+        None,
+        "load_state after repeated migrate()"
+    );
+    check_eq!(
+        store.count_items(&key).await?,
+        0,
+        "count_items after repeated migrate()"
+    );
+    check_eq!(
+        observe(store, &key, &["url-1"]).await?,
+        Observation::empty(store.capabilities().log, &["url-1"]),
+        "an untouched key after repeated migrate() is not empty"
+    );
+    check!(
+        store.list_keys(None).await?.is_empty(),
+        "list_keys(None) is not empty after repeated migrate()"
+    );
+
+    // Written data survives another migrate().
+    let lease = acquire(store, &key, NODE_A, T0).await?;
+    let patch = StatePatch {
+        paused: Some(true),
+        sequence: Some(7),
+        updated_at: Some(T0),
+        ..StatePatch::default()
+    };
+    store.save_state(&key, &lease, &patch).await?;
+    store.migrate().await?;
+    check_eq!(
+        store.load_state(&key).await?,
+        Some(PollerState {
+            paused: true,
+            sequence: 7,
+            ..PollerState::zero(T0)
+        }),
+        "state changed by migrate()"
+    );
+    check_eq!(
+        store.get_lease(&key).await?,
+        Some(lease),
+        "lease changed by migrate()"
+    );
+    Ok(())
 }

@@ -33,7 +33,8 @@ fn order_event(seq: i64, order: &str, kind: EventType, total: u32, now: i64) -> 
 }
 
 fn order_json(order: &str, total: u32) -> Json {
-    Json::encode(&serde_json::json!({ "id": order, "total": total })).unwrap_or_else(|_| Json::null())
+    Json::encode(&serde_json::json!({ "id": order, "total": total }))
+        .unwrap_or_else(|_| Json::null())
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -41,7 +42,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let key = PKey::new("orders", "");
-    let Some(lease) = store.acquire_lease(&key, "quickstart", 30_000, clock.now_ms()).await? else {
+    let Some(lease) = store
+        .acquire_lease(&key, "quickstart", 30_000, clock.now_ms())
+        .await?
+    else {
         return Err("the key is leased by another instance".into());
     };
 
@@ -55,18 +59,38 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         order_event(5, "order-3", EventType::Updated, 10, now),
     ];
     let batch = CommitBatch {
-        events: events.into_iter().map(|e| OutboxRow::pending(e, now)).collect(),
-        state_patch: StatePatch { sequence: Some(5), updated_at: Some(now), ..StatePatch::default() },
+        events: events
+            .into_iter()
+            .map(|e| OutboxRow::pending(e, now))
+            .collect(),
+        state_patch: StatePatch {
+            sequence: Some(5),
+            updated_at: Some(now),
+            ..StatePatch::default()
+        },
         ..CommitBatch::default()
     };
     store.commit_poll(&key, &lease, &batch).await?;
-    println!("committed 5 events for orders: order-1 (created, updated), order-2, order-3 (created, updated)");
+    println!(
+        "committed 5 events for orders: order-1 (created, updated), order-2, order-3 (created, updated)"
+    );
 
     let options = DeliveryOptions::default()
         .concurrency(4)
         .attempts(3)
-        .backoff(Backoff::new(Duration::from_millis(50), 2.0, Duration::from_millis(200)));
-    let dispatcher = Dispatcher::new("orders", Arc::clone(&store), Arc::clone(&clock), Arc::new(SystemRng::new()), options, 100)?;
+        .backoff(Backoff::new(
+            Duration::from_millis(50),
+            2.0,
+            Duration::from_millis(200),
+        ));
+    let dispatcher = Dispatcher::new(
+        "orders",
+        Arc::clone(&store),
+        Arc::clone(&clock),
+        Arc::new(SystemRng::new()),
+        options,
+        100,
+    )?;
 
     // order-2 fails once (a timeout downstream); order-3 fails until it is fixed.
     let order_3_fixed = Arc::new(AtomicBool::new(false));
@@ -75,7 +99,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         move |event: Event, ctx: HandlerContext| {
             let fixed = order_3_fixed.load(Ordering::SeqCst);
             async move {
-                let label = format!("{} {} (attempt {})", event.subject, event.event_type, ctx.attempt);
+                let label = format!(
+                    "{} {} (attempt {})",
+                    event.subject, event.event_type, ctx.attempt
+                );
                 if event.subject == "order-2" && ctx.attempt == 1 {
                     println!("  handler: {label} -> failed: warehouse API timed out");
                     return Err(HandlerError::from("warehouse API timed out"));
@@ -84,7 +111,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     println!("  handler: {label} -> failed: total must be positive");
                     return Err(HandlerError::from("total must be positive"));
                 }
-                println!("  handler: {label} -> ok, data {}", event.data.as_ref().map_or("-".into(), Json::to_string));
+                println!(
+                    "  handler: {label} -> ok, data {}",
+                    event.data.as_ref().map_or("-".into(), Json::to_string)
+                );
                 Ok(())
             }
         }
@@ -93,7 +123,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let drain = |label: String| {
         let (dispatcher, key, lease) = (&dispatcher, &key, &lease);
         async move {
-            let report = dispatcher.drain(key, lease, &DrainContext::default()).await?;
+            let report = dispatcher
+                .drain(key, lease, &DrainContext::default())
+                .await?;
             println!(
                 "{label}: delivered {}, retrying {}, parked {}, pending {}",
                 report.delivered, report.failed, report.parked, report.remaining
@@ -112,10 +144,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     for row in store.list_parked(&key, ParkedQuery::default()).await? {
-        let history: Vec<&str> = row.error.history.iter().flatten().map(|e| e.message.as_str()).collect();
+        let history: Vec<&str> = row
+            .error
+            .history
+            .iter()
+            .flatten()
+            .map(|e| e.message.as_str())
+            .collect();
         println!(
             "parked {} after {} attempts: {} (history: {:?}); holding key {:?}",
-            row.event.as_ref().map_or(row.id.as_str(), |e| e.subject.as_str()),
+            row.event
+                .as_ref()
+                .map_or(row.id.as_str(), |e| e.subject.as_str()),
             row.attempts,
             row.error.error.message,
             history,
