@@ -112,9 +112,11 @@ macro_rules! for_each_case {
 /// Generates one `#[test]` per conformance case for a harness, grouped in modules named after
 /// the case groups, so `cargo test conformance::leases::` filters work:
 ///
-/// ```ignore
+/// ```text
 /// watukuy_conformance::store_tests!(MyHarness::from_env());
 /// ```
+///
+/// (The crate documentation has a complete, compiled example.)
 ///
 /// The harness expression is evaluated once per test, inside the generated module (which
 /// imports `super::*`).
