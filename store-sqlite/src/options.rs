@@ -1,0 +1,284 @@
+//! [`SqliteOptions`]: where the database lives, the table prefix and the busy timeout.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use watukuy_core::{Error, Result};
+
+/// The default table prefix.
+pub const DEFAULT_TABLE_PREFIX: &str = "watukuy_";
+
+/// The default busy timeout: how long a write waits for another connection's lock.
+pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The default number of read connections of a file database.
+pub const DEFAULT_MAX_READERS: usize = 4;
+
+/// Where a [`SqliteStore`](crate::SqliteStore) keeps its data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Location {
+    /// A database file (created on first use, in WAL mode).
+    File(PathBuf),
+    /// A private in-memory database, seen only by the store that opened it and dropped with it.
+    Memory,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Location::File(path) => write!(f, "SQLite database {}", path.display()),
+            Location::Memory => f.write_str("private in-memory SQLite database"),
+        }
+    }
+}
+
+/// Options of a [`SqliteStore`](crate::SqliteStore): built with [`Default`] and builder methods,
+/// checked by [`SqliteStore::open`](crate::SqliteStore::open) (an invalid option is a
+/// [`Config`](watukuy_core::Error::Config) error naming it, e.g. `sqlite.table_prefix`).
+///
+/// ```
+/// use std::time::Duration;
+/// use watukuy_store_sqlite::SqliteOptions;
+///
+/// let options = SqliteOptions::file("/var/lib/myapp/watukuy.db")
+///     .table_prefix("orders_")
+///     .busy_timeout(Duration::from_secs(10));
+/// assert!(options.validate().is_ok());
+/// assert!(SqliteOptions::in_memory().table_prefix("not valid").validate().is_err());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SqliteOptions {
+    location: Location,
+    table_prefix: String,
+    busy_timeout: Duration,
+    max_readers: usize,
+}
+
+impl Default for SqliteOptions {
+    /// A private in-memory database, prefix `watukuy_`, a 5 s busy timeout, 4 readers.
+    fn default() -> Self {
+        Self {
+            location: Location::Memory,
+            table_prefix: DEFAULT_TABLE_PREFIX.to_owned(),
+            busy_timeout: DEFAULT_BUSY_TIMEOUT,
+            max_readers: DEFAULT_MAX_READERS,
+        }
+    }
+}
+
+impl SqliteOptions {
+    /// The default options: a private in-memory database.
+    pub fn in_memory() -> Self {
+        Self::default()
+    }
+
+    /// The default options on the database file at `path`.
+    pub fn file(path: impl Into<PathBuf>) -> Self {
+        Self::default().path(path)
+    }
+
+    /// Uses the database file at `path` (created on first use). The SQLite name `:memory:`
+    /// means a private in-memory database, as [`SqliteOptions::memory`].
+    #[must_use]
+    pub fn path(mut self, path: impl Into<PathBuf>) -> Self {
+        let path = path.into();
+        self.location = if path.as_os_str() == ":memory:" {
+            Location::Memory
+        } else {
+            Location::File(path)
+        };
+        self
+    }
+
+    /// Uses a private in-memory database.
+    #[must_use]
+    pub fn memory(mut self) -> Self {
+        self.location = Location::Memory;
+        self
+    }
+
+    /// Prefixes every table (and index) name: an identifier matching `[A-Za-z_][A-Za-z0-9_]*`,
+    /// or empty. Several prefixes may share one file; each has its own schema version.
+    #[must_use]
+    pub fn table_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.table_prefix = prefix.into();
+        self
+    }
+
+    /// How long a statement waits for a lock held by another connection or process before it
+    /// fails with a transient `Busy` store error. At most `i32::MAX` milliseconds.
+    #[must_use]
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// How many read connections a file database opens at most (at least 1). Writes always go
+    /// through one writer connection; a private in-memory database uses that one connection for
+    /// everything.
+    #[must_use]
+    pub fn max_readers(mut self, readers: usize) -> Self {
+        self.max_readers = readers;
+        self
+    }
+
+    /// Where the data lives.
+    pub fn location(&self) -> &Location {
+        &self.location
+    }
+
+    /// The table prefix.
+    pub fn prefix(&self) -> &str {
+        &self.table_prefix
+    }
+
+    /// Checks every option; the error names the first invalid one.
+    pub fn validate(&self) -> Result<()> {
+        validate_prefix(&self.table_prefix)?;
+        if let Location::File(path) = &self.location {
+            validate_path(path)?;
+        }
+        if busy_timeout_ms(self.busy_timeout).is_none() {
+            return Err(Error::config(
+                "sqlite.busy_timeout",
+                format!(
+                    "must be at most {} ms, got {:?}",
+                    i32::MAX,
+                    self.busy_timeout
+                ),
+            ));
+        }
+        if self.max_readers == 0 {
+            return Err(Error::config("sqlite.max_readers", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn busy_timeout_value(&self) -> Duration {
+        self.busy_timeout
+    }
+
+    pub(crate) fn max_readers_value(&self) -> usize {
+        self.max_readers
+    }
+}
+
+/// The busy timeout in whole milliseconds, if SQLite can take it.
+fn busy_timeout_ms(timeout: Duration) -> Option<i32> {
+    i32::try_from(timeout.as_millis()).ok()
+}
+
+/// Checks a table prefix: `[A-Za-z_][A-Za-z0-9_]*` or empty. The prefix is spliced into SQL, so
+/// nothing else may pass.
+pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
+    let mut chars = prefix.chars();
+    let valid = match chars.next() {
+        None => true,
+        Some(first) => {
+            (first.is_ascii_alphabetic() || first == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        }
+    };
+    if valid {
+        Ok(())
+    } else {
+        Err(Error::config(
+            "sqlite.table_prefix",
+            format!("must match [A-Za-z_][A-Za-z0-9_]* or be empty, got {prefix:?}"),
+        ))
+    }
+}
+
+fn validate_path(path: &Path) -> Result<()> {
+    let text = path.as_os_str();
+    if text.is_empty() {
+        return Err(Error::config(
+            "sqlite.path",
+            "must not be empty (use SqliteOptions::in_memory() for an in-memory database)",
+        ));
+    }
+    if text.as_encoded_bytes().contains(&0) {
+        return Err(Error::config(
+            "sqlite.path",
+            format!("must not contain a NUL byte, got {path:?}"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use watukuy_core::ErrorCode;
+
+    fn option_of(error: Error) -> String {
+        match error {
+            Error::Config { option, .. } => option,
+            other => panic!("expected a Config error, got {other}"),
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let options = SqliteOptions::default();
+        assert_eq!(options.location(), &Location::Memory);
+        assert_eq!(options.prefix(), "watukuy_");
+        assert_eq!(options.busy_timeout_value(), Duration::from_secs(5));
+        assert!(options.validate().is_ok());
+    }
+
+    #[test]
+    fn prefixes() {
+        for good in ["", "_", "a", "watukuy_", "Tenant_42_", "_x9"] {
+            assert!(
+                validate_prefix(good).is_ok(),
+                "{good:?} should be a valid prefix"
+            );
+        }
+        for bad in [
+            "1a",
+            "a-b",
+            "a b",
+            "x;DROP TABLE t;--",
+            "ü_",
+            "a.b",
+            "\"a\"",
+        ] {
+            let error = SqliteOptions::default()
+                .table_prefix(bad)
+                .validate()
+                .expect_err(bad);
+            assert_eq!(error.code(), ErrorCode::Config);
+            assert_eq!(option_of(error), "sqlite.table_prefix");
+        }
+    }
+
+    #[test]
+    fn paths_and_limits() {
+        assert_eq!(
+            SqliteOptions::file(":memory:").location(),
+            &Location::Memory
+        );
+        let error = SqliteOptions::file("").validate().expect_err("empty path");
+        assert_eq!(option_of(error), "sqlite.path");
+        let error = SqliteOptions::file("a\0b").validate().expect_err("NUL");
+        assert_eq!(option_of(error), "sqlite.path");
+        let error = SqliteOptions::default()
+            .busy_timeout(Duration::from_secs(u64::MAX / 2))
+            .validate()
+            .expect_err("huge timeout");
+        assert_eq!(option_of(error), "sqlite.busy_timeout");
+        assert!(
+            SqliteOptions::default()
+                .busy_timeout(Duration::ZERO)
+                .validate()
+                .is_ok()
+        );
+        let error = SqliteOptions::default()
+            .max_readers(0)
+            .validate()
+            .expect_err("no readers");
+        assert_eq!(option_of(error), "sqlite.max_readers");
+    }
+}
