@@ -1,10 +1,16 @@
 #![doc = include_str!("../README.md")]
 
 pub mod cases;
+mod fake_api;
 mod faulty;
 mod harness;
 mod runner;
+pub mod world;
 
+pub use fake_api::{
+    DEFAULT_BASE_URL, FakeApi, FakeApiError, FakeApiOptions, Fault, Listing, LogEntry, Query,
+    RateLimitSpec, RequestOptions, fake_items,
+};
 pub use faulty::{FaultyStore, Op, Timing};
 pub use harness::{
     CaseContext, CaseError, CaseResult, Env, Fresh, Harness, REQUIRE_BACKENDS_ENV, backend_url,

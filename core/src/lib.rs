@@ -2,12 +2,21 @@
 
 pub mod backoff;
 pub mod clock;
+pub mod cursor;
+pub mod decide;
 pub mod delivery;
+pub mod diff;
+pub mod engine;
 pub mod error;
 pub mod event;
+pub mod fetch;
+pub mod hooks;
 pub mod json;
 pub mod model;
+pub mod poller;
 pub mod rng;
+pub mod runner;
+pub mod schedule;
 pub mod store;
 
 pub use backoff::Backoff;
@@ -16,8 +25,13 @@ pub use delivery::{
     AckMode, DeliveryOptions, Dispatcher, DrainContext, DrainReport, Handler, HandlerContext,
     HandlerError, HandlerErrorKind, HandlerResult, Partition, PoisonAction, Subscription,
 };
+pub use engine::{
+    Engine, EngineBuilder, InspectReport, PollerInspect, Status, StopOptions, TickOptions,
+    TickResult,
+};
 pub use error::{BoxError, Error, ErrorCode, Result, StoreErrorKind};
 pub use event::{CloudEvent, Event, EventType};
+pub use fetch::{FetchContext, Page};
 pub use json::Json;
 pub use model::{
     Capabilities, Circuit, CommitBatch, EventCounts, ItemRow, Lane, LaneCursor, Lanes, Lease,
@@ -25,5 +39,7 @@ pub use model::{
     ParkedRow, PollSummary, PollerState, RateLimitInfo, RateLimitSource, ScheduleState,
     SerializedError, StatePatch, ValidationIssue, Validator,
 };
+pub use poller::{OnInvalid, Poller, PollerBuilder, Retain};
 pub use rng::{Rng, SeededRng, SystemRng};
+pub use runner::PollResult;
 pub use store::Store;

@@ -17,6 +17,7 @@ use super::options::{AckMode, DeliveryOptions};
 use super::policy::{self, FailureDecision, Group};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
+use crate::hooks::{HookContext, Hooks, NoHooks};
 use crate::model::{Lease, OutboxRow, PKey, ParkedKind, ParkedQuery, ParkedRow};
 use crate::rng::Rng;
 use crate::store::Store;
@@ -147,6 +148,8 @@ pub struct Dispatcher {
     options: DeliveryOptions,
     batch_size: usize,
     slot: Arc<Slot>,
+    hooks: Arc<dyn Hooks>,
+    instance_id: String,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -185,7 +188,26 @@ impl Dispatcher {
             options,
             batch_size,
             slot: Arc::default(),
+            hooks: Arc::new(NoHooks),
+            instance_id: String::new(),
         })
+    }
+
+    /// Reports deliveries, retries and parked events to `hooks`, as instance `instance_id`.
+    #[must_use]
+    pub fn with_hooks(mut self, hooks: Arc<dyn Hooks>, instance_id: impl Into<String>) -> Self {
+        self.hooks = hooks;
+        self.instance_id = instance_id.into();
+        self
+    }
+
+    fn hook_context(&self, row: &OutboxRow) -> HookContext {
+        HookContext {
+            poller: self.poller.clone(),
+            partition: row.event.partition.clone(),
+            lane: row.event.lane,
+            instance_id: self.instance_id.clone(),
+        }
     }
 
     /// The poller this dispatcher serves.
@@ -336,6 +358,7 @@ impl Dispatcher {
                 }
             }
             let attempt = row.attempts.saturating_add(1);
+            let started = self.clock.now_ms();
             match self
                 .attempt(&row, attempt, consumer, partition, cancel)
                 .await
@@ -345,6 +368,12 @@ impl Dispatcher {
                         .ack_events(key, lease, std::slice::from_ref(&row.event_id))
                         .await?;
                     outcome.delivered += 1;
+                    let mut delivered = row.event.clone();
+                    delivered.attempt = attempt;
+                    let took = self.clock.now_ms().saturating_sub(started);
+                    self.hooks
+                        .on_delivered(&self.hook_context(&row), &delivered, took)
+                        .await;
                     tracing::debug!(poller = %self.poller, partition = %key.partition, event = %row.event_id, attempt, "delivered");
                 }
                 Attempt::Aborted => {
@@ -366,12 +395,18 @@ impl Dispatcher {
                                 .record_attempt(key, lease, &row.event_id, &serialized, Some(at))
                                 .await?;
                             tracing::info!(poller = %self.poller, partition = %key.partition, event = %row.event_id, attempt, delay_ms, error = %serialized.message, "delivery failed; will retry");
+                            let mut failed = row.event.clone();
+                            failed.attempt = attempt;
+                            self.hooks
+                                .on_retry(&self.hook_context(&row), &failed, &serialized, delay_ms)
+                                .await;
                             outcome.failed += 1;
                             outcome.blocked = true;
                             outcome.next_retry_at = min_opt(outcome.next_retry_at, Some(at));
                             return Ok(outcome);
                         }
                         FailureDecision::Park { hold_key, halt } => {
+                            let ctx = self.hook_context(&row);
                             let parked = ParkedRow {
                                 id: row.event_id.clone(),
                                 kind: ParkedKind::Poison,
@@ -383,6 +418,7 @@ impl Dispatcher {
                                 event: Some(row.event),
                             };
                             self.store.park_event(key, lease, &parked).await?;
+                            self.hooks.on_parked(&ctx, &parked).await;
                             tracing::warn!(poller = %self.poller, partition = %key.partition, event = %parked.id, attempts = attempt, hold_key, halt, "event parked");
                             outcome.parked += 1;
                             if halt {

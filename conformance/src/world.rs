@@ -1,0 +1,226 @@
+//! Helpers to drive engines against the [`FakeApi`] on a manual clock with seeded randomness:
+//! what the engine-driven guarantee cases (and users' own engine tests) build on.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use watukuy_core::cursor::{self, Cursor, CursorConfig, CustomAdvance, FnCustomCursor};
+use watukuy_core::schedule::ScheduleOptions;
+use watukuy_core::{
+    Backoff, BoxError, Clock, DeliveryOptions, Engine, Event, FetchContext, HandlerContext,
+    HandlerError, HandlerResult, ManualClock, Page, Poller, PollerBuilder, Result, SeededRng,
+    Store, TickOptions, TickResult,
+};
+
+use crate::cases::fixtures::T0;
+use crate::fake_api::{FakeApi, FakeApiOptions, fake_items};
+
+/// The cursor strategies a world's poller can use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StrategyKind {
+    /// `timestamp` on `updatedAt` with tie-break `id`.
+    Timestamp,
+    /// `token` over the fake's `/token` listing.
+    Token,
+    /// `page` over `/page`.
+    Page,
+    /// `snapshot_diff` over `/page` (full listing every cycle).
+    SnapshotDiff,
+    /// A `custom` page-number cursor over `/page`.
+    Custom,
+}
+
+impl StrategyKind {
+    /// Every strategy.
+    pub const ALL: [StrategyKind; 5] = [
+        StrategyKind::Timestamp,
+        StrategyKind::Token,
+        StrategyKind::Page,
+        StrategyKind::SnapshotDiff,
+        StrategyKind::Custom,
+    ];
+
+    /// Whether the strategy lists everything each cycle (and so sees deletes).
+    pub fn sees_deletes(self) -> bool {
+        self == StrategyKind::SnapshotDiff
+    }
+}
+
+/// The poller name every world uses.
+pub const POLLER: &str = "items";
+
+/// A fake API on a manual clock: the API a test's engines poll.
+#[derive(Clone, Debug)]
+pub struct World {
+    /// The clock every engine of the world shares.
+    pub clock: ManualClock,
+    /// The API.
+    pub api: FakeApi,
+}
+
+impl World {
+    /// A world whose API starts with `items` items (see [`fake_items`]: one second apart from
+    /// 2026-01-01T00:00:00Z), listing `page_size` items per page. The clock starts one second
+    /// after the last item, so no item lies in the future.
+    pub fn new(items: usize, page_size: usize) -> std::result::Result<Self, BoxError> {
+        let offset = i64::try_from(items).unwrap_or(0).saturating_mul(1_000);
+        let clock = ManualClock::new(T0.saturating_add(offset));
+        let api = FakeApi::new(FakeApiOptions::new(Arc::new(clock.clone())).page_size(page_size));
+        api.seed(fake_items(items))?;
+        Ok(Self { clock, api })
+    }
+
+    /// A poller `items` over the API with the given strategy: identity `id`, schedule 5 s to
+    /// 30 s without jitter, 3 delivery attempts with a 1 s to 4 s backoff.
+    pub fn poller(&self, kind: StrategyKind) -> PollerBuilder<serde_json::Value> {
+        let api = self.api.clone();
+        let builder = Poller::builder::<serde_json::Value>(POLLER)
+            .identity_field("id")
+            .schedule(ScheduleOptions {
+                min: Duration::from_secs(5),
+                max: Duration::from_secs(30),
+                jitter: 0.0,
+                ..ScheduleOptions::default()
+            })
+            .delivery(DeliveryOptions::default().attempts(3).backoff(Backoff::new(
+                Duration::from_secs(1),
+                2.0,
+                Duration::from_secs(4),
+            )));
+        let (cursor, fetch): (CursorConfig, Fetcher) = match kind {
+            StrategyKind::Timestamp => (
+                cursor::timestamp("updatedAt").tie_break("id").into(),
+                Fetcher::Since,
+            ),
+            StrategyKind::Token => (cursor::token(None).into(), Fetcher::Token),
+            StrategyKind::Page => (cursor::page(1).into(), Fetcher::Page),
+            StrategyKind::SnapshotDiff => (cursor::snapshot_diff().into(), Fetcher::All),
+            StrategyKind::Custom => {
+                let pages = FnCustomCursor::new(1_u64, |page: &u64, step| {
+                    Ok(if step.has_more {
+                        CustomAdvance {
+                            cursor: page + 1,
+                            done: false,
+                        }
+                    } else {
+                        CustomAdvance {
+                            cursor: 1,
+                            done: true,
+                        }
+                    })
+                });
+                match cursor::custom(pages) {
+                    Ok(strategy) => (strategy.into(), Fetcher::Custom),
+                    Err(_) => (cursor::page(1).into(), Fetcher::Page),
+                }
+            }
+        };
+        builder.cursor(cursor).fetch(move |ctx: FetchContext| {
+            let api = api.clone();
+            async move { fetch.run(&api, &ctx).await }
+        })
+    }
+
+    /// An engine on `store` named `instance`, with this world's clock and a seeded RNG.
+    pub fn engine(
+        &self,
+        store: Arc<dyn Store>,
+        instance: &str,
+        poller: Poller,
+        seed: u32,
+    ) -> Result<Engine> {
+        Engine::builder(store)
+            .poller(poller)
+            .clock(Arc::new(self.clock.clone()))
+            .rng(Arc::new(SeededRng::new(seed)))
+            .instance_id(instance)
+            .build()
+    }
+
+    /// Moves the clock forward.
+    pub fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+    }
+
+    /// Now on the world's clock.
+    pub fn now(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// One `tick()` of `engine`.
+    pub async fn tick(&self, engine: &Engine) -> Result<TickResult> {
+        engine.tick(TickOptions::default()).await
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Fetcher {
+    Since,
+    Token,
+    Page,
+    All,
+    Custom,
+}
+
+impl Fetcher {
+    async fn run(self, api: &FakeApi, ctx: &FetchContext) -> std::result::Result<Page, BoxError> {
+        match self {
+            Fetcher::Since => api.fetch_since(ctx).await,
+            Fetcher::Token => api.fetch_token(ctx).await,
+            Fetcher::Page => api.fetch_page(ctx).await,
+            Fetcher::All => api.fetch_all(ctx).await,
+            Fetcher::Custom => {
+                let page = match &ctx.cursor {
+                    Cursor::Custom(json) => json.decode::<u64>()?,
+                    other => return Err(format!("custom fetch got a {other:?} cursor").into()),
+                };
+                let listing = api.list_page(page, Some(api.page_size())).await?;
+                let mut out = Page::new(listing.items);
+                out.has_more = listing.has_more;
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// Records the events a handler received, in order.
+#[derive(Clone, Debug, Default)]
+pub struct Recorder(Arc<Mutex<Vec<Event>>>);
+
+impl Recorder {
+    /// A handler that records and succeeds.
+    pub fn handler(
+        &self,
+    ) -> impl Fn(Event, HandlerContext) -> futures::future::Ready<HandlerResult> + Send + Sync + 'static
+    {
+        let events = Arc::clone(&self.0);
+        move |event: Event, _ctx: HandlerContext| {
+            events
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(event);
+            futures::future::ready(Ok::<(), HandlerError>(()))
+        }
+    }
+
+    /// Every recorded event.
+    pub fn events(&self) -> Vec<Event> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The ids of every recorded event, in order.
+    pub fn ids(&self) -> Vec<String> {
+        self.events().into_iter().map(|e| e.id).collect()
+    }
+
+    /// Forgets what was recorded.
+    pub fn clear(&self) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+}

@@ -1,0 +1,228 @@
+//! Constructors and [`CursorConfig`]: the cursor option a poller builder takes.
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::{
+    CustomCursor, CustomStrategy, PageCursor, SharedStrategy, SnapshotDiffCursor, TimestampCursor,
+    TimestampCursorBuilder, TokenCursor,
+};
+use crate::error::Result;
+
+/// A `timestamp` strategy on `field` (a dot path); set the other options on the builder.
+///
+/// ```
+/// use std::time::Duration;
+/// use watukuy_core::cursor;
+///
+/// let strategy = cursor::timestamp("updatedAt")
+///     .tie_break("id")
+///     .lag(Duration::from_secs(2))
+///     .into_strategy()?;
+/// assert_eq!(strategy.name(), "timestamp");
+/// # Ok::<(), watukuy_core::Error>(())
+/// ```
+pub fn timestamp(field: impl Into<String>) -> TimestampCursorBuilder {
+    TimestampCursorBuilder::new(field)
+}
+
+/// A `token` strategy starting from `initial` (`None`: the API's first page).
+pub fn token(initial: Option<String>) -> TokenCursor {
+    TokenCursor::new(initial)
+}
+
+/// A `page` strategy starting at page `initial` (the SPEC default is 1; see
+/// [`PageCursor::default`]).
+pub fn page(initial: u64) -> PageCursor {
+    PageCursor::new(initial)
+}
+
+/// The `snapshot_diff` strategy: a full listing every cycle, with delete detection.
+pub fn snapshot_diff() -> SnapshotDiffCursor {
+    SnapshotDiffCursor
+}
+
+/// A `custom` strategy over the user's [`CustomCursor`] (fails when its initial cursor cannot
+/// be serialized).
+pub fn custom<C: CustomCursor>(cursor: C) -> Result<CustomStrategy<C>> {
+    CustomStrategy::new(cursor)
+}
+
+/// The cursor option of a poller: any strategy, built (and validated) by
+/// [`into_strategy`](Self::into_strategy). Every strategy type converts into it.
+///
+/// ```
+/// use watukuy_core::cursor::{self, CursorConfig};
+///
+/// let options: Vec<CursorConfig> = vec![
+///     cursor::timestamp("updatedAt").into(),
+///     cursor::token(None).into(),
+///     cursor::page(1).into(),
+///     cursor::snapshot_diff().into(),
+/// ];
+/// let names: Vec<&str> = options.iter().map(CursorConfig::name).collect();
+/// assert_eq!(names, ["timestamp", "token", "page", "snapshot_diff"]);
+/// for option in options {
+///     option.into_strategy()?;
+/// }
+/// assert!(CursorConfig::from(cursor::timestamp("")).into_strategy().is_err());
+/// # Ok::<(), watukuy_core::Error>(())
+/// ```
+#[derive(Clone)]
+pub enum CursorConfig {
+    /// `timestamp`, validated when built.
+    Timestamp(TimestampCursorBuilder),
+    /// `token`.
+    Token(TokenCursor),
+    /// `page`.
+    Page(PageCursor),
+    /// `snapshot_diff`.
+    SnapshotDiff(SnapshotDiffCursor),
+    /// An already built strategy (a [`CustomStrategy`], a built [`TimestampCursor`], or any
+    /// other [`CursorStrategy`](super::CursorStrategy)).
+    Strategy(SharedStrategy),
+}
+
+impl CursorConfig {
+    /// The strategy's name (`timestamp`, `token`, `page`, `snapshot_diff`, `custom`, ...).
+    pub fn name(&self) -> &'static str {
+        match self {
+            CursorConfig::Timestamp(_) => "timestamp",
+            CursorConfig::Token(_) => "token",
+            CursorConfig::Page(_) => "page",
+            CursorConfig::SnapshotDiff(_) => "snapshot_diff",
+            CursorConfig::Strategy(strategy) => strategy.name(),
+        }
+    }
+
+    /// Validates the options (Config errors name them, e.g. `cursor.field`) and builds the
+    /// strategy.
+    pub fn into_strategy(self) -> Result<SharedStrategy> {
+        match self {
+            CursorConfig::Timestamp(builder) => builder.into_strategy(),
+            CursorConfig::Token(token) => Ok(token.into_strategy()),
+            CursorConfig::Page(page) => Ok(page.into_strategy()),
+            CursorConfig::SnapshotDiff(snapshot) => Ok(snapshot.into_strategy()),
+            CursorConfig::Strategy(strategy) => Ok(strategy),
+        }
+    }
+}
+
+impl fmt::Debug for CursorConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CursorConfig::Timestamp(builder) => f.debug_tuple("Timestamp").field(builder).finish(),
+            CursorConfig::Token(token) => f.debug_tuple("Token").field(token).finish(),
+            CursorConfig::Page(page) => f.debug_tuple("Page").field(page).finish(),
+            CursorConfig::SnapshotDiff(_) => f.write_str("SnapshotDiff"),
+            CursorConfig::Strategy(strategy) => {
+                f.debug_tuple("Strategy").field(&strategy.name()).finish()
+            }
+        }
+    }
+}
+
+impl From<TimestampCursorBuilder> for CursorConfig {
+    fn from(builder: TimestampCursorBuilder) -> Self {
+        CursorConfig::Timestamp(builder)
+    }
+}
+
+impl From<TimestampCursor> for CursorConfig {
+    fn from(cursor: TimestampCursor) -> Self {
+        CursorConfig::Strategy(Arc::new(cursor))
+    }
+}
+
+impl From<TokenCursor> for CursorConfig {
+    fn from(cursor: TokenCursor) -> Self {
+        CursorConfig::Token(cursor)
+    }
+}
+
+impl From<PageCursor> for CursorConfig {
+    fn from(cursor: PageCursor) -> Self {
+        CursorConfig::Page(cursor)
+    }
+}
+
+impl From<SnapshotDiffCursor> for CursorConfig {
+    fn from(cursor: SnapshotDiffCursor) -> Self {
+        CursorConfig::SnapshotDiff(cursor)
+    }
+}
+
+impl<C: CustomCursor> From<CustomStrategy<C>> for CursorConfig {
+    fn from(cursor: CustomStrategy<C>) -> Self {
+        CursorConfig::Strategy(Arc::new(cursor))
+    }
+}
+
+impl From<SharedStrategy> for CursorConfig {
+    fn from(strategy: SharedStrategy) -> Self {
+        CursorConfig::Strategy(strategy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cursor::{Cursor, CustomAdvance, FnCustomCursor};
+    use crate::error::ErrorCode;
+
+    #[test]
+    fn every_strategy_converts_and_builds() {
+        let counter = FnCustomCursor::new(0_u32, |n: &u32, _step| {
+            Ok(CustomAdvance {
+                cursor: n + 1,
+                done: true,
+            })
+        });
+        let configs: Vec<CursorConfig> = vec![
+            timestamp("updatedAt").into(),
+            TimestampCursor::new("updatedAt").unwrap().into(),
+            token(Some("t".into())).into(),
+            page(0).into(),
+            snapshot_diff().into(),
+            custom(counter).unwrap().into(),
+        ];
+        let expected = [
+            (
+                "timestamp",
+                "Timestamp(",
+                r#"{"value":null,"tieBreak":null}"#,
+            ),
+            (
+                "timestamp",
+                "Strategy(\"timestamp\")",
+                r#"{"value":null,"tieBreak":null}"#,
+            ),
+            ("token", "Token(", r#"{"value":"t"}"#),
+            ("page", "Page(", r#"{"page":0}"#),
+            ("snapshot_diff", "SnapshotDiff", "null"),
+            ("custom", "Strategy(\"custom\")", "0"),
+        ];
+        for (config, (name, debug, initial)) in configs.into_iter().zip(expected) {
+            assert_eq!(config.name(), name);
+            assert!(format!("{config:?}").starts_with(debug), "{config:?}");
+            let strategy = config.into_strategy().unwrap();
+            assert_eq!(strategy.name(), name);
+            assert_eq!(strategy.serialize(&strategy.initial()), initial);
+            let back = CursorConfig::from(strategy.clone())
+                .into_strategy()
+                .unwrap();
+            assert_eq!(back.initial(), strategy.initial());
+        }
+    }
+
+    #[test]
+    fn invalid_timestamp_options_fail_when_built() {
+        let err = CursorConfig::from(timestamp("a.").tie_break("id"))
+            .into_strategy()
+            .err()
+            .unwrap();
+        assert_eq!(err.code(), ErrorCode::Config);
+        assert!(err.to_string().contains("`cursor.field`"), "{err}");
+        assert_eq!(page(3).into_strategy().initial(), Cursor::Page { page: 3 });
+    }
+}

@@ -1,0 +1,123 @@
+//! Cursor strategies (SPEC §2.4): where a poll cycle starts, how a page moves it, and when the
+//! listing is done. Each strategy is a pure value type; the runner only sees [`CursorStrategy`].
+
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::json::Json;
+
+/// The cursor a `fetch` receives, and that the runner persists (as [`CursorStrategy::serialize`]
+/// JSON text) after every committed page.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cursor {
+    /// `timestamp`: ask for items with `field >= value` (and, at exactly `value`, with a
+    /// tie-break greater than `tie_break`). `value: None` means from the beginning.
+    /// Persisted as `{"value":…,"tieBreak":…}`.
+    Timestamp {
+        /// The watermark, as the server wrote it.
+        value: Option<String>,
+        /// The largest tie-break value seen at exactly `value`.
+        tie_break: Option<String>,
+    },
+    /// `token`: the API's continuation token; `None` starts over. Persisted as `{"value":…}`.
+    Token {
+        /// The token.
+        value: Option<String>,
+    },
+    /// `page`: a 1-based (by default) page number. Persisted as `{"page":n}`.
+    Page {
+        /// The page to fetch.
+        page: u64,
+    },
+    /// `snapshot_diff`: no cursor; every cycle lists everything (use the page index of the
+    /// fetch context). Persisted as `null`.
+    Snapshot,
+    /// `custom`: the user's cursor, as JSON.
+    Custom(Json),
+}
+
+/// What one fetched page tells a strategy.
+#[derive(Clone, Copy, Debug)]
+pub struct AdvanceInput<'a> {
+    /// The page's valid items (validated and re-serialized), in page order.
+    pub items: &'a [serde_json::Value],
+    /// The page's cursor as the API returned it, if any.
+    pub page_cursor: Option<&'a str>,
+    /// The page's `has_more` flag, if the API sent one.
+    pub has_more: Option<bool>,
+    /// Now, in epoch ms (for the timestamp strategy's `lag`).
+    pub now_ms: i64,
+}
+
+/// What a strategy decided about a page.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Advance {
+    /// The cursor after the page.
+    pub cursor: Cursor,
+    /// The listing is complete for this cycle.
+    pub done: bool,
+    /// For each input item, whether it is kept (the timestamp strategy drops items newer than
+    /// `now - lag`: they are fetched again next cycle). Same length as the input.
+    pub keep: Vec<bool>,
+}
+
+/// One cursor strategy. Implementations are pure: no I/O, no clock (time arrives in
+/// [`AdvanceInput::now_ms`]).
+pub trait CursorStrategy: Send + Sync + 'static {
+    /// The strategy's name (`timestamp`, `token`, `page`, `snapshot_diff`, `custom`).
+    fn name(&self) -> &'static str;
+
+    /// The cursor of a lane that has never run (or was reset).
+    fn initial(&self) -> Cursor;
+
+    /// The cursor as the JSON text that is persisted per lane.
+    fn serialize(&self, cursor: &Cursor) -> String;
+
+    /// Reads persisted JSON text back; malformed text is an error naming the strategy and the
+    /// text (never a panic).
+    fn deserialize(&self, text: &str) -> Result<Cursor>;
+
+    /// The cursor handed to `fetch`. `first_request` is true for the first request of a cycle
+    /// (the timestamp strategy applies `overlap` only then); the persisted cursor never moves
+    /// back.
+    fn for_fetch(&self, cursor: &Cursor, first_request: bool) -> Cursor;
+
+    /// Moves the cursor over one page and says whether the listing is done.
+    fn advance(&self, cursor: &Cursor, input: AdvanceInput<'_>) -> Result<Advance>;
+
+    /// The cursor to keep once a cycle finished (the page strategy starts over).
+    fn on_cycle_complete(&self, cursor: &Cursor) -> Cursor;
+
+    /// How far behind now the cursor is (timestamp strategy only), in ms.
+    fn lag_ms(&self, cursor: &Cursor, now_ms: i64) -> Option<i64>;
+
+    /// Whether `cursor` has reached `target` (a backfill stops there).
+    fn reached(&self, cursor: &Cursor, target: &Cursor) -> bool;
+
+    /// Builds a cursor from a raw API value given by an operator (`None` = the beginning).
+    #[allow(clippy::wrong_self_convention)] // SPEC's `fromRaw`: the strategy builds the cursor.
+    fn from_raw(&self, raw: Option<&str>) -> Result<Cursor>;
+
+    /// True when every cycle lists everything (so deletes can be detected).
+    fn is_full_scan(&self) -> bool;
+}
+
+/// A shared strategy.
+pub type SharedStrategy = Arc<dyn CursorStrategy>;
+
+mod config;
+mod custom;
+mod page;
+mod shared;
+mod snapshot_diff;
+mod time;
+mod timestamp;
+mod token;
+
+pub use config::{CursorConfig, custom, page, snapshot_diff, timestamp, token};
+pub use custom::{CustomAdvance, CustomCursor, CustomStep, CustomStrategy, FnCustomCursor};
+pub use page::PageCursor;
+pub use snapshot_diff::SnapshotDiffCursor;
+pub use time::{format_timestamp, parse_timestamp};
+pub use timestamp::{FormatFn, ParseFn, TimestampCursor, TimestampCursorBuilder};
+pub use token::TokenCursor;

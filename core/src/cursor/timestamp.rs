@@ -1,0 +1,998 @@
+//! The `timestamp` strategy (SPEC §2.4): a watermark on an item field, with an optional
+//! tie-break field, a `lag` that holds back the newest items and an `overlap` that re-reads a
+//! window on the first request of every cycle.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::shared::{self, max_utf16, read_field};
+use super::time::{format_timestamp, parse_timestamp};
+use super::{Advance, AdvanceInput, Cursor, CursorStrategy, SharedStrategy};
+use crate::clock::duration_ms;
+use crate::error::{Error, Result};
+
+const NAME: &str = "timestamp";
+
+/// A user `parse`: a field value as the server wrote it → epoch ms (`None` = not a timestamp).
+pub type ParseFn = Arc<dyn Fn(&str) -> Option<i64> + Send + Sync>;
+
+/// A user `format`: epoch ms and a sample of the server's strings (the stored watermark) → the
+/// string to hand to `fetch` (used for `overlap`).
+pub type FormatFn = Arc<dyn Fn(i64, &str) -> String + Send + Sync>;
+
+/// The options of a [`TimestampCursor`], checked by [`build`](Self::build).
+///
+/// ```
+/// use std::time::Duration;
+/// use watukuy_core::cursor::TimestampCursor;
+///
+/// let cursor = TimestampCursor::builder("meta.updatedAt")
+///     .tie_break("id")
+///     .initial(Some("2026-01-01T00:00:00Z".to_owned()))
+///     .lag(Duration::from_secs(5))
+///     .overlap(Duration::from_secs(60))
+///     .build()?;
+/// assert_eq!(cursor.field(), "meta.updatedAt");
+/// # Ok::<(), watukuy_core::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct TimestampCursorBuilder {
+    field: String,
+    tie_break: Option<String>,
+    initial: Option<String>,
+    lag: Duration,
+    overlap: Duration,
+    parse: Option<ParseFn>,
+    format: Option<FormatFn>,
+}
+
+impl TimestampCursorBuilder {
+    /// Options for a watermark on `field` (a dot path such as `meta.updatedAt`), with no
+    /// tie-break, no initial value, no lag and no overlap.
+    pub fn new(field: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            tie_break: None,
+            initial: None,
+            lag: Duration::ZERO,
+            overlap: Duration::ZERO,
+            parse: None,
+            format: None,
+        }
+    }
+
+    /// A second field (dot path, typically the id) that orders items sharing the same timestamp.
+    /// Values compare as strings (UTF-16 code units, like JavaScript): `"9"` sorts after `"10"`.
+    #[must_use]
+    pub fn tie_break(mut self, field: impl Into<String>) -> Self {
+        self.tie_break = Some(field.into());
+        self
+    }
+
+    /// Where a lane that has never run starts (`None`: from the beginning). It must parse.
+    #[must_use]
+    pub fn initial(mut self, initial: Option<String>) -> Self {
+        self.initial = initial;
+        self
+    }
+
+    /// Items newer than `now - lag` are dropped from the page and fetched again next cycle
+    /// (for APIs whose newest writes are not yet visible in a consistent order). Default 0:
+    /// items dated in the future are still held back until their time has come.
+    #[must_use]
+    pub fn lag(mut self, lag: Duration) -> Self {
+        self.lag = lag;
+        self
+    }
+
+    /// The first request of every cycle starts `overlap` before the watermark (without the
+    /// tie-break), to catch late writes; the persisted cursor never moves back. Default 0.
+    #[must_use]
+    pub fn overlap(mut self, overlap: Duration) -> Self {
+        self.overlap = overlap;
+        self
+    }
+
+    /// Replaces the default parser ([`parse_timestamp`](super::parse_timestamp)).
+    ///
+    /// ```
+    /// use watukuy_core::cursor::TimestampCursor;
+    ///
+    /// // The API writes "2026/01/01 00:00".
+    /// let cursor = TimestampCursor::builder("updated")
+    ///     .parse(|raw| watukuy_core::cursor::parse_timestamp(&raw.replace('/', "-")))
+    ///     .build()?;
+    /// assert_eq!(cursor.parse_value("2026/01/01 00:00"), Some(1_767_225_600_000));
+    /// # Ok::<(), watukuy_core::Error>(())
+    /// ```
+    #[must_use]
+    pub fn parse(mut self, parse: impl Fn(&str) -> Option<i64> + Send + Sync + 'static) -> Self {
+        self.parse = Some(Arc::new(parse));
+        self
+    }
+
+    /// Replaces the default formatter ([`format_timestamp`](super::format_timestamp)) used for
+    /// `overlap`: it gets epoch ms and the stored watermark as a sample of the server's shape.
+    #[must_use]
+    pub fn format(mut self, format: impl Fn(i64, &str) -> String + Send + Sync + 'static) -> Self {
+        self.format = Some(Arc::new(format));
+        self
+    }
+
+    /// Checks the options: `cursor.field` and `cursor.tie_break` must be dot paths without empty
+    /// segments, `cursor.initial` must parse.
+    ///
+    /// ```
+    /// use watukuy_core::cursor::TimestampCursor;
+    ///
+    /// let err = TimestampCursor::builder("").build().unwrap_err();
+    /// assert!(err.to_string().contains("`cursor.field`"));
+    /// ```
+    pub fn build(self) -> Result<TimestampCursor> {
+        shared::check_path("cursor.field", &self.field)?;
+        if let Some(tie_break) = &self.tie_break {
+            shared::check_path("cursor.tie_break", tie_break)?;
+        }
+        let cursor = TimestampCursor {
+            field: self.field,
+            tie_break: self.tie_break,
+            initial: self.initial,
+            lag_ms: duration_ms(self.lag),
+            overlap_ms: duration_ms(self.overlap),
+            parse: self.parse,
+            format: self.format,
+        };
+        if let Some(initial) = &cursor.initial {
+            if cursor.parse_value(initial).is_none() {
+                return Err(Error::config(
+                    "cursor.initial",
+                    format!("{} is not a timestamp", shared::shorten(initial)),
+                ));
+            }
+        }
+        Ok(cursor)
+    }
+
+    /// Builds and wraps the strategy for a poller.
+    pub fn into_strategy(self) -> Result<SharedStrategy> {
+        self.build().map(TimestampCursor::into_strategy)
+    }
+}
+
+impl fmt::Debug for TimestampCursorBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TimestampCursorBuilder")
+            .field("field", &self.field)
+            .field("tie_break", &self.tie_break)
+            .field("initial", &self.initial)
+            .field("lag", &self.lag)
+            .field("overlap", &self.overlap)
+            .field("parse", &self.parse.as_ref().map(|_| "custom"))
+            .field("format", &self.format.as_ref().map(|_| "custom"))
+            .finish()
+    }
+}
+
+/// The `timestamp` strategy: the cursor is `{ value, tie_break }`, the largest field value seen
+/// (as the server wrote it) and the largest tie-break at exactly that value. `fetch` asks for
+/// `field >= value` and, at exactly `value`, `tie_break > cursor.tie_break`.
+///
+/// Per page (see [`CursorStrategy::advance`]): a non-empty server cursor is trusted as the
+/// watermark; otherwise items newer than `now - lag` are dropped (fetched again next cycle),
+/// items without a parseable field are kept but never move the watermark, and the watermark
+/// moves to the page's largest timestamp when that is newer, or only grows the tie-break when
+/// equal. The listing is done unless the page says `has_more: true`.
+///
+/// ```
+/// use watukuy_core::cursor::{AdvanceInput, Cursor, CursorStrategy, TimestampCursor};
+///
+/// let strategy = TimestampCursor::builder("updatedAt").tie_break("id").build()?;
+/// let items = [
+///     serde_json::json!({ "id": "a", "updatedAt": "2026-01-01T00:00:00Z" }),
+///     serde_json::json!({ "id": "b", "updatedAt": "2026-01-01T00:00:00Z" }),
+/// ];
+/// let input = AdvanceInput { items: &items, page_cursor: None, has_more: None, now_ms: 1_767_225_600_000 };
+/// let step = strategy.advance(&strategy.initial(), input)?;
+/// assert_eq!(
+///     step.cursor,
+///     Cursor::Timestamp { value: Some("2026-01-01T00:00:00Z".into()), tie_break: Some("b".into()) }
+/// );
+/// assert!(step.done);
+/// # Ok::<(), watukuy_core::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct TimestampCursor {
+    field: String,
+    tie_break: Option<String>,
+    initial: Option<String>,
+    lag_ms: i64,
+    overlap_ms: i64,
+    parse: Option<ParseFn>,
+    format: Option<FormatFn>,
+}
+
+impl TimestampCursor {
+    /// A validated strategy on `field` with default options (see [`TimestampCursorBuilder`]).
+    pub fn new(field: impl Into<String>) -> Result<Self> {
+        TimestampCursorBuilder::new(field).build()
+    }
+
+    /// The options, to set a tie-break, an initial value, lag, overlap, parse or format.
+    pub fn builder(field: impl Into<String>) -> TimestampCursorBuilder {
+        TimestampCursorBuilder::new(field)
+    }
+
+    /// The watermark field (dot path).
+    pub fn field(&self) -> &str {
+        &self.field
+    }
+
+    /// The tie-break field (dot path), if any.
+    pub fn tie_break_field(&self) -> Option<&str> {
+        self.tie_break.as_deref()
+    }
+
+    /// The configured lag, in ms.
+    pub fn lag_window_ms(&self) -> i64 {
+        self.lag_ms
+    }
+
+    /// The configured overlap, in ms.
+    pub fn overlap_ms(&self) -> i64 {
+        self.overlap_ms
+    }
+
+    /// Parses a field value with the configured (or default) parser, into epoch ms.
+    pub fn parse_value(&self, raw: &str) -> Option<i64> {
+        match &self.parse {
+            Some(parse) => parse(raw),
+            None => parse_timestamp(raw),
+        }
+    }
+
+    /// Wraps the strategy for a poller.
+    pub fn into_strategy(self) -> SharedStrategy {
+        Arc::new(self)
+    }
+
+    /// Parses the stored watermark; one that does not parse is a Config error naming the field
+    /// and the raw string.
+    fn parse_stored(&self, raw: &str) -> Result<i64> {
+        self.parse_value(raw).ok_or_else(|| {
+            Error::config(
+                "cursor.field",
+                format!(
+                    "the cursor value {} of `{}` is not a timestamp",
+                    shared::shorten(raw),
+                    self.field
+                ),
+            )
+        })
+    }
+
+    fn format_value(&self, ms: i64, sample: &str) -> Option<String> {
+        match &self.format {
+            Some(format) => Some(format(ms, sample)),
+            None => format_timestamp(ms, sample),
+        }
+    }
+}
+
+impl fmt::Debug for TimestampCursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TimestampCursor")
+            .field("field", &self.field)
+            .field("tie_break", &self.tie_break)
+            .field("initial", &self.initial)
+            .field("lag_ms", &self.lag_ms)
+            .field("overlap_ms", &self.overlap_ms)
+            .field("parse", &self.parse.as_ref().map(|_| "custom"))
+            .field("format", &self.format.as_ref().map(|_| "custom"))
+            .finish()
+    }
+}
+
+/// The newest kept item of a page: its timestamp, the server's string and the largest
+/// tie-break at that timestamp.
+struct PageMax {
+    ms: i64,
+    raw: String,
+    tie_break: Option<String>,
+}
+
+impl CursorStrategy for TimestampCursor {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn initial(&self) -> Cursor {
+        Cursor::Timestamp {
+            value: self.initial.clone(),
+            tie_break: None,
+        }
+    }
+
+    fn serialize(&self, cursor: &Cursor) -> String {
+        shared::encode(cursor)
+    }
+
+    fn deserialize(&self, text: &str) -> Result<Cursor> {
+        let map = shared::object_with_keys(NAME, text, &["value", "tieBreak"])?;
+        Ok(Cursor::Timestamp {
+            value: shared::string_or_null(NAME, text, &map, "value")?,
+            tie_break: shared::string_or_null(NAME, text, &map, "tieBreak")?,
+        })
+    }
+
+    fn for_fetch(&self, cursor: &Cursor, first_request: bool) -> Cursor {
+        if !first_request || self.overlap_ms <= 0 {
+            return cursor.clone();
+        }
+        let Cursor::Timestamp {
+            value: Some(value), ..
+        } = cursor
+        else {
+            return cursor.clone();
+        };
+        let Some(ms) = self.parse_value(value) else {
+            // `advance` reports the bad value; the request goes out unchanged.
+            return cursor.clone();
+        };
+        match self.format_value(ms.saturating_sub(self.overlap_ms), value) {
+            Some(text) => Cursor::Timestamp {
+                value: Some(text),
+                tie_break: None,
+            },
+            None => cursor.clone(),
+        }
+    }
+
+    fn advance(&self, cursor: &Cursor, input: AdvanceInput<'_>) -> Result<Advance> {
+        let Cursor::Timestamp { value, tie_break } = cursor else {
+            return Err(shared::wrong_cursor(NAME, cursor));
+        };
+        let done = input.has_more != Some(true);
+        if let Some(server) = input.page_cursor.filter(|c| !c.is_empty()) {
+            return Ok(Advance {
+                cursor: Cursor::Timestamp {
+                    value: Some(server.to_owned()),
+                    tie_break: None,
+                },
+                done,
+                keep: vec![true; input.items.len()],
+            });
+        }
+
+        let cutoff = input.now_ms.saturating_sub(self.lag_ms);
+        let mut keep = Vec::with_capacity(input.items.len());
+        let mut best: Option<PageMax> = None;
+        for item in input.items {
+            let parsed = read_field(item, &self.field)
+                .and_then(|raw| self.parse_value(&raw).map(|ms| (ms, raw)));
+            let Some((ms, raw)) = parsed else {
+                // Kept for diffing, never moves the watermark.
+                keep.push(true);
+                continue;
+            };
+            if ms > cutoff {
+                keep.push(false);
+                continue;
+            }
+            keep.push(true);
+            let tie = self
+                .tie_break
+                .as_deref()
+                .and_then(|field| read_field(item, field));
+            match &mut best {
+                Some(max) if ms == max.ms => max.tie_break = max_utf16(max.tie_break.take(), tie),
+                Some(max) if ms < max.ms => {}
+                _ => {
+                    best = Some(PageMax {
+                        ms,
+                        raw,
+                        tie_break: tie,
+                    });
+                }
+            }
+        }
+
+        let next = match (best, value) {
+            (None, _) => cursor.clone(),
+            (Some(max), None) => Cursor::Timestamp {
+                value: Some(max.raw),
+                tie_break: max.tie_break,
+            },
+            (Some(max), Some(current)) => {
+                let current_ms = self.parse_stored(current)?;
+                if max.ms > current_ms {
+                    Cursor::Timestamp {
+                        value: Some(max.raw),
+                        tie_break: max.tie_break,
+                    }
+                } else if max.ms == current_ms && self.tie_break.is_some() {
+                    Cursor::Timestamp {
+                        value: Some(current.clone()),
+                        tie_break: max_utf16(tie_break.clone(), max.tie_break),
+                    }
+                } else {
+                    cursor.clone()
+                }
+            }
+        };
+        Ok(Advance {
+            cursor: next,
+            done,
+            keep,
+        })
+    }
+
+    fn on_cycle_complete(&self, cursor: &Cursor) -> Cursor {
+        cursor.clone()
+    }
+
+    fn lag_ms(&self, cursor: &Cursor, now_ms: i64) -> Option<i64> {
+        match cursor {
+            Cursor::Timestamp {
+                value: Some(value), ..
+            } => self.parse_value(value).map(|ms| now_ms.saturating_sub(ms)),
+            _ => None,
+        }
+    }
+
+    fn reached(&self, cursor: &Cursor, target: &Cursor) -> bool {
+        let Cursor::Timestamp { value: target, .. } = target else {
+            return false;
+        };
+        let Some(target) = target else {
+            return true;
+        };
+        let Cursor::Timestamp {
+            value: Some(value), ..
+        } = cursor
+        else {
+            return false;
+        };
+        match (self.parse_value(value), self.parse_value(target)) {
+            (Some(at), Some(goal)) => at >= goal,
+            // Cannot compare: keep going; the strategy's own `done` ends the lane.
+            _ => false,
+        }
+    }
+
+    fn from_raw(&self, raw: Option<&str>) -> Result<Cursor> {
+        if let Some(raw) = raw {
+            if self.parse_value(raw).is_none() {
+                return Err(Error::config(
+                    "cursor",
+                    format!(
+                        "{} is not a timestamp for `{}`",
+                        shared::shorten(raw),
+                        self.field
+                    ),
+                ));
+            }
+        }
+        Ok(Cursor::Timestamp {
+            value: raw.map(str::to_owned),
+            tie_break: None,
+        })
+    }
+
+    fn is_full_scan(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorCode;
+    use serde_json::{Value, json};
+
+    /// 2026-01-01T00:00:00Z in epoch ms.
+    const T0: i64 = 1_767_225_600_000;
+
+    fn ts(value: Option<&str>, tie_break: Option<&str>) -> Cursor {
+        Cursor::Timestamp {
+            value: value.map(str::to_owned),
+            tie_break: tie_break.map(str::to_owned),
+        }
+    }
+
+    fn input<'a>(items: &'a [Value], now_ms: i64) -> AdvanceInput<'a> {
+        AdvanceInput {
+            items,
+            page_cursor: None,
+            has_more: None,
+            now_ms,
+        }
+    }
+
+    fn plain() -> TimestampCursor {
+        TimestampCursor::new("updatedAt").unwrap()
+    }
+
+    fn with_tie() -> TimestampCursor {
+        TimestampCursor::builder("updatedAt")
+            .tie_break("id")
+            .build()
+            .unwrap()
+    }
+
+    fn item(id: &str, at: &str) -> Value {
+        json!({ "id": id, "updatedAt": at })
+    }
+
+    #[test]
+    fn config_is_validated() {
+        for (builder, option) in [
+            (TimestampCursor::builder(""), "`cursor.field`"),
+            (TimestampCursor::builder("a..b"), "`cursor.field`"),
+            (
+                TimestampCursor::builder("a").tie_break(""),
+                "`cursor.tie_break`",
+            ),
+            (
+                TimestampCursor::builder("a").initial(Some("soon".into())),
+                "`cursor.initial`",
+            ),
+        ] {
+            let err = builder.build().unwrap_err();
+            assert_eq!(err.code(), ErrorCode::Config);
+            assert!(err.to_string().contains(option), "{err}");
+        }
+        let ok = TimestampCursor::builder("meta.updatedAt")
+            .tie_break("meta.id")
+            .initial(Some("1767225600".into()))
+            .lag(Duration::from_millis(1500))
+            .overlap(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        assert_eq!(ok.field(), "meta.updatedAt");
+        assert_eq!(ok.tie_break_field(), Some("meta.id"));
+        assert_eq!(ok.lag_window_ms(), 1500);
+        assert_eq!(ok.overlap_ms(), 60_000);
+        assert_eq!(ok.initial(), ts(Some("1767225600"), None));
+        assert_eq!(plain().initial(), ts(None, None));
+        assert_eq!(plain().name(), "timestamp");
+        assert!(!plain().is_full_scan());
+        assert!(format!("{ok:?}").contains("meta.updatedAt"));
+    }
+
+    #[test]
+    fn first_page_sets_the_watermark_to_the_server_string_of_the_max() {
+        let items = [
+            item("a", "2026-01-01T00:00:01Z"),
+            item("b", "2026-01-01T00:00:03.000+00:00"),
+            item("c", "2026-01-01T00:00:02Z"),
+        ];
+        let step = plain()
+            .advance(&ts(None, None), input(&items, T0 + 10_000))
+            .unwrap();
+        assert_eq!(
+            step,
+            Advance {
+                cursor: ts(Some("2026-01-01T00:00:03.000+00:00"), None),
+                done: true,
+                keep: vec![true, true, true],
+            }
+        );
+    }
+
+    #[test]
+    fn done_follows_has_more() {
+        let items = [item("a", "2026-01-01T00:00:01Z")];
+        for (has_more, done) in [(None, true), (Some(false), true), (Some(true), false)] {
+            let step = plain()
+                .advance(
+                    &ts(None, None),
+                    AdvanceInput {
+                        has_more,
+                        ..input(&items, T0 + 10_000)
+                    },
+                )
+                .unwrap();
+            assert_eq!(step.done, done, "{has_more:?}");
+        }
+    }
+
+    #[test]
+    fn lag_drops_items_newer_than_the_cutoff() {
+        let strategy = TimestampCursor::builder("updatedAt")
+            .lag(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let now = T0 + 10_000; // cutoff = T0 + 5s
+        let items = [
+            item("a", "2026-01-01T00:00:04Z"),
+            item("b", "2026-01-01T00:00:05Z"), // exactly at the cutoff: kept
+            item("c", "2026-01-01T00:00:05.001Z"), // newer: dropped
+            item("d", "2026-01-01T00:00:09Z"), // newer: dropped
+        ];
+        let step = strategy
+            .advance(&ts(None, None), input(&items, now))
+            .unwrap();
+        assert_eq!(step.cursor, ts(Some("2026-01-01T00:00:05Z"), None));
+        assert_eq!(step.keep, vec![true, true, false, false]);
+
+        // Every item too new: nothing moves, nothing is kept.
+        let step = strategy
+            .advance(
+                &ts(Some("2026-01-01T00:00:01Z"), None),
+                input(&items[2..], now),
+            )
+            .unwrap();
+        assert_eq!(step.cursor, ts(Some("2026-01-01T00:00:01Z"), None));
+        assert_eq!(step.keep, vec![false, false]);
+    }
+
+    #[test]
+    fn without_lag_future_items_are_held_back() {
+        let items = [
+            item("a", "2026-01-01T00:00:00Z"),
+            item("b", "2026-01-01T00:00:00.001Z"),
+        ];
+        let step = plain().advance(&ts(None, None), input(&items, T0)).unwrap();
+        assert_eq!(step.cursor, ts(Some("2026-01-01T00:00:00Z"), None));
+        assert_eq!(step.keep, vec![true, false]);
+    }
+
+    #[test]
+    fn unparseable_and_missing_fields_are_kept_but_never_move_the_watermark() {
+        let items = [
+            item("a", "not a date"),
+            json!({ "id": "b" }),
+            json!({ "id": "c", "updatedAt": true }),
+            json!({ "id": "d", "updatedAt": null }),
+        ];
+        let start = ts(Some("2026-01-01T00:00:00Z"), Some("x"));
+        let step = with_tie().advance(&start, input(&items, T0)).unwrap();
+        assert_eq!(step.cursor, start);
+        assert_eq!(step.keep, vec![true; 4]);
+
+        // Mixed with a parseable item, only that one counts.
+        let mixed = [item("a", "garbage"), item("b", "2026-01-01T00:00:02Z")];
+        let step = with_tie()
+            .advance(&ts(None, None), input(&mixed, T0 + 5_000))
+            .unwrap();
+        assert_eq!(step.cursor, ts(Some("2026-01-01T00:00:02Z"), Some("b")));
+        assert_eq!(step.keep, vec![true, true]);
+    }
+
+    #[test]
+    fn tie_break_is_the_max_at_the_max_timestamp() {
+        let items = [
+            item("zz", "2026-01-01T00:00:01Z"), // older: its tie-break does not count
+            item("b", "2026-01-01T00:00:02Z"),
+            item("d", "2026-01-01T00:00:02.000Z"), // same instant, other spelling
+            item("c", "2026-01-01T00:00:02Z"),
+            json!({ "updatedAt": "2026-01-01T00:00:02Z" }), // no tie-break value
+        ];
+        let step = with_tie()
+            .advance(&ts(None, None), input(&items, T0 + 5_000))
+            .unwrap();
+        // The first server string at the max, the largest tie-break among all items at it.
+        assert_eq!(step.cursor, ts(Some("2026-01-01T00:00:02Z"), Some("d")));
+    }
+
+    #[test]
+    fn tie_breaks_compare_as_strings_and_numbers_are_stringified() {
+        let items = [
+            json!({ "id": 10, "updatedAt": 1_767_225_600 }),
+            json!({ "id": 9, "updatedAt": 1_767_225_600 }),
+        ];
+        let step = with_tie()
+            .advance(&ts(None, None), input(&items, T0))
+            .unwrap();
+        assert_eq!(step.cursor, ts(Some("1767225600"), Some("9")));
+    }
+
+    #[test]
+    fn equal_max_grows_only_the_tie_break() {
+        let start = ts(Some("2026-01-01T00:00:02Z"), Some("m"));
+        // Equal instant in another spelling: the stored string stays, the tie-break grows.
+        let items = [item("q", "2026-01-01T00:00:02.000Z")];
+        let step = with_tie()
+            .advance(&start, input(&items, T0 + 5_000))
+            .unwrap();
+        assert_eq!(step.cursor, ts(Some("2026-01-01T00:00:02Z"), Some("q")));
+
+        // A smaller tie-break never shrinks it.
+        let items = [item("a", "2026-01-01T00:00:02Z")];
+        let step = with_tie()
+            .advance(&start, input(&items, T0 + 5_000))
+            .unwrap();
+        assert_eq!(step.cursor, start);
+
+        // A stored null tie-break grows to the page's.
+        let step = with_tie()
+            .advance(
+                &ts(Some("2026-01-01T00:00:02Z"), None),
+                input(&items, T0 + 5_000),
+            )
+            .unwrap();
+        assert_eq!(step.cursor, ts(Some("2026-01-01T00:00:02Z"), Some("a")));
+
+        // Without a tie-break field an equal max changes nothing.
+        let start = ts(Some("2026-01-01T00:00:02Z"), None);
+        let step = plain().advance(&start, input(&items, T0 + 5_000)).unwrap();
+        assert_eq!(step.cursor, start);
+    }
+
+    #[test]
+    fn newer_max_replaces_value_and_tie_break_older_changes_nothing() {
+        let start = ts(Some("2026-01-01T00:00:02Z"), Some("zzz"));
+        let items = [item("a", "2026-01-01T00:00:03Z")];
+        let step = with_tie()
+            .advance(&start, input(&items, T0 + 5_000))
+            .unwrap();
+        assert_eq!(step.cursor, ts(Some("2026-01-01T00:00:03Z"), Some("a")));
+
+        let items = [item("zzzz", "2026-01-01T00:00:01Z")];
+        let step = with_tie()
+            .advance(&start, input(&items, T0 + 5_000))
+            .unwrap();
+        assert_eq!(step.cursor, start);
+        assert_eq!(step.keep, vec![true]);
+    }
+
+    #[test]
+    fn a_server_cursor_is_trusted() {
+        let items = [
+            item("a", "2026-01-01T00:00:09Z"), // would be dropped by lag
+            item("b", "garbage"),
+        ];
+        let strategy = TimestampCursor::builder("updatedAt")
+            .tie_break("id")
+            .lag(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let step = strategy
+            .advance(
+                &ts(Some("2026-01-01T00:00:30Z"), Some("q")),
+                AdvanceInput {
+                    page_cursor: Some("2026-01-01T00:00:05Z"),
+                    has_more: Some(true),
+                    ..input(&items, T0)
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            step,
+            Advance {
+                cursor: ts(Some("2026-01-01T00:00:05Z"), None),
+                done: false,
+                keep: vec![true, true],
+            }
+        );
+        // An empty server cursor is no cursor.
+        let step = strategy
+            .advance(
+                &ts(None, None),
+                AdvanceInput {
+                    page_cursor: Some(""),
+                    ..input(&items, T0 + 120_000)
+                },
+            )
+            .unwrap();
+        assert_eq!(step.cursor, ts(Some("2026-01-01T00:00:09Z"), Some("a")));
+    }
+
+    #[test]
+    fn an_unparseable_stored_value_is_an_error_naming_field_and_value() {
+        let items = [item("a", "2026-01-01T00:00:01Z")];
+        let err = plain()
+            .advance(&ts(Some("tomorrow"), None), input(&items, T0 + 5_000))
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Config);
+        let text = err.to_string();
+        assert!(text.contains("`cursor.field`"), "{text}");
+        assert!(text.contains("\"tomorrow\""), "{text}");
+        assert!(text.contains("`updatedAt`"), "{text}");
+        // With nothing to compare, the bad value is not read.
+        let step = plain()
+            .advance(&ts(Some("tomorrow"), None), input(&[], T0))
+            .unwrap();
+        assert_eq!(step.cursor, ts(Some("tomorrow"), None));
+    }
+
+    #[test]
+    fn a_foreign_cursor_is_an_error() {
+        let err = plain()
+            .advance(&Cursor::Page { page: 1 }, input(&[], T0))
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Config);
+        assert!(err.to_string().contains("page cursor"), "{err}");
+    }
+
+    #[test]
+    fn epoch_seconds_and_millis_fields() {
+        let seconds = [json!({ "t": "1767225601" }), json!({ "t": 1_767_225_602 })];
+        let strategy = TimestampCursor::new("t").unwrap();
+        let step = strategy
+            .advance(&ts(None, None), input(&seconds, T0 + 5_000))
+            .unwrap();
+        assert_eq!(step.cursor, ts(Some("1767225602"), None));
+
+        let millis = [
+            json!({ "t": "1767225600999" }),
+            json!({ "t": 1_767_225_600_500_i64 }),
+        ];
+        let step = strategy
+            .advance(&ts(None, None), input(&millis, T0 + 5_000))
+            .unwrap();
+        assert_eq!(step.cursor, ts(Some("1767225600999"), None));
+        // Mixed shapes compare by instant.
+        let step = strategy
+            .advance(&ts(Some("1767225601"), None), input(&millis, T0 + 5_000))
+            .unwrap();
+        assert_eq!(step.cursor, ts(Some("1767225601"), None));
+    }
+
+    #[test]
+    fn overlap_applies_to_the_first_request_only_in_the_stored_shape() {
+        let strategy = TimestampCursor::builder("t")
+            .tie_break("id")
+            .overlap(Duration::from_millis(1500))
+            .build()
+            .unwrap();
+        let cases = [
+            ("1767225600", "1767225598"),
+            ("1767225600000", "1767225598500"),
+            ("2026-01-01T00:00:00Z", "2025-12-31T23:59:58.500Z"),
+            ("2026-01-01T01:00:00+01:00", "2025-12-31T23:59:58.500Z"),
+            ("2026-01-01", "2025-12-31T23:59:58.500Z"),
+        ];
+        for (stored, fetched) in cases {
+            let cursor = ts(Some(stored), Some("k"));
+            assert_eq!(
+                strategy.for_fetch(&cursor, true),
+                ts(Some(fetched), None),
+                "{stored}"
+            );
+            assert_eq!(strategy.for_fetch(&cursor, false), cursor, "{stored}");
+        }
+        // Nothing to move back: unchanged.
+        for cursor in [ts(None, None), ts(Some("garbage"), Some("k"))] {
+            assert_eq!(strategy.for_fetch(&cursor, true), cursor);
+        }
+        // No overlap: unchanged, tie-break included.
+        let cursor = ts(Some("1767225600"), Some("k"));
+        assert_eq!(plain().for_fetch(&cursor, true), cursor);
+    }
+
+    #[test]
+    fn user_parse_and_format() {
+        // The API writes "2026/01/01 00:00:00" and wants the same back.
+        let strategy = TimestampCursor::builder("t")
+            .parse(|raw| parse_timestamp(&raw.replace('/', "-")))
+            .format(|ms, sample| {
+                let iso = super::super::time::iso_ms(ms).unwrap_or_default();
+                assert_eq!(sample, "2026/01/01 00:00:00");
+                iso.get(..19)
+                    .unwrap_or_default()
+                    .replace('-', "/")
+                    .replace('T', " ")
+            })
+            .overlap(Duration::from_secs(60))
+            .initial(Some("2026/01/01 00:00:00".into()))
+            .build()
+            .unwrap();
+        assert_eq!(
+            strategy.for_fetch(&strategy.initial(), true),
+            ts(Some("2025/12/31 23:59:00"), None)
+        );
+        let items = [json!({ "t": "2026/01/01 00:00:01" })];
+        let step = strategy
+            .advance(&strategy.initial(), input(&items, T0 + 1_000))
+            .unwrap();
+        assert_eq!(step.cursor, ts(Some("2026/01/01 00:00:01"), None));
+        assert_eq!(strategy.lag_ms(&step.cursor, T0 + 3_000), Some(2_000));
+    }
+
+    #[test]
+    fn lag_ms_is_now_minus_the_watermark() {
+        let strategy = plain();
+        assert_eq!(
+            strategy.lag_ms(&ts(Some("2026-01-01T00:00:00Z"), None), T0 + 42_000),
+            Some(42_000)
+        );
+        assert_eq!(
+            strategy.lag_ms(&ts(Some("1767225600"), None), T0 + 1),
+            Some(1)
+        );
+        assert_eq!(
+            strategy.lag_ms(&ts(Some("1767225600000"), None), T0 - 5),
+            Some(-5)
+        );
+        assert_eq!(strategy.lag_ms(&ts(None, None), T0), None);
+        assert_eq!(strategy.lag_ms(&ts(Some("garbage"), None), T0), None);
+        assert_eq!(strategy.lag_ms(&Cursor::Page { page: 1 }, T0), None);
+    }
+
+    #[test]
+    fn reached_compares_instants() {
+        let strategy = plain();
+        let target = ts(Some("2026-01-01T00:00:05Z"), Some("m"));
+        assert!(strategy.reached(&ts(None, None), &ts(None, None)));
+        assert!(strategy.reached(&ts(Some("1767225600"), None), &ts(None, None)));
+        assert!(!strategy.reached(&ts(None, None), &target));
+        assert!(!strategy.reached(&ts(Some("2026-01-01T00:00:04Z"), Some("z")), &target));
+        assert!(strategy.reached(&ts(Some("1767225605"), None), &target));
+        assert!(strategy.reached(&ts(Some("1767225605001"), None), &target));
+        // Cannot compare: not reached.
+        assert!(!strategy.reached(&ts(Some("garbage"), None), &target));
+        assert!(!strategy.reached(&ts(Some("1767225605"), None), &ts(Some("garbage"), None)));
+        assert!(!strategy.reached(&Cursor::Snapshot, &target));
+        assert!(!strategy.reached(&target, &Cursor::Snapshot));
+    }
+
+    #[test]
+    fn from_raw_takes_the_value_and_checks_it() {
+        let strategy = plain();
+        assert_eq!(strategy.from_raw(None).unwrap(), ts(None, None));
+        assert_eq!(
+            strategy.from_raw(Some("2026-01-01T00:00:00Z")).unwrap(),
+            ts(Some("2026-01-01T00:00:00Z"), None)
+        );
+        assert_eq!(
+            strategy.from_raw(Some("1767225600")).unwrap(),
+            ts(Some("1767225600"), None)
+        );
+        let err = strategy.from_raw(Some("last tuesday")).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Config);
+        assert!(err.to_string().contains("\"last tuesday\""), "{err}");
+    }
+
+    #[test]
+    fn serialize_round_trips() {
+        let strategy = with_tie();
+        for (cursor, text) in [
+            (ts(None, None), r#"{"value":null,"tieBreak":null}"#),
+            (
+                ts(Some("2026-01-01T00:00:00Z"), Some("o-1")),
+                r#"{"value":"2026-01-01T00:00:00Z","tieBreak":"o-1"}"#,
+            ),
+            (
+                ts(Some("1767225600"), None),
+                r#"{"value":"1767225600","tieBreak":null}"#,
+            ),
+            (
+                ts(Some("\"quoted\" \u{e9}"), Some("\n")),
+                r#"{"value":"\"quoted\" é","tieBreak":"\n"}"#,
+            ),
+        ] {
+            assert_eq!(strategy.serialize(&cursor), text);
+            assert_eq!(strategy.deserialize(text).unwrap(), cursor);
+        }
+        // Key order and whitespace do not matter when reading.
+        assert_eq!(
+            strategy
+                .deserialize(r#" { "tieBreak" : "b", "value" : "v" } "#)
+                .unwrap(),
+            ts(Some("v"), Some("b"))
+        );
+    }
+
+    #[test]
+    fn deserialize_rejects_garbage() {
+        let strategy = plain();
+        for text in [
+            "",
+            "null",
+            "{",
+            "[]",
+            r#""2026-01-01""#,
+            r#"{"value":"x"}"#,
+            r#"{"tieBreak":null}"#,
+            r#"{"value":1,"tieBreak":null}"#,
+            r#"{"value":null,"tieBreak":false}"#,
+            r#"{"value":null,"tieBreak":null,"extra":1}"#,
+        ] {
+            let err = strategy.deserialize(text).unwrap_err();
+            assert_eq!(err.code(), ErrorCode::Store, "{text}");
+            assert!(err.to_string().contains("timestamp cursor"), "{err}");
+        }
+    }
+}

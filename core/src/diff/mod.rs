@@ -1,0 +1,9 @@
+//! The change engine (SPEC §2.5): canonical JSON, fingerprints, event ids and the diff decisions.
+
+pub mod canonical;
+pub mod hash;
+pub mod id;
+
+pub use canonical::{CanonicalError, canonicalize};
+pub use hash::{fingerprint, hash_url, sha256_hex};
+pub use id::{EventIdParts, event_id, event_id_material};

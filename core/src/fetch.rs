@@ -1,0 +1,89 @@
+//! What a poller's `fetch` receives and returns.
+
+use tokio_util::sync::CancellationToken;
+
+use crate::cursor::Cursor;
+use crate::delivery::Partition;
+use crate::model::{Lane, RateLimitInfo};
+
+/// The context of one fetch call.
+#[derive(Clone, Debug)]
+pub struct FetchContext {
+    /// Where to read from (see [`Cursor`]); already adjusted for overlap on a cycle's first
+    /// request.
+    pub cursor: Cursor,
+    /// The 1-based index of this request within the cycle.
+    pub page: u32,
+    /// The partition, with its transient data.
+    pub partition: Partition,
+    /// The lane this fetch serves.
+    pub lane: Lane,
+    /// The 1-based attempt of this fetch within the cycle (reset to 1 after each page).
+    pub attempt: u32,
+    /// Fires when the cycle is abandoned (stop without drain, lease loss, deadline).
+    pub cancel: CancellationToken,
+}
+
+/// One page of items as the API returned them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Page {
+    /// The raw items; each is validated into the poller's item type.
+    pub items: Vec<serde_json::Value>,
+    /// The API's cursor for the next page (token strategy) or a watermark (timestamp strategy).
+    pub cursor: Option<String>,
+    /// `Some(true)`: more pages follow now (catch-up); `Some(false)`: the listing ended.
+    pub has_more: Option<bool>,
+    /// The API answered 304 Not Modified: an idle cycle, never an empty listing.
+    pub not_modified: bool,
+    /// Rate-limit information from the response, used to pace the schedule.
+    pub rate_limit: Option<RateLimitInfo>,
+}
+
+impl Page {
+    /// A page of raw items.
+    pub fn new(items: Vec<serde_json::Value>) -> Self {
+        Self {
+            items,
+            ..Self::default()
+        }
+    }
+
+    /// A page built from typed items (serialized to JSON; values that cannot be serialized are
+    /// an error naming the item's index).
+    pub fn from_items<T: serde::Serialize>(items: &[T]) -> Result<Self, serde_json::Error> {
+        let items = items
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self::new(items))
+    }
+
+    /// Sets the next cursor.
+    #[must_use]
+    pub fn cursor(mut self, cursor: impl Into<String>) -> Self {
+        self.cursor = Some(cursor.into());
+        self
+    }
+
+    /// Sets `has_more`.
+    #[must_use]
+    pub fn has_more(mut self, has_more: bool) -> Self {
+        self.has_more = Some(has_more);
+        self
+    }
+
+    /// A 304 Not Modified page.
+    pub fn not_modified() -> Self {
+        Self {
+            not_modified: true,
+            ..Self::default()
+        }
+    }
+
+    /// Sets the rate-limit information.
+    #[must_use]
+    pub fn rate_limit(mut self, info: RateLimitInfo) -> Self {
+        self.rate_limit = Some(info);
+        self
+    }
+}

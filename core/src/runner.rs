@@ -1,0 +1,1100 @@
+//! One run of one `(poller, partition)` (SPEC §2.6): lease, drain the outbox first, the live
+//! cycle page by page (one `commit_poll` per page), full-scan deletes, the schedule, release.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::{Clock, format_rfc3339_ms};
+use crate::cursor::{AdvanceInput, Cursor};
+use crate::decide::{decide, dedupe_last_wins, unchanged_by_version};
+use crate::delivery::{Dispatcher, DrainContext, DrainReport, Partition};
+use crate::diff::{EventIdParts, event_id, sha256_hex};
+use crate::error::{BoxError, Error, Result};
+use crate::event::{Event, EventType};
+use crate::fetch::FetchContext;
+use crate::hooks::{CommitInfo, FetchInfo, HookContext, Hooks, Phase};
+use crate::json::Json;
+use crate::model::{
+    CommitBatch, EventCounts, ItemRow, Lane, LaneCursor, Lease, OutboxRow, PKey, ParkedError,
+    ParkedKind, ParkedRow, PollSummary, PollerState, RateLimitInfo, ScheduleState, SerializedError,
+    StatePatch,
+};
+use crate::poller::{OnInvalid, PollerDef, Prepared, Retain};
+use crate::rng::Rng;
+use crate::schedule::{self, FailureOutcome, SuccessOutcome};
+use crate::store::{DEFAULT_IDENTITY_BATCH, Store};
+
+/// What the engine shares with every run.
+pub(crate) struct Shared {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) rng: Arc<dyn Rng>,
+    pub(crate) hooks: Arc<dyn Hooks>,
+    pub(crate) instance_id: String,
+    pub(crate) lease_ttl_ms: i64,
+    pub(crate) renew_every_ms: i64,
+}
+
+/// A poller as the engine runs it.
+pub(crate) struct Runtime {
+    pub(crate) def: Arc<PollerDef>,
+    pub(crate) dispatcher: Dispatcher,
+    pub(crate) source: String,
+}
+
+/// One lane cycle's result, as `tick()` reports it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PollResult {
+    /// The poller.
+    pub poller: String,
+    /// The partition.
+    pub partition: String,
+    /// The lane.
+    pub lane: Lane,
+    /// Items fetched.
+    pub items: u64,
+    /// Events committed.
+    pub events: u64,
+    /// Events delivered during the cycle.
+    pub delivered: u64,
+    /// How long the cycle took.
+    pub duration_ms: i64,
+    /// The failure, if the cycle failed (fetch failures land here, they are never thrown).
+    pub error: Option<SerializedError>,
+}
+
+/// How a key run ended.
+#[derive(Debug)]
+pub(crate) enum KeyOutcome {
+    /// The key is paused.
+    Paused,
+    /// Nothing to do yet.
+    NotDue,
+    /// Another instance holds the lease.
+    Leased,
+    /// The run happened.
+    Ran(RunReport),
+    /// The lease was lost midway; the run's remaining work was dropped.
+    LeaseLost,
+    /// Stopped without draining.
+    Aborted,
+}
+
+/// What a run did.
+#[derive(Debug, Default)]
+pub(crate) struct RunReport {
+    pub(crate) polled: Vec<PollResult>,
+    pub(crate) delivered: u64,
+    pub(crate) next_retry_at: Option<i64>,
+}
+
+/// Options of one run.
+pub(crate) struct RunOptions {
+    /// Run the live lane even if not due (`trigger`).
+    pub(crate) force: bool,
+    /// Stop fetching new pages at this time (tick deadline); a running page finishes.
+    pub(crate) deadline_ms: Option<i64>,
+    /// Fires on stop without drain.
+    pub(crate) cancel: CancellationToken,
+}
+
+/// Renews a lease every `renew_every` in the background and on demand.
+struct LeaseKeeper {
+    lost: CancellationToken,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    expires_at: Arc<Mutex<i64>>,
+}
+
+impl LeaseKeeper {
+    fn start(shared: &Shared, key: &PKey, lease: &Lease, run_cancel: &CancellationToken) -> Self {
+        let lost = run_cancel.child_token();
+        let stop = CancellationToken::new();
+        let expires_at = Arc::new(Mutex::new(lease.expires_at));
+        let (store, clock) = (Arc::clone(&shared.store), Arc::clone(&shared.clock));
+        let (key, lease, ttl, every) = (
+            key.clone(),
+            lease.clone(),
+            shared.lease_ttl_ms,
+            shared.renew_every_ms,
+        );
+        let (task_lost, task_stop, task_expiry) =
+            (lost.clone(), stop.clone(), Arc::clone(&expires_at));
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = task_stop.cancelled() => return,
+                    () = task_lost.cancelled() => return,
+                    () = clock.sleep(crate::clock::ms_duration(every)) => {}
+                }
+                if !renew(&*store, &*clock, &key, &lease, ttl, &task_expiry).await {
+                    task_lost.cancel();
+                    return;
+                }
+            }
+        });
+        Self {
+            lost,
+            stop,
+            task,
+            expires_at,
+        }
+    }
+
+    /// Renews now; false when the lease is gone.
+    async fn renew_now(&self, shared: &Shared, key: &PKey, lease: &Lease) -> bool {
+        if self.lost.is_cancelled() {
+            return false;
+        }
+        let ok = renew(
+            &*shared.store,
+            &*shared.clock,
+            key,
+            lease,
+            shared.lease_ttl_ms,
+            &self.expires_at,
+        )
+        .await;
+        if !ok {
+            self.lost.cancel();
+        }
+        ok
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// One renewal: `false` when the store says the lease is not ours, or when it failed and the
+/// lease has expired meanwhile (a transient failure before expiry is retried next time).
+async fn renew(
+    store: &dyn Store,
+    clock: &dyn Clock,
+    key: &PKey,
+    lease: &Lease,
+    ttl: i64,
+    expires_at: &Mutex<i64>,
+) -> bool {
+    let now = clock.now_ms();
+    match store.renew_lease(key, lease, ttl, now).await {
+        Ok(true) => {
+            *expires_at.lock().unwrap_or_else(PoisonError::into_inner) = now.saturating_add(ttl);
+            true
+        }
+        Ok(false) => false,
+        Err(error) => {
+            let expiry = *expires_at.lock().unwrap_or_else(PoisonError::into_inner);
+            tracing::warn!(%key, %error, "lease renewal failed");
+            now < expiry
+        }
+    }
+}
+
+/// Why a cycle stopped early.
+enum CycleError {
+    LeaseLost(i64),
+    Aborted,
+    Failed {
+        error: Error,
+        phase: Phase,
+        throttle: Option<Option<i64>>,
+    },
+}
+
+impl From<Error> for CycleError {
+    fn from(error: Error) -> Self {
+        match error {
+            Error::LeaseLost { epoch, .. } => CycleError::LeaseLost(epoch),
+            error => CycleError::Failed {
+                error,
+                phase: Phase::Commit,
+                throttle: None,
+            },
+        }
+    }
+}
+
+/// Everything one run needs.
+struct Run<'a> {
+    shared: &'a Shared,
+    rt: &'a Runtime,
+    key: PKey,
+    partition: Partition,
+    lease: Lease,
+    keeper: LeaseKeeper,
+    cancel: CancellationToken,
+    hook: HookContext,
+    deadline_ms: Option<i64>,
+}
+
+/// Runs one key. Never returns a fetch failure as `Err`: those land in the poll result.
+pub(crate) async fn run_key(
+    shared: &Shared,
+    rt: &Runtime,
+    partition: Partition,
+    options: RunOptions,
+) -> Result<KeyOutcome> {
+    let key = PKey::new(rt.def.name.clone(), partition.key.clone());
+    let now = shared.clock.now_ms();
+    let state = shared.store.load_state(&key).await?;
+    if state.as_ref().is_some_and(|s| s.paused) {
+        return Ok(KeyOutcome::Paused);
+    }
+    let live_due = options.force
+        || state
+            .as_ref()
+            .is_none_or(|s| schedule::is_due(&s.schedule, now));
+    let has_consumer = rt.dispatcher.has_consumer();
+    let drain_due = has_consumer && shared.store.count_pending(&key).await? > 0;
+    if !live_due && !drain_due {
+        return Ok(KeyOutcome::NotDue);
+    }
+    let Some(lease) = shared
+        .store
+        .acquire_lease(&key, &shared.instance_id, shared.lease_ttl_ms, now)
+        .await?
+    else {
+        return Ok(KeyOutcome::Leased);
+    };
+    let hook = HookContext {
+        poller: key.poller.clone(),
+        partition: key.partition.clone(),
+        lane: Lane::Live,
+        instance_id: shared.instance_id.clone(),
+    };
+    shared.hooks.on_lease_acquired(&hook, &lease).await;
+    let cancel = options.cancel.child_token();
+    let keeper = LeaseKeeper::start(shared, &key, &lease, &cancel);
+    let run = Run {
+        shared,
+        rt,
+        key,
+        partition,
+        lease,
+        keeper,
+        cancel,
+        hook,
+        deadline_ms: options.deadline_ms,
+    };
+    let outcome = run.execute(options.force).await;
+    let Run {
+        key,
+        lease,
+        keeper,
+        hook,
+        ..
+    } = run;
+    keeper.stop().await;
+    match &outcome {
+        Ok(KeyOutcome::LeaseLost) => {}
+        _ => {
+            if let Err(error) = shared.store.release_lease(&key, &lease).await {
+                tracing::warn!(%key, %error, "lease release failed; it expires by itself");
+                shared
+                    .hooks
+                    .on_error(&hook, &error.to_serialized(), Phase::Lease)
+                    .await;
+            }
+        }
+    }
+    outcome
+}
+
+impl Run<'_> {
+    fn now(&self) -> i64 {
+        self.shared.clock.now_ms()
+    }
+
+    fn lease_lost(&self) -> bool {
+        self.keeper.lost.is_cancelled()
+    }
+
+    async fn execute(&self, force: bool) -> Result<KeyOutcome> {
+        // Re-read under the lease: this read is authoritative.
+        let state = match self.shared.store.load_state(&self.key).await? {
+            Some(state) if state.paused => return Ok(KeyOutcome::Paused),
+            Some(state) => state,
+            None => {
+                let now = self.now();
+                let mut state = PollerState::zero(now);
+                state.schedule = schedule::initial_schedule(&self.rt.def.schedule, now);
+                state
+            }
+        };
+        let mut report = RunReport::default();
+        let mut schedule = state.schedule.clone();
+        // Drain the outbox first: events committed by a crashed run go out before new ones.
+        match self.drain().await {
+            Ok(drained) => {
+                report.delivered += drained.delivered;
+                report.next_retry_at = drained.next_retry_at;
+                if drained.halted {
+                    schedule = self.halt(&schedule).await?;
+                }
+                if drained.aborted && self.cancel.is_cancelled() {
+                    return Ok(if self.lease_lost() {
+                        KeyOutcome::LeaseLost
+                    } else {
+                        KeyOutcome::Aborted
+                    });
+                }
+            }
+            Err(Error::LeaseLost { epoch, .. }) => return Ok(self.on_lease_lost(epoch).await),
+            Err(error) => return Err(error),
+        }
+        let now = self.now();
+        if force || schedule::is_due(&schedule, now) {
+            if schedule.circuit == crate::model::Circuit::Open {
+                schedule = schedule::begin_probe(&schedule);
+            }
+            match self.live_cycle(state, schedule, &mut report).await {
+                Ok(()) => {}
+                Err(CycleError::LeaseLost(epoch)) => return Ok(self.on_lease_lost(epoch).await),
+                Err(CycleError::Aborted) => {
+                    return Ok(if self.lease_lost() {
+                        self.on_lease_lost(self.lease.epoch).await
+                    } else {
+                        KeyOutcome::Aborted
+                    });
+                }
+                Err(CycleError::Failed { error, .. }) => return Err(error),
+            }
+        }
+        Ok(KeyOutcome::Ran(report))
+    }
+
+    async fn on_lease_lost(&self, epoch: i64) -> KeyOutcome {
+        self.keeper.lost.cancel();
+        self.shared.hooks.on_lease_lost(&self.hook, epoch).await;
+        tracing::warn!(key = %self.key, epoch, "lease lost; the run's work is dropped");
+        KeyOutcome::LeaseLost
+    }
+
+    async fn drain(&self) -> Result<DrainReport> {
+        let ctx = DrainContext {
+            partition: self.partition.clone(),
+            cancel: self.cancel.clone(),
+        };
+        self.rt.dispatcher.drain(&self.key, &self.lease, &ctx).await
+    }
+
+    /// A poison `halt` opens the circuit (persisted at once, fenced).
+    async fn halt(&self, schedule: &ScheduleState) -> Result<ScheduleState> {
+        let now = self.now();
+        let error = SerializedError::new(
+            "PoisonHalt",
+            "a poison event was parked with poison action `halt`",
+        );
+        let change = schedule::poison_halt(
+            schedule,
+            &self.rt.def.schedule,
+            &self.rt.def.circuit,
+            error,
+            now,
+        );
+        let patch = StatePatch {
+            schedule: Some(change.state.clone()),
+            updated_at: Some(now),
+            ..StatePatch::default()
+        };
+        self.shared
+            .store
+            .save_state(&self.key, &self.lease, &patch)
+            .await?;
+        if change.circuit_opened {
+            let probe_at = change.state.next_due_at.unwrap_or(now);
+            self.shared
+                .hooks
+                .on_circuit_open(&self.hook, change.state.consecutive_failures, probe_at)
+                .await;
+        }
+        Ok(change.state)
+    }
+
+    /// The live lane: page by page, one commit per page, then deletes (full scans) and the
+    /// schedule.
+    async fn live_cycle(
+        &self,
+        state: PollerState,
+        schedule: ScheduleState,
+        report: &mut RunReport,
+    ) -> Result<(), CycleError> {
+        let started = self.now();
+        self.shared.hooks.on_poll_start(&self.hook, started).await;
+        let mut cycle = Cycle::new(state, schedule);
+        let outcome = self.pages(&mut cycle).await;
+        let outcome = match outcome {
+            Ok(()) => self.full_scan_deletes(&mut cycle).await,
+            Err(e) => Err(e),
+        };
+        report.delivered += cycle.delivered;
+        report.next_retry_at = min_opt(report.next_retry_at, cycle.next_retry_at);
+        let now = self.now();
+        let summary = PollSummary {
+            lane: Lane::Live,
+            started_at: started,
+            duration_ms: now.saturating_sub(started),
+            pages: cycle.pages,
+            items: cycle.items,
+            events: cycle.counts,
+            not_modified: cycle.saw_not_modified && cycle.items == 0,
+            truncated: cycle.truncated,
+        };
+        let mut result = PollResult {
+            poller: self.key.poller.clone(),
+            partition: self.key.partition.clone(),
+            lane: Lane::Live,
+            items: cycle.items,
+            events: cycle.counts.created + cycle.counts.updated + cycle.counts.deleted,
+            delivered: cycle.delivered,
+            duration_ms: summary.duration_ms,
+            error: None,
+        };
+        let change = match outcome {
+            Ok(()) => {
+                let success = SuccessOutcome {
+                    had_events: result.events > 0,
+                    not_modified: summary.not_modified,
+                    truncated: cycle.truncated,
+                    rate_limit: cycle.rate_limit.clone(),
+                    summary: summary.clone(),
+                };
+                schedule::after_success(
+                    &cycle.schedule,
+                    &self.rt.def.schedule,
+                    &self.rt.def.circuit,
+                    &success,
+                    now,
+                    self.shared.rng.next_f64(),
+                )
+            }
+            Err(CycleError::Failed {
+                error,
+                phase,
+                throttle,
+            }) => {
+                let serialized = error.to_serialized();
+                tracing::warn!(key = %self.key, %error, phase = phase.as_str(), "poll cycle failed");
+                self.shared
+                    .hooks
+                    .on_error(&self.hook, &serialized, phase)
+                    .await;
+                let failure = FailureOutcome {
+                    error: serialized.clone(),
+                    retry_after_ms: throttle.flatten(),
+                    is_throttle: throttle.is_some(),
+                    rate_limit: cycle.rate_limit.clone(),
+                };
+                result.error = Some(serialized);
+                schedule::after_failure(
+                    &cycle.schedule,
+                    &self.rt.def.schedule,
+                    &self.rt.def.circuit,
+                    &failure,
+                    now,
+                    self.shared.rng.next_f64(),
+                )
+            }
+            Err(other) => return Err(other),
+        };
+        let patch = StatePatch {
+            schedule: Some(change.state.clone()),
+            updated_at: Some(now),
+            ..StatePatch::default()
+        };
+        match self
+            .shared
+            .store
+            .save_state(&self.key, &self.lease, &patch)
+            .await
+        {
+            Ok(()) => {}
+            Err(Error::LeaseLost { epoch, .. }) => return Err(CycleError::LeaseLost(epoch)),
+            Err(error) => {
+                tracing::warn!(key = %self.key, %error, "saving the schedule failed; the previous one stays");
+                self.shared
+                    .hooks
+                    .on_error(&self.hook, &error.to_serialized(), Phase::Schedule)
+                    .await;
+            }
+        }
+        if change.circuit_opened {
+            let probe_at = change.state.next_due_at.unwrap_or(now);
+            self.shared
+                .hooks
+                .on_circuit_open(&self.hook, change.state.consecutive_failures, probe_at)
+                .await;
+        }
+        if change.circuit_closed {
+            self.shared.hooks.on_circuit_close(&self.hook).await;
+        }
+        let interval = change.state.interval_ms.unwrap_or(0);
+        let next_due = change.state.next_due_at.unwrap_or(now);
+        self.shared
+            .hooks
+            .on_schedule_change(&self.hook, interval, next_due, change.reason)
+            .await;
+        self.shared.hooks.on_poll_end(&self.hook, &summary).await;
+        report.polled.push(result);
+        Ok(())
+    }
+
+    fn check_running(&self) -> Result<(), CycleError> {
+        if self.lease_lost() {
+            Err(CycleError::LeaseLost(self.lease.epoch))
+        } else if self.cancel.is_cancelled() {
+            Err(CycleError::Aborted)
+        } else {
+            Ok(())
+        }
+    }
+
+    async fn pages(&self, cycle: &mut Cycle) -> Result<(), CycleError> {
+        let def = &self.rt.def;
+        let strategy = &def.strategy;
+        let full_scan = strategy.is_full_scan();
+        let cap = if full_scan {
+            def.full_scan_page_cap
+        } else {
+            def.max_pages_per_cycle
+        };
+        let mut cursor = match cycle
+            .state
+            .lanes
+            .live
+            .as_ref()
+            .and_then(|l| l.cursor.as_deref())
+        {
+            Some(text) => strategy
+                .deserialize(text)
+                .map_err(|error| CycleError::Failed {
+                    error,
+                    phase: Phase::Fetch,
+                    throttle: None,
+                })?,
+            None => strategy.initial(),
+        };
+        loop {
+            self.check_running()?;
+            if self.deadline_ms.is_some_and(|d| self.now() >= d) || u64::from(cap) <= cycle.pages {
+                cycle.truncated = true;
+                return Ok(());
+            }
+            let page_index = u32::try_from(cycle.pages + 1).unwrap_or(u32::MAX);
+            let ctx = FetchContext {
+                cursor: strategy.for_fetch(&cursor, cycle.pages == 0),
+                page: page_index,
+                partition: self.partition.clone(),
+                lane: Lane::Live,
+                attempt: 1,
+                cancel: self.cancel.clone(),
+            };
+            let fetch_started = self.now();
+            let fetched = tokio::select! {
+                biased;
+                () = self.cancel.cancelled() => return Err(self.check_running().err().unwrap_or(CycleError::Aborted)),
+                fetched = def.fetch.fetch(ctx) => fetched,
+            };
+            let page = fetched.map_err(fetch_failure)?;
+            cycle.pages += 1;
+            cycle.items += page.items.len() as u64;
+            if page.rate_limit.is_some() {
+                cycle.rate_limit.clone_from(&page.rate_limit);
+            }
+            cycle.saw_not_modified |= page.not_modified;
+            let info = FetchInfo {
+                page: page_index,
+                duration_ms: self.now().saturating_sub(fetch_started),
+                items: page.items.len(),
+                not_modified: page.not_modified,
+            };
+            self.shared.hooks.on_fetch(&self.hook, &info).await;
+            let processed = self.process(cycle, &cursor, page).await?;
+            self.commit(cycle, processed).await?;
+            let done = cycle.done;
+            cursor = cycle.cursor.clone().unwrap_or(cursor);
+            if cycle.halted {
+                return Ok(());
+            }
+            if !self
+                .keeper
+                .renew_now(self.shared, &self.key, &self.lease)
+                .await
+            {
+                return Err(CycleError::LeaseLost(self.lease.epoch));
+            }
+            if done {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Validates, advances the cursor and diffs one page.
+    async fn process(
+        &self,
+        cycle: &mut Cycle,
+        cursor: &Cursor,
+        page: crate::fetch::Page,
+    ) -> Result<Processed, CycleError> {
+        let def = &self.rt.def;
+        let now = self.now();
+        let mut valid = Vec::new();
+        let mut parked = Vec::new();
+        let mut quarantined = Vec::new();
+        for raw in &page.items {
+            match (def.prepare)(raw) {
+                Prepared::Valid(candidate) => valid.push(candidate),
+                Prepared::Invalid { issues, identity } => match def.on_invalid {
+                    OnInvalid::Fail => {
+                        return Err(CycleError::Failed {
+                            error: Error::Validation { issues },
+                            phase: Phase::Fetch,
+                            throttle: None,
+                        });
+                    }
+                    OnInvalid::Skip => {
+                        tracing::warn!(key = %self.key, ?issues, "invalid item skipped");
+                        self.note_seen_invalid(cycle, identity);
+                    }
+                    OnInvalid::Quarantine => {
+                        self.note_seen_invalid(cycle, identity);
+                        let text = serde_json::to_string(raw).unwrap_or_default();
+                        let item = Json::from_value(raw);
+                        let message = issues
+                            .iter()
+                            .map(|i| i.message.as_str())
+                            .collect::<Vec<_>>()
+                            .join("; ");
+                        parked.push(ParkedRow {
+                            id: format!("invalid:{}", &sha256_hex(text.as_bytes())[..32]),
+                            kind: ParkedKind::Invalid,
+                            event: None,
+                            item: Some(item.clone()),
+                            error: ParkedError {
+                                error: SerializedError::new("ValidationError", message)
+                                    .with_code("VALIDATION"),
+                                history: None,
+                                issues: Some(issues.clone()),
+                            },
+                            attempts: 0,
+                            parked_at: now,
+                            hold_key: None,
+                        });
+                        quarantined.push((item, issues));
+                    }
+                },
+            }
+        }
+        let values: Vec<serde_json::Value> = valid.iter().map(|c| c.value.clone()).collect();
+        let input = AdvanceInput {
+            items: &values,
+            page_cursor: page.cursor.as_deref(),
+            has_more: page.has_more,
+            now_ms: now,
+        };
+        let advance = def
+            .strategy
+            .advance(cursor, input)
+            .map_err(|error| CycleError::Failed {
+                error,
+                phase: Phase::Fetch,
+                throttle: None,
+            })?;
+        let kept: Vec<(String, crate::poller::Candidate)> = valid
+            .into_iter()
+            .zip(advance.keep.iter().copied().chain(std::iter::repeat(true)))
+            .filter(|(_, keep)| *keep)
+            .map(|(c, _)| (c.identity.clone(), c))
+            .collect();
+        let kept = dedupe_last_wins(kept);
+        let identities: Vec<String> = kept.iter().map(|(id, _)| id.clone()).collect();
+        if def.strategy.is_full_scan() {
+            cycle.seen.extend(identities.iter().cloned());
+        }
+        let stored = self
+            .shared
+            .store
+            .load_versions(&self.key, &identities)
+            .await?;
+        let cursor_json = Json::parse(&def.strategy.serialize(&advance.cursor)).ok();
+        let mut upserts = Vec::new();
+        let mut events = Vec::new();
+        let time = format_rfc3339_ms(now);
+        for (identity, candidate) in kept {
+            let row = stored.get(&identity);
+            let version = candidate.version.clone();
+            if unchanged_by_version(row, version.as_deref(), def.schema_version)
+                && !def.strategy.is_full_scan()
+            {
+                continue;
+            }
+            let value = candidate.value.clone();
+            let hash = (candidate.fingerprint)().map_err(|e| CycleError::Failed {
+                error: Error::Validation {
+                    issues: vec![crate::model::ValidationIssue {
+                        message: format!("item {identity:?}: {e}"),
+                        path: None,
+                    }],
+                },
+                phase: Phase::Fetch,
+                throttle: None,
+            })?;
+            let decision = decide(
+                row,
+                &hash,
+                version.as_deref(),
+                def.schema_version,
+                def.on_schema_change,
+                def.strategy.is_full_scan(),
+            );
+            let data = Json::from_value(&value);
+            if decision.upsert {
+                upserts.push(ItemRow {
+                    identity: identity.clone(),
+                    version: version.clone(),
+                    hash: hash.clone(),
+                    schema_version: def.schema_version,
+                    payload: (def.retain == Retain::Payload).then(|| data.clone()),
+                    seen_at: now,
+                });
+            }
+            if let Some(event_type) = decision.event {
+                let previous = match (event_type, def.retain) {
+                    (EventType::Updated, Retain::Payload) => row.and_then(|r| r.payload.clone()),
+                    _ => None,
+                };
+                let version_or_hash = version.clone().unwrap_or_else(|| hash.clone());
+                events.push(self.event(
+                    cycle,
+                    &identity,
+                    &version_or_hash,
+                    event_type,
+                    Some(data),
+                    previous,
+                    cursor_json.clone(),
+                    &time,
+                ));
+            }
+        }
+        cycle.done = advance.done;
+        let lane_cursor = if advance.done {
+            def.strategy.on_cycle_complete(&advance.cursor)
+        } else {
+            advance.cursor.clone()
+        };
+        cycle.cursor = Some(lane_cursor);
+        Ok(Processed {
+            upserts,
+            deletes: Vec::new(),
+            events,
+            parked,
+            quarantined,
+        })
+    }
+
+    fn note_seen_invalid(&self, cycle: &mut Cycle, identity: Option<String>) {
+        if self.rt.def.strategy.is_full_scan() {
+            match identity {
+                Some(identity) => {
+                    cycle.seen.insert(identity);
+                }
+                None => cycle.unknown_invalid = true,
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn event(
+        &self,
+        cycle: &mut Cycle,
+        identity: &str,
+        version_or_hash: &str,
+        event_type: EventType,
+        data: Option<Json>,
+        previous: Option<Json>,
+        cursor: Option<Json>,
+        time: &str,
+    ) -> Event {
+        cycle.sequence += 1;
+        match event_type {
+            EventType::Created => cycle.counts.created += 1,
+            EventType::Updated => cycle.counts.updated += 1,
+            EventType::Deleted => cycle.counts.deleted += 1,
+        }
+        let id = event_id(&EventIdParts {
+            source: &self.rt.source,
+            partition: &self.key.partition,
+            identity,
+            version_or_hash,
+            schema_version: self.rt.def.schema_version,
+            event_type,
+        });
+        Event {
+            id,
+            event_type,
+            source: self.rt.source.clone(),
+            subject: identity.to_owned(),
+            time: time.to_owned(),
+            poller: self.key.poller.clone(),
+            partition: self.key.partition.clone(),
+            lane: Lane::Live,
+            sequence: cycle.sequence,
+            cursor,
+            data,
+            previous,
+            attempt: 0,
+        }
+    }
+
+    /// Commits one page (cursor, snapshot delta, events, quarantined items and the current
+    /// schedule) in one transaction, then delivers.
+    async fn commit(&self, cycle: &mut Cycle, processed: Processed) -> Result<(), CycleError> {
+        let now = self.now();
+        let mut lanes = cycle.state.lanes.clone();
+        let live = lanes.live.get_or_insert_with(LaneCursor::default);
+        if let Some(cursor) = &cycle.cursor {
+            live.cursor = Some(self.rt.def.strategy.serialize(cursor));
+        }
+        let events = processed.events.len();
+        let batch = CommitBatch {
+            state_patch: StatePatch {
+                lanes: Some(lanes.clone()),
+                schedule: Some(cycle.schedule.clone()),
+                paused: None,
+                schema_version: Some(self.rt.def.schema_version),
+                sequence: Some(cycle.sequence),
+                updated_at: Some(now),
+            },
+            upserts: processed.upserts,
+            deletes: processed.deletes,
+            events: processed
+                .events
+                .iter()
+                .map(|e| OutboxRow::pending(e.clone(), now))
+                .collect(),
+            log: self.rt.def.log_retention.is_some(),
+            parked: processed.parked,
+        };
+        let started = self.now();
+        match self
+            .shared
+            .store
+            .commit_poll(&self.key, &self.lease, &batch)
+            .await
+        {
+            Ok(()) => {}
+            Err(Error::LeaseLost { epoch, .. }) => return Err(CycleError::LeaseLost(epoch)),
+            Err(error) => {
+                // Nothing of the page persisted; the cursor did not move, so the next cycle
+                // fetches the page again.
+                cycle.sequence -= i64::try_from(events).unwrap_or(0);
+                return Err(CycleError::Failed {
+                    error,
+                    phase: Phase::Commit,
+                    throttle: None,
+                });
+            }
+        }
+        cycle.state.lanes = lanes;
+        let info = CommitInfo {
+            events,
+            upserts: batch.upserts.len(),
+            deletes: batch.deletes.len(),
+            duration_ms: self.now().saturating_sub(started),
+        };
+        self.shared.hooks.on_commit(&self.hook, &info).await;
+        for event in &processed.events {
+            self.shared.hooks.on_event(&self.hook, event).await;
+        }
+        for (item, issues) in &processed.quarantined {
+            self.shared.hooks.on_invalid(&self.hook, item, issues).await;
+        }
+        if events > 0 {
+            let drained = self.drain().await?;
+            cycle.delivered += drained.delivered;
+            cycle.next_retry_at = min_opt(cycle.next_retry_at, drained.next_retry_at);
+            if drained.halted {
+                cycle.schedule = self.halt(&cycle.schedule).await?;
+                cycle.halted = true;
+            }
+            if drained.aborted && self.cancel.is_cancelled() {
+                self.check_running()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After a complete full listing: everything stored but not seen is deleted.
+    async fn full_scan_deletes(&self, cycle: &mut Cycle) -> Result<(), CycleError> {
+        let def = &self.rt.def;
+        if !(cycle.done && def.strategy.is_full_scan())
+            || cycle.truncated
+            || cycle.saw_not_modified
+            || cycle.halted
+        {
+            return Ok(());
+        }
+        if cycle.unknown_invalid {
+            tracing::warn!(key = %self.key, "an invalid item had no readable identity: no deletes this cycle (set `identity_field` or `raw_identity`)");
+            return Ok(());
+        }
+        let mut missing = Vec::new();
+        let mut stream = self
+            .shared
+            .store
+            .stream_identities(&self.key, DEFAULT_IDENTITY_BATCH);
+        while let Some(batch) = stream.next().await {
+            missing.extend(batch?.into_iter().filter(|id| !cycle.seen.contains(id)));
+        }
+        drop(stream);
+        if missing.is_empty() {
+            return Ok(());
+        }
+        missing.sort();
+        let now = self.now();
+        let time = format_rfc3339_ms(now);
+        let cursor_json = cycle
+            .cursor
+            .as_ref()
+            .and_then(|c| Json::parse(&def.strategy.serialize(c)).ok());
+        for chunk in missing.chunks(DEFAULT_IDENTITY_BATCH) {
+            self.check_running()?;
+            let rows = self.shared.store.load_versions(&self.key, chunk).await?;
+            let mut events = Vec::new();
+            for identity in chunk {
+                let Some(row) = rows.get(identity) else {
+                    continue;
+                };
+                let payload = (def.retain == Retain::Payload)
+                    .then(|| row.payload.clone())
+                    .flatten();
+                let version_or_hash = row.version.clone().unwrap_or_else(|| row.hash.clone());
+                events.push(self.event(
+                    cycle,
+                    identity,
+                    &version_or_hash,
+                    EventType::Deleted,
+                    payload.clone(),
+                    payload,
+                    cursor_json.clone(),
+                    &time,
+                ));
+            }
+            let processed = Processed {
+                upserts: Vec::new(),
+                deletes: chunk.to_vec(),
+                events,
+                parked: Vec::new(),
+                quarantined: Vec::new(),
+            };
+            self.commit(cycle, processed).await?;
+            if cycle.halted {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A fetch error as a cycle failure; 429, and 503 with Retry-After, are throttles.
+fn fetch_failure(error: BoxError) -> CycleError {
+    let error = match error.downcast::<Error>() {
+        Ok(error) => *error,
+        Err(other) => {
+            return CycleError::Failed {
+                error: Error::Http {
+                    method: "FETCH".into(),
+                    url: String::new(),
+                    status: None,
+                    message: Some(other.to_string()),
+                    retry_after_ms: None,
+                },
+                phase: Phase::Fetch,
+                throttle: None,
+            };
+        }
+    };
+    let throttle = match &error {
+        Error::Http {
+            status: Some(429),
+            retry_after_ms,
+            ..
+        } => Some(*retry_after_ms),
+        Error::Http {
+            status: Some(503),
+            retry_after_ms: Some(ms),
+            ..
+        } => Some(Some(*ms)),
+        _ => None,
+    };
+    CycleError::Failed {
+        error,
+        phase: Phase::Fetch,
+        throttle,
+    }
+}
+
+/// The page work ready to commit.
+struct Processed {
+    upserts: Vec<ItemRow>,
+    deletes: Vec<String>,
+    events: Vec<Event>,
+    parked: Vec<ParkedRow>,
+    quarantined: Vec<(Json, Vec<crate::model::ValidationIssue>)>,
+}
+
+/// The running totals of one cycle.
+struct Cycle {
+    state: PollerState,
+    schedule: ScheduleState,
+    sequence: i64,
+    cursor: Option<Cursor>,
+    pages: u64,
+    items: u64,
+    counts: EventCounts,
+    delivered: u64,
+    next_retry_at: Option<i64>,
+    seen: HashSet<String>,
+    unknown_invalid: bool,
+    truncated: bool,
+    saw_not_modified: bool,
+    done: bool,
+    halted: bool,
+    rate_limit: Option<RateLimitInfo>,
+}
+
+impl Cycle {
+    fn new(state: PollerState, schedule: ScheduleState) -> Self {
+        Self {
+            sequence: state.sequence,
+            state,
+            schedule,
+            cursor: None,
+            pages: 0,
+            items: 0,
+            counts: EventCounts::default(),
+            delivered: 0,
+            next_retry_at: None,
+            seen: HashSet::new(),
+            unknown_invalid: false,
+            truncated: false,
+            saw_not_modified: false,
+            done: false,
+            halted: false,
+            rate_limit: None,
+        }
+    }
+}
+
+pub(crate) fn min_opt(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
