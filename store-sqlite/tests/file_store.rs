@@ -1,0 +1,640 @@
+//! What the conformance suite cannot see: several stores on one file, the file's life cycle
+//! (lazy creation, WAL, migrations, reopening after close) and bad input (files that are not
+//! databases, corrupt data, places that cannot be written).
+
+use std::path::{Path, PathBuf};
+
+use watukuy_conformance::cases::fixtures::{NODE_A, NODE_B, T0, TTL, item, key, pending};
+use watukuy_core::{
+    CommitBatch, Error, ErrorCode, Lease, LogQuery, PKey, ParkedQuery, StatePatch, Store,
+    StoreErrorKind,
+};
+use watukuy_store_sqlite::{SCHEMA_VERSION, SqliteOptions, SqliteStore, ddl};
+
+fn temp_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("watukuy-sqlite-test-")
+        .tempdir()
+        .expect("a temporary directory")
+}
+
+fn file_store(path: &Path) -> SqliteStore {
+    SqliteStore::open(SqliteOptions::file(path)).expect("valid options")
+}
+
+/// A page holding `identities` as items and one pending event per identity, from `first_seq`.
+fn page(key: &PKey, identities: &[&str], first_seq: i64) -> CommitBatch {
+    let events: Vec<_> = identities
+        .iter()
+        .zip(first_seq..)
+        .map(|(id, seq)| pending(key, &format!("evt-{seq}"), seq, id))
+        .collect();
+    CommitBatch {
+        state_patch: StatePatch {
+            sequence: events.last().map(|row| row.sequence),
+            updated_at: Some(T0),
+            ..StatePatch::default()
+        },
+        upserts: identities.iter().map(|id| item(id, "h")).collect(),
+        events,
+        log: true,
+        ..CommitBatch::default()
+    }
+}
+
+/// The store error's kind and transient flag, or a panic naming what came instead.
+fn store_kind<T: std::fmt::Debug>(result: Result<T, Error>) -> (StoreErrorKind, bool, String) {
+    match result {
+        Err(Error::Store {
+            kind,
+            transient,
+            message,
+            ..
+        }) => (kind, transient, message),
+        other => panic!("expected a Store error, got {other:?}"),
+    }
+}
+
+fn expect_lease_lost<T: std::fmt::Debug>(result: Result<T, Error>, epoch: i64) {
+    match result {
+        Err(Error::LeaseLost { epoch: e, .. }) if e == epoch => {}
+        other => panic!("expected LeaseLost carrying epoch {epoch}, got {other:?}"),
+    }
+}
+
+/// Runs raw SQL on the file, as another program (or a careless operator) would.
+fn raw(path: &Path, sql: &str) {
+    let conn = rusqlite::Connection::open(path).expect("raw connection");
+    conn.execute_batch(sql).expect("raw SQL");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Several stores on one file.
+
+/// Two stores on one file (separate connections, as two processes would have) share data and
+/// fencing: while A holds the lease B is refused and fenced out; once it expired B takes over
+/// with epoch + 1, A is fenced out, and each store sees the other's writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_stores_on_one_file_share_data_and_fencing() {
+    let dir = temp_dir();
+    let path = dir.path().join("shared.db");
+    let a = file_store(&path);
+    let b = file_store(&path);
+    let (ma, mb) = tokio::join!(a.migrate(), b.migrate());
+    ma.expect("a migrates");
+    mb.expect("b migrates concurrently");
+    let key = key();
+
+    let lease_a = a
+        .acquire_lease(&key, NODE_A, TTL, T0)
+        .await
+        .unwrap()
+        .expect("A takes the free key");
+    assert_eq!(lease_a.epoch, 1);
+    assert_eq!(
+        b.acquire_lease(&key, NODE_B, TTL, T0 + 1_000)
+            .await
+            .unwrap(),
+        None,
+        "B must not take A's valid lease"
+    );
+    assert_eq!(b.get_lease(&key).await.unwrap(), Some(lease_a.clone()));
+
+    a.commit_poll(&key, &lease_a, &page(&key, &["o1", "o2"], 1))
+        .await
+        .expect("A commits");
+    assert_eq!(b.count_items(&key).await.unwrap(), 2, "B sees A's items");
+    assert_eq!(b.count_pending(&key).await.unwrap(), 2, "B sees A's events");
+
+    // B is fenced out with a lease it made up.
+    let made_up = Lease {
+        owner: NODE_B.to_owned(),
+        epoch: 1,
+        expires_at: T0 + TTL,
+    };
+    expect_lease_lost(
+        b.commit_poll(&key, &made_up, &page(&key, &["x"], 3)).await,
+        1,
+    );
+    expect_lease_lost(b.ack_events(&key, &made_up, &["evt-1".into()]).await, 1);
+    assert_eq!(
+        a.count_items(&key).await.unwrap(),
+        2,
+        "B's rejected commit left nothing"
+    );
+    assert_eq!(a.count_pending(&key).await.unwrap(), 2);
+
+    // After expiry B takes over with epoch + 1 and A is fenced out.
+    let lease_b = b
+        .acquire_lease(&key, NODE_B, TTL, T0 + TTL)
+        .await
+        .unwrap()
+        .expect("B takes the expired lease");
+    assert_eq!(lease_b.epoch, lease_a.epoch + 1);
+    assert_eq!(a.get_lease(&key).await.unwrap(), Some(lease_b.clone()));
+    expect_lease_lost(
+        a.commit_poll(&key, &lease_a, &page(&key, &["late"], 3))
+            .await,
+        1,
+    );
+    expect_lease_lost(
+        a.save_state(
+            &key,
+            &lease_a,
+            &StatePatch {
+                paused: Some(true),
+                ..StatePatch::default()
+            },
+        )
+        .await,
+        1,
+    );
+    assert!(!a.renew_lease(&key, &lease_a, TTL, T0 + TTL).await.unwrap());
+
+    b.ack_events(&key, &lease_b, &["evt-1".into()])
+        .await
+        .unwrap();
+    b.commit_poll(&key, &lease_b, &page(&key, &["o3"], 3))
+        .await
+        .expect("B commits");
+    assert_eq!(a.count_items(&key).await.unwrap(), 3, "A sees B's items");
+    let pending: Vec<String> = a
+        .load_pending(&key, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|row| row.event_id)
+        .collect();
+    assert_eq!(pending, ["evt-2", "evt-3"], "A sees B's ack and commit");
+    let state = a.load_state(&key).await.unwrap().expect("state");
+    assert_eq!(state.sequence, 3);
+    assert!(!state.paused, "A's rejected save changed nothing");
+}
+
+/// Writers of two stores on one file, racing, never see a busy error: BEGIN IMMEDIATE waits for
+/// the other store's transaction (busy timeout), and every commit lands exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_on_one_file_all_land() {
+    const PAGES: i64 = 40;
+    let dir = temp_dir();
+    let path = dir.path().join("race.db");
+    let a = file_store(&path);
+    let b = file_store(&path);
+    a.migrate().await.unwrap();
+    let key_a = PKey::new("orders", "a");
+    let key_b = PKey::new("orders", "b");
+    let lease_a = a
+        .acquire_lease(&key_a, NODE_A, TTL, T0)
+        .await
+        .unwrap()
+        .unwrap();
+    let lease_b = b
+        .acquire_lease(&key_b, NODE_B, TTL, T0)
+        .await
+        .unwrap()
+        .unwrap();
+
+    let run = |store: &'static SqliteStore, key: PKey, lease: Lease| async move {
+        for n in 1..=PAGES {
+            let id = format!("item-{n}");
+            store
+                .commit_poll(&key, &lease, &page(&key, &[id.as_str()], n))
+                .await
+                .expect("no busy error escapes the busy timeout");
+            store
+                .count_pending(&key)
+                .await
+                .expect("reads work meanwhile");
+        }
+    };
+    // The stores live for the rest of the test; leaking two small values keeps the tasks simple.
+    let a: &'static SqliteStore = Box::leak(Box::new(a));
+    let b: &'static SqliteStore = Box::leak(Box::new(b));
+    let ta = tokio::spawn(run(a, key_a.clone(), lease_a));
+    let tb = tokio::spawn(run(b, key_b.clone(), lease_b));
+    ta.await.unwrap();
+    tb.await.unwrap();
+    for (store, key) in [(a, &key_a), (b, &key_b), (a, &key_b), (b, &key_a)] {
+        assert_eq!(store.count_items(key).await.unwrap(), 40);
+        assert_eq!(store.count_pending(key).await.unwrap(), 40);
+        let state = store.load_state(key).await.unwrap().unwrap();
+        assert_eq!(state.sequence, PAGES);
+    }
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
+/// Two prefixes on one file are two independent stores: own schema version, own epochs, own data.
+#[tokio::test]
+async fn prefixes_share_a_file_independently() {
+    let dir = temp_dir();
+    let path = dir.path().join("prefixes.db");
+    let first = SqliteStore::open(SqliteOptions::file(&path).table_prefix("first_")).unwrap();
+    let second = SqliteStore::open(SqliteOptions::file(&path).table_prefix("")).unwrap();
+    let key = key();
+    let l1 = first
+        .acquire_lease(&key, NODE_A, TTL, T0)
+        .await
+        .unwrap()
+        .unwrap();
+    let l2 = second
+        .acquire_lease(&key, NODE_B, TTL, T0)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (l1.epoch, l2.epoch),
+        (1, 1),
+        "each prefix has its own leases"
+    );
+    first
+        .commit_poll(&key, &l1, &page(&key, &["only-in-first"], 1))
+        .await
+        .unwrap();
+    assert_eq!(first.count_items(&key).await.unwrap(), 1);
+    assert_eq!(second.count_items(&key).await.unwrap(), 0);
+    assert_eq!(second.load_state(&key).await.unwrap(), None);
+
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    for table in ["first_schema_version", "schema_version"] {
+        let version: i64 = conn
+            .query_row(&format!("SELECT MAX(version) FROM {table}"), [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION, "{table}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The file's life cycle.
+
+/// Opening touches nothing; the first call that needs the database creates the file (and its
+/// schema), as `migrate()` does.
+#[tokio::test]
+async fn no_file_is_touched_before_first_use() {
+    let dir = temp_dir();
+    let lazy = dir.path().join("lazy.db");
+    let store = file_store(&lazy);
+    assert!(!lazy.exists(), "open() created the file");
+    assert_eq!(store.get_lease(&key()).await.unwrap(), None);
+    assert!(lazy.exists(), "the first use creates the file");
+    let tables: i64 = rusqlite::Connection::open(&lazy)
+        .unwrap()
+        .query_row(
+            "SELECT COUNT(*) FROM sqlite_schema WHERE type = 'table' AND name LIKE 'watukuy_%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        tables, 7,
+        "the first use migrated (six tables + schema_version)"
+    );
+
+    let explicit = dir.path().join("explicit.db");
+    let store = file_store(&explicit);
+    assert!(!explicit.exists());
+    store.migrate().await.unwrap();
+    assert!(explicit.exists(), "migrate() creates the file");
+
+    // A store whose directory does not exist opens fine (no I/O) and fails only when used.
+    let missing = dir.path().join("no-such-dir").join("x.db");
+    let store = file_store(&missing);
+    let (kind, transient, message) = store_kind(store.migrate().await);
+    assert_eq!((kind, transient), (StoreErrorKind::Connection, false));
+    assert!(message.contains("no-such-dir"), "{message}");
+}
+
+/// File databases run in WAL mode.
+#[tokio::test]
+async fn file_databases_use_wal() {
+    let dir = temp_dir();
+    let path = dir.path().join("wal.db");
+    let store = file_store(&path);
+    store.migrate().await.unwrap();
+    let mode: String = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+}
+
+/// After `close()` the data stays and the next call reopens the file; a new store on the same
+/// path sees everything; a closed in-memory store keeps its data too.
+#[tokio::test]
+async fn reopen_after_close() {
+    let dir = temp_dir();
+    let path = dir.path().join("reopen.db");
+    let store = SqliteStore::open(SqliteOptions::file(&path).table_prefix("t_")).unwrap();
+    let key = key();
+    let lease = store
+        .acquire_lease(&key, NODE_A, TTL, T0)
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .commit_poll(&key, &lease, &page(&key, &["a", "b"], 1))
+        .await
+        .unwrap();
+    store.close().await.unwrap();
+    store.close().await.unwrap();
+    assert_eq!(store.count_items(&key).await.unwrap(), 2, "reopened lazily");
+    store
+        .commit_poll(&key, &lease, &page(&key, &["c"], 3))
+        .await
+        .expect("the lease still fences after a reopen");
+    store.close().await.unwrap();
+
+    let again = SqliteStore::open(SqliteOptions::file(&path).table_prefix("t_")).unwrap();
+    assert_eq!(again.count_items(&key).await.unwrap(), 3);
+    assert_eq!(again.get_lease(&key).await.unwrap(), Some(lease.clone()));
+    assert_eq!(
+        again
+            .read_log(&key, LogQuery::default(), 10)
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
+
+    let memory = SqliteStore::open(SqliteOptions::in_memory()).unwrap();
+    let lease = memory
+        .acquire_lease(&key, NODE_A, TTL, T0)
+        .await
+        .unwrap()
+        .unwrap();
+    memory
+        .commit_poll(&key, &lease, &page(&key, &["m"], 1))
+        .await
+        .unwrap();
+    memory.close().await.unwrap();
+    assert_eq!(
+        memory.count_items(&key).await.unwrap(),
+        1,
+        "closing an in-memory store keeps its data"
+    );
+}
+
+/// The exported DDL lets a team create the schema itself; the store then finds it current.
+#[tokio::test]
+async fn externally_managed_schema_is_used_as_is() {
+    let dir = temp_dir();
+    let path = dir.path().join("managed.db");
+    let text = ddl("managed_").unwrap();
+    raw(&path, &text);
+    raw(&path, &text);
+    let store = SqliteStore::open(SqliteOptions::file(&path).table_prefix("managed_")).unwrap();
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    let key = key();
+    let lease = store
+        .acquire_lease(&key, NODE_A, TTL, T0)
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .commit_poll(&key, &lease, &page(&key, &["x"], 1))
+        .await
+        .unwrap();
+    let versions: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("SELECT COUNT(*) FROM managed_schema_version", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(versions, SCHEMA_VERSION, "one row per applied migration");
+}
+
+/// Invalid options are `Config` errors naming the option, at `open`, before any I/O.
+#[test]
+fn invalid_options_are_config_errors() {
+    let dir = temp_dir();
+    let path = dir.path().join("never.db");
+    for prefix in ["1x", "a-b", "x; DROP TABLE y", "é"] {
+        let error =
+            SqliteStore::open(SqliteOptions::file(&path).table_prefix(prefix)).expect_err(prefix);
+        assert_eq!(error.code(), ErrorCode::Config);
+        assert!(error.to_string().contains("sqlite.table_prefix"), "{error}");
+    }
+    let error = SqliteStore::open(SqliteOptions::file("")).expect_err("empty path");
+    assert!(error.to_string().contains("sqlite.path"), "{error}");
+    assert!(!path.exists());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad input.
+
+/// A file that is not a SQLite database is a clear, permanent `Corrupt` store error naming the
+/// file, at `migrate()` and at first use, and the file is left as it was.
+#[tokio::test]
+async fn a_non_sqlite_file_is_a_clear_store_error() {
+    let dir = temp_dir();
+    let path = dir.path().join("notes.txt");
+    let content = "these are my notes, not a database\n".repeat(200);
+    std::fs::write(&path, &content).unwrap();
+
+    let store = file_store(&path);
+    let (kind, transient, message) = store_kind(store.migrate().await);
+    assert_eq!(
+        (kind, transient),
+        (StoreErrorKind::Corrupt, false),
+        "{message}"
+    );
+    assert!(message.contains("not a SQLite database"), "{message}");
+    assert!(message.contains("notes.txt"), "{message}");
+
+    let other = file_store(&path);
+    let (kind, _, _) = store_kind(other.load_state(&key()).await);
+    assert_eq!(kind, StoreErrorKind::Corrupt);
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        content,
+        "the file was changed"
+    );
+}
+
+/// A database whose pages were overwritten is a `Corrupt` store error, not a panic.
+#[tokio::test]
+async fn a_corrupt_database_is_a_clear_store_error() {
+    let dir = temp_dir();
+    let path = dir.path().join("corrupt.db");
+    let store = file_store(&path);
+    let key = key();
+    let lease = store
+        .acquire_lease(&key, NODE_A, TTL, T0)
+        .await
+        .unwrap()
+        .unwrap();
+    let ids: Vec<String> = (0..300).map(|n| format!("item-{n:04}")).collect();
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    store
+        .commit_poll(&key, &lease, &page(&key, &refs, 1))
+        .await
+        .unwrap();
+    store.close().await.unwrap();
+    drop(store);
+    assert!(
+        !wal_path(&path).exists(),
+        "closing the last connection checkpoints the WAL into the file"
+    );
+
+    // Keep page 1 (header and schema), trash every other page.
+    let mut bytes = std::fs::read(&path).unwrap();
+    assert!(bytes.len() > 8 * 4096, "the database spans several pages");
+    for (n, byte) in bytes.iter_mut().enumerate().skip(4096) {
+        *byte = u8::try_from(n % 251).unwrap_or(0) ^ 0xA5;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+
+    let store = file_store(&path);
+    let (kind, transient, message) = store_kind(store.migrate().await);
+    assert_eq!(
+        (kind, transient),
+        (StoreErrorKind::Corrupt, false),
+        "{message}"
+    );
+    assert!(message.contains("corrupt.db"), "{message}");
+    let (kind, _, _) = store_kind(store.count_items(&key).await);
+    assert_eq!(kind, StoreErrorKind::Corrupt);
+}
+
+fn wal_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push("-wal");
+    PathBuf::from(name)
+}
+
+/// Stored rows that cannot be decoded are `Corrupt` store errors, never panics, and a fenced
+/// write over a corrupt state changes nothing.
+#[tokio::test]
+async fn undecodable_rows_are_corrupt_errors() {
+    let dir = temp_dir();
+    let path = dir.path().join("rows.db");
+    let store = file_store(&path);
+    let key = key();
+    let lease = store
+        .acquire_lease(&key, NODE_A, TTL, T0)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut batch = page(&key, &["i1"], 1);
+    batch.upserts[0].payload = Some(watukuy_core::Json::parse(r#"{"ok":true}"#).unwrap());
+    batch.parked = vec![watukuy_conformance::cases::fixtures::invalid(
+        "invalid:x",
+        r#"{"id":"x"}"#,
+        T0,
+    )];
+    store.commit_poll(&key, &lease, &batch).await.unwrap();
+
+    raw(
+        &path,
+        "UPDATE watukuy_pollers SET state = '{\"lanes\": oops';
+         UPDATE watukuy_outbox SET event = '[1, 2';
+         UPDATE watukuy_items SET payload = '{\"half\":';
+         UPDATE watukuy_parked SET kind = 'mystery';
+         UPDATE watukuy_log SET event = 'not json';",
+    );
+    let corrupt = |result: Result<(), Error>, what: &str| {
+        let (kind, transient, message) = store_kind(result);
+        assert_eq!(
+            (kind, transient),
+            (StoreErrorKind::Corrupt, false),
+            "{what}: {message}"
+        );
+    };
+    corrupt(store.load_state(&key).await.map(drop), "load_state");
+    corrupt(store.load_pending(&key, 10).await.map(drop), "load_pending");
+    corrupt(
+        store.load_versions(&key, &["i1".into()]).await.map(drop),
+        "load_versions",
+    );
+    corrupt(
+        store
+            .list_parked(&key, ParkedQuery::default())
+            .await
+            .map(drop),
+        "list_parked",
+    );
+    corrupt(
+        store
+            .read_log(&key, LogQuery::default(), 10)
+            .await
+            .map(drop),
+        "read_log",
+    );
+    corrupt(
+        store
+            .save_state(
+                &key,
+                &lease,
+                &StatePatch {
+                    paused: Some(true),
+                    ..StatePatch::default()
+                },
+            )
+            .await,
+        "save_state over a corrupt state",
+    );
+    let state: String = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("SELECT state FROM watukuy_pollers", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(state, "{\"lanes\": oops", "the failed save rolled back");
+
+    // Values of the wrong range or type: a negative attempt count, a text schema version.
+    let event = serde_json::to_string(&pending(&key, "evt-1", 1, "i1").event).unwrap();
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute(
+            "UPDATE watukuy_outbox SET attempts = -1, event = ?1",
+            [event],
+        )
+        .unwrap();
+    corrupt(
+        store.load_pending(&key, 10).await.map(drop),
+        "a negative attempt count",
+    );
+    raw(
+        &path,
+        "UPDATE watukuy_items SET schema_version = 'text', payload = NULL;",
+    );
+    corrupt(
+        store.load_versions(&key, &["i1".into()]).await.map(drop),
+        "a text schema_version",
+    );
+}
+
+/// A database of a newer schema than this build knows is refused with a `Schema` error.
+#[tokio::test]
+async fn a_newer_schema_is_refused() {
+    let dir = temp_dir();
+    let path = dir.path().join("future.db");
+    file_store(&path).migrate().await.unwrap();
+    raw(
+        &path,
+        "INSERT INTO watukuy_schema_version (version) VALUES (99);",
+    );
+    let (kind, transient, message) = store_kind(file_store(&path).migrate().await);
+    assert_eq!((kind, transient), (StoreErrorKind::Schema, false));
+    assert!(message.contains("99"), "{message}");
+}
+
+/// A location nobody may write (here: the root of procfs, read-only even for root) gives a clear,
+/// permanent store error naming the path at `migrate()`.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_read_only_location_fails_clearly_at_migrate() {
+    let path = Path::new("/proc/watukuy-sqlite-test.db");
+    let store = file_store(path);
+    let (kind, transient, message) = store_kind(store.migrate().await);
+    assert!(!transient, "{message}");
+    assert!(
+        matches!(kind, StoreErrorKind::Connection | StoreErrorKind::Rejected),
+        "{kind:?}: {message}"
+    );
+    assert!(
+        message.contains("/proc/watukuy-sqlite-test.db"),
+        "{message}"
+    );
+}
