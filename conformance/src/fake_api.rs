@@ -9,8 +9,12 @@
 //!
 //! The `fetch_*` adapters are poller fetch functions, one per cursor strategy (SPEC §2.4):
 //!
-//! ```ignore
-//! let api = FakeApi::new(FakeApiOptions::new(clock));
+//! ```
+//! use std::sync::Arc;
+//! use watukuy_conformance::{FakeApi, FakeApiOptions};
+//! use watukuy_core::{FetchContext, ManualClock, Poller, cursor};
+//!
+//! let api = FakeApi::new(FakeApiOptions::new(Arc::new(ManualClock::new(0))));
 //! let fetch = {
 //!     let api = api.clone();
 //!     move |ctx: FetchContext| {
@@ -18,6 +22,13 @@
 //!         async move { api.fetch_since(&ctx).await }
 //!     }
 //! };
+//! let poller = Poller::builder::<serde_json::Value>("items")
+//!     .identity_field("id")
+//!     .cursor(cursor::timestamp("updatedAt").tie_break("id"))
+//!     .fetch(fetch)
+//!     .build()?;
+//! assert_eq!(poller.name(), "items");
+//! # Ok::<(), watukuy_core::Error>(())
 //! ```
 //!
 //! Everything is deterministic: time comes from the injected [`Clock`] only, nothing sleeps in
@@ -405,19 +416,8 @@ struct Inner {
 /// injected clock. Every listing counts as a request, consumes at most one fault and is logged.
 /// Time comes from the injected [`Clock`] only; nothing sleeps in real time.
 ///
-/// The `fetch_*` adapters are poller fetch functions, one per cursor strategy:
-///
-/// ```ignore
-/// let api = FakeApi::new(FakeApiOptions::new(clock));
-/// let fetch = {
-///     let api = api.clone();
-///     move |ctx: FetchContext| {
-///         let api = api.clone();
-///         async move { api.fetch_since(&ctx).await }
-///     }
-/// };
-/// ```
-///
+/// The `fetch_*` adapters are poller fetch functions, one per cursor strategy (see the module
+/// documentation for an example).
 ///
 /// Cheap to clone: clones share the dataset, faults, settings, log and stored validators, so a
 /// test and a poller's fetch closure can hold the same fake.
