@@ -1,0 +1,242 @@
+//! [`PostgresOptions`]: where the store's tables live and how it treats its pool.
+
+use std::time::Duration;
+
+use watukuy_core::{Error, Result};
+
+/// The longest table suffix the store derives from the prefix (`outbox_pending_idx`).
+const LONGEST_SUFFIX: usize = "outbox_pending_idx".len();
+
+/// PostgreSQL truncates identifiers longer than this many bytes.
+const MAX_IDENTIFIER: usize = 63;
+
+/// Options of a [`PostgresStore`](crate::PostgresStore).
+///
+/// Identifiers are validated when the store is built (`^[A-Za-z_][A-Za-z0-9_]{0,62}$`, the
+/// prefix may be empty) and are then always double-quoted, so they are case-sensitive and never
+/// reach SQL unchecked. Anything else is an [`Error::Config`] naming the option.
+///
+/// ```
+/// use watukuy_store_postgres::PostgresOptions;
+///
+/// let options = PostgresOptions::default()
+///     .schema("watukuy")
+///     .table_prefix("app_")
+///     .close_pool(true);
+/// assert!(options.validate().is_ok());
+///
+/// // Identifiers are checked, never interpolated raw.
+/// let err = PostgresOptions::default().schema("x; drop table y").validate().unwrap_err();
+/// assert_eq!(err.code(), watukuy_core::ErrorCode::Config);
+/// assert!(err.to_string().contains("postgres.schema"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PostgresOptions {
+    pub(crate) schema: String,
+    pub(crate) table_prefix: String,
+    pub(crate) close_pool: bool,
+    pub(crate) max_connections: u32,
+    pub(crate) acquire_timeout: Duration,
+    pub(crate) max_rows_per_statement: usize,
+}
+
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        Self {
+            schema: "public".to_owned(),
+            table_prefix: "watukuy_".to_owned(),
+            close_pool: false,
+            max_connections: 10,
+            acquire_timeout: Duration::from_secs(30),
+            max_rows_per_statement: 5_000,
+        }
+    }
+}
+
+impl PostgresOptions {
+    /// The schema holding the tables (default `public`); `migrate()` creates it when missing.
+    #[must_use]
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// The prefix of every table and index name (default `watukuy_`; may be empty). Several
+    /// stores with different prefixes share a schema without seeing each other.
+    #[must_use]
+    pub fn table_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.table_prefix = prefix.into();
+        self
+    }
+
+    /// Whether [`Store::close`](watukuy_core::Store::close) closes the pool (default `false`:
+    /// a pool handed over with [`from_pool`](crate::PostgresStore::from_pool) usually serves
+    /// other code too). A closed pool is not reopened; later calls fail with a permanent
+    /// `Connection` store error.
+    #[must_use]
+    pub fn close_pool(mut self, close: bool) -> Self {
+        self.close_pool = close;
+        self
+    }
+
+    /// The pool size used by [`connect`](crate::PostgresStore::connect) (default 10, at least 1).
+    /// A pool given to [`from_pool`](crate::PostgresStore::from_pool) keeps its own settings.
+    #[must_use]
+    pub fn max_connections(mut self, max: u32) -> Self {
+        self.max_connections = max;
+        self
+    }
+
+    /// How long [`connect`](crate::PostgresStore::connect)'s pool waits for a connection
+    /// before failing with a transient `Connection` error (default 30 s, more than zero).
+    #[must_use]
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// The most rows one statement carries per table (default 5,000, at least 1). A
+    /// `commit_poll` or `ack_events` with more rows runs as several statements inside one
+    /// transaction that holds the key's row lock from its first statement on; smaller ones are
+    /// a single statement.
+    #[must_use]
+    pub fn max_rows_per_statement(mut self, rows: usize) -> Self {
+        self.max_rows_per_statement = rows;
+        self
+    }
+
+    /// Checks every option, failing with an [`Error::Config`] that names the first bad one
+    /// (`postgres.schema`, `postgres.table_prefix`, ...).
+    pub fn validate(&self) -> Result<()> {
+        check_identifier("postgres.schema", &self.schema, false, MAX_IDENTIFIER)?;
+        check_identifier(
+            "postgres.table_prefix",
+            &self.table_prefix,
+            true,
+            MAX_IDENTIFIER - LONGEST_SUFFIX,
+        )?;
+        if self.max_connections == 0 {
+            return Err(Error::config(
+                "postgres.max_connections",
+                "must be at least 1",
+            ));
+        }
+        if self.acquire_timeout.is_zero() {
+            return Err(Error::config(
+                "postgres.acquire_timeout",
+                "must be more than zero",
+            ));
+        }
+        if self.max_rows_per_statement == 0 {
+            return Err(Error::config(
+                "postgres.max_rows_per_statement",
+                "must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Accepts `^[A-Za-z_][A-Za-z0-9_]*$` up to `max` bytes (empty only when `may_be_empty`).
+fn check_identifier(option: &str, value: &str, may_be_empty: bool, max: usize) -> Result<()> {
+    if value.is_empty() {
+        return if may_be_empty {
+            Ok(())
+        } else {
+            Err(Error::config(option, "must not be empty"))
+        };
+    }
+    let mut chars = value.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !first_ok || !rest_ok {
+        return Err(Error::config(
+            option,
+            format!(
+                "{value:?} is not a plain identifier: use ASCII letters, digits and `_`, not starting with a digit"
+            ),
+        ));
+    }
+    if value.len() > max {
+        return Err(Error::config(
+            option,
+            format!("{value:?} is longer than {max} characters"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn option_of(err: Error) -> String {
+        match err {
+            Error::Config { option, .. } => option,
+            other => panic!("expected a Config error, got {other}"),
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let options = PostgresOptions::default();
+        assert!(options.validate().is_ok());
+        assert_eq!(options.schema, "public");
+        assert_eq!(options.table_prefix, "watukuy_");
+        assert!(!options.close_pool);
+    }
+
+    #[test]
+    fn accepts_plain_identifiers_and_an_empty_prefix() {
+        for schema in ["a", "_", "Watukuy_2", &"s".repeat(63)] {
+            assert!(
+                PostgresOptions::default().schema(schema).validate().is_ok(),
+                "{schema}"
+            );
+        }
+        for prefix in ["", "x", "app_", &"p".repeat(45)] {
+            let options = PostgresOptions::default().table_prefix(prefix);
+            assert!(options.validate().is_ok(), "{prefix}");
+        }
+    }
+
+    #[test]
+    fn rejects_anything_else_naming_the_option() {
+        for schema in [
+            "",
+            "x; drop table y",
+            "1abc",
+            "a-b",
+            "a\"b",
+            "sch ema",
+            "é",
+            &"s".repeat(64),
+        ] {
+            let err = PostgresOptions::default().schema(schema).validate();
+            assert_eq!(option_of(err.unwrap_err()), "postgres.schema", "{schema:?}");
+        }
+        for prefix in ["x;", "9_", "a.b", &"p".repeat(46)] {
+            let err = PostgresOptions::default().table_prefix(prefix).validate();
+            assert_eq!(
+                option_of(err.unwrap_err()),
+                "postgres.table_prefix",
+                "{prefix:?}"
+            );
+        }
+        let err = PostgresOptions::default().max_connections(0).validate();
+        assert_eq!(option_of(err.unwrap_err()), "postgres.max_connections");
+        let err = PostgresOptions::default()
+            .acquire_timeout(Duration::ZERO)
+            .validate();
+        assert_eq!(option_of(err.unwrap_err()), "postgres.acquire_timeout");
+        let err = PostgresOptions::default()
+            .max_rows_per_statement(0)
+            .validate();
+        assert_eq!(
+            option_of(err.unwrap_err()),
+            "postgres.max_rows_per_statement"
+        );
+    }
+}
