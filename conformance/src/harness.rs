@@ -90,7 +90,9 @@ impl Fresh {
         self
     }
 
-    pub(crate) async fn cleanup(self) {
+    /// Runs the cleanup (done by the runner for the case's own store; a case that took
+    /// [`Env::another_store`] calls it when it passed).
+    pub async fn cleanup(self) {
         if let Some(cleanup) = self.cleanup {
             cleanup.await;
         }
@@ -160,5 +162,11 @@ impl Env {
     /// The case's store.
     pub fn store(&self) -> &dyn Store {
         &*self.store
+    }
+
+    /// Another fresh, isolated store from the same harness (for cases that compare two
+    /// independent worlds). Call [`Fresh::cleanup`] on it when the case passed.
+    pub async fn another_store(&self) -> Result<Fresh, CaseError> {
+        self.harness.fresh(self.ctx).await
     }
 }

@@ -111,6 +111,17 @@ macro_rules! for_each_case {
                 g10_subscribe_never_pulls_more_than_asked,
                 g10_dispatcher_holds_at_most_one_slice,
             }
+            engine {
+                g2_independent_engines_produce_identical_ids,
+                g2_reset_with_cleared_snapshot_recreates_same_ids,
+                g4_crash_after_commit_is_recovered_with_same_ids,
+                g4_failed_commit_persists_nothing,
+                g5_second_instance_is_skipped_while_leased,
+                g5_stale_holder_is_fenced_out,
+                g8_same_seed_same_trace,
+                g8_nothing_runs_after_stop,
+                hooks_fire_in_lifecycle_order,
+            }
         }
     };
 }

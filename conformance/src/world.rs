@@ -184,8 +184,24 @@ impl Fetcher {
 }
 
 /// Records the events a handler received, in order.
-#[derive(Clone, Debug, Default)]
-pub struct Recorder(Arc<Mutex<Vec<Event>>>);
+#[derive(Clone, Debug)]
+pub struct Recorder {
+    events: Arc<Mutex<Vec<Event>>>,
+    count: Arc<tokio::sync::watch::Sender<usize>>,
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Self {
+            events: Arc::default(),
+            count: Arc::new(tokio::sync::watch::Sender::new(0)),
+        }
+    }
+}
+
+/// How long [`Recorder::wait_for`] waits before it gives up. It never decides a passing run: it
+/// only turns a hang (an engine that never delivers) into a failure.
+pub const HANG_GUARD: Duration = Duration::from_secs(120);
 
 impl Recorder {
     /// A handler that records and succeeds.
@@ -193,19 +209,36 @@ impl Recorder {
         &self,
     ) -> impl Fn(Event, HandlerContext) -> futures::future::Ready<HandlerResult> + Send + Sync + 'static
     {
-        let events = Arc::clone(&self.0);
+        let (events, count) = (Arc::clone(&self.events), Arc::clone(&self.count));
         move |event: Event, _ctx: HandlerContext| {
-            events
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(event);
+            let mut events = events.lock().unwrap_or_else(PoisonError::into_inner);
+            events.push(event);
+            count.send_replace(events.len());
             futures::future::ready(Ok::<(), HandlerError>(()))
+        }
+    }
+
+    /// Waits until at least `n` events were recorded (for engines running on their own, such as
+    /// a daemon). Fails after [`HANG_GUARD`] of real time, which only a hang reaches.
+    pub async fn wait_for(&self, n: usize) -> std::result::Result<(), String> {
+        let mut rx = self.count.subscribe();
+        let reached = matches!(
+            tokio::time::timeout(HANG_GUARD, rx.wait_for(|count| *count >= n)).await,
+            Ok(Ok(_))
+        );
+        if reached {
+            Ok(())
+        } else {
+            Err(format!(
+                "expected {n} events, got {} before the hang guard",
+                *rx.borrow()
+            ))
         }
     }
 
     /// Every recorded event.
     pub fn events(&self) -> Vec<Event> {
-        self.0
+        self.events
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
@@ -218,9 +251,10 @@ impl Recorder {
 
     /// Forgets what was recorded.
     pub fn clear(&self) {
-        self.0
+        self.events
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
+        self.count.send_replace(0);
     }
 }

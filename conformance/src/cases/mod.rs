@@ -4,6 +4,7 @@
 pub mod fixtures;
 
 pub mod commit_poll;
+pub mod engine;
 pub mod fencing;
 pub mod guarantees;
 pub mod isolation;

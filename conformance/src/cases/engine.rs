@@ -1,0 +1,468 @@
+//! Guarantees driven through the engine against the [`FakeApi`](crate::FakeApi), on the store
+//! under test: G2 (deterministic ids), G4 (atomic commit, crash recovery), G5 (one active
+//! instance per key), G8 (determinism, nothing left running after stop), and the lifecycle order
+//! of hooks.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+use watukuy_core::hooks::{CommitInfo, FetchInfo, HookContext, Hooks};
+use watukuy_core::schedule::ScheduleReason;
+use watukuy_core::{
+    Engine, Event, FetchContext, Lease, PKey, PollSummary, Poller, Status, StopOptions, Store,
+    TickResult,
+};
+
+use crate::faulty::{FaultyStore, Op, Timing};
+use crate::harness::{CaseError, CaseResult, Env};
+use crate::world::{POLLER, Recorder, StrategyKind, World};
+use crate::{check, check_eq};
+
+fn world(items: usize) -> Result<World, CaseError> {
+    World::new(items, 4).map_err(|e| CaseError::failed(format!("cannot build the fake API: {e}")))
+}
+
+fn engine(
+    w: &World,
+    store: Arc<dyn Store>,
+    instance: &str,
+    kind: StrategyKind,
+) -> Result<Engine, CaseError> {
+    Ok(w.engine(store, instance, w.poller(kind).build()?, 11)?)
+}
+
+async fn tick(w: &World, engine: &Engine) -> Result<TickResult, CaseError> {
+    let result = w.tick(engine).await?;
+    if let Some(failed) = result.polled.iter().find_map(|p| p.error.clone()) {
+        return Err(CaseError::failed(format!(
+            "a cycle failed unexpectedly: {failed:?}"
+        )));
+    }
+    Ok(result)
+}
+
+fn key() -> PKey {
+    PKey::new(POLLER, "")
+}
+
+/// G2: two independent engines on two stores, observing the same API through the same
+/// changes, deliver identical id lists.
+pub async fn g2_independent_engines_produce_identical_ids(env: Env) -> CaseResult {
+    let other = env.another_store().await?;
+    let w = world(6)?;
+    let (a, b) = (Recorder::default(), Recorder::default());
+    let engine_a = engine(
+        &w,
+        Arc::clone(&env.store),
+        "node-a",
+        StrategyKind::Timestamp,
+    )?;
+    let engine_b = engine(
+        &w,
+        Arc::clone(&other.store),
+        "node-b",
+        StrategyKind::Timestamp,
+    )?;
+    engine_a.on(POLLER, a.handler())?;
+    engine_b.on(POLLER, b.handler())?;
+    tick(&w, &engine_a).await?;
+    tick(&w, &engine_b).await?;
+    w.api
+        .update("item-002", serde_json::json!({ "value": 20 }))
+        .map_err(|e| CaseError::failed(e.to_string()))?;
+    w.api
+        .add(serde_json::json!({ "id": "item-100", "value": 100 }))
+        .map_err(|e| CaseError::failed(e.to_string()))?;
+    w.advance(Duration::from_secs(60));
+    tick(&w, &engine_a).await?;
+    tick(&w, &engine_b).await?;
+    check_eq!(a.ids().len(), 8, "6 created, 1 updated, 1 created");
+    check_eq!(a.ids(), b.ids(), "the same observations give the same ids");
+    other.cleanup().await;
+    Ok(())
+}
+
+/// G2: `reset_cursor` with `clear_snapshot` re-emits every item as `created` with the ids it
+/// had the first time.
+pub async fn g2_reset_with_cleared_snapshot_recreates_same_ids(env: Env) -> CaseResult {
+    let w = world(5)?;
+    let recorder = Recorder::default();
+    let engine = engine(
+        &w,
+        Arc::clone(&env.store),
+        "node-a",
+        StrategyKind::Timestamp,
+    )?;
+    engine.on(POLLER, recorder.handler())?;
+    tick(&w, &engine).await?;
+    let first = recorder.ids();
+    check_eq!(first.len(), 5);
+    recorder.clear();
+    engine.reset_cursor(POLLER, None, None, true).await?;
+    tick(&w, &engine).await?;
+    check_eq!(
+        recorder.ids(),
+        first,
+        "re-created events carry the original ids"
+    );
+    Ok(())
+}
+
+/// G4: a crash right after `commit_poll` (committed, never delivered): a fresh engine on the
+/// same store delivers every committed event, with the ids a clean run produces.
+pub async fn g4_crash_after_commit_is_recovered_with_same_ids(env: Env) -> CaseResult {
+    let w = world(5)?;
+    let control_store = env.another_store().await?;
+    let control = Recorder::default();
+    let clean = engine(
+        &w,
+        Arc::clone(&control_store.store),
+        "control",
+        StrategyKind::Timestamp,
+    )?;
+    clean.on(POLLER, control.handler())?;
+    tick(&w, &clean).await?;
+
+    let faulty = Arc::new(FaultyStore::new(Arc::clone(&env.store)));
+    faulty.fail(Op::CommitPoll, Timing::After, 1);
+    let crashed = engine(&w, faulty.clone(), "node-a", StrategyKind::Timestamp)?;
+    let lost = Recorder::default();
+    crashed.on(POLLER, lost.handler())?;
+    let result = w.tick(&crashed).await?;
+    check!(
+        result.polled.iter().any(|p| p.error.is_some()),
+        "the crash must surface: {result:?}"
+    );
+    check!(
+        lost.ids().is_empty(),
+        "the crashed engine delivered nothing"
+    );
+    drop(crashed);
+    // Pages hold 4 items: the first page was committed, then the process "died".
+    check_eq!(
+        env.store.count_pending(&key()).await?,
+        4,
+        "the committed page is in the outbox"
+    );
+
+    w.advance(Duration::from_secs(31));
+    let recovered = Recorder::default();
+    let fresh = engine(
+        &w,
+        Arc::clone(&env.store),
+        "node-b",
+        StrategyKind::Timestamp,
+    )?;
+    fresh.on(POLLER, recovered.handler())?;
+    tick(&w, &fresh).await?;
+    // The new instance drains the crashed page first, then polls on from its committed cursor.
+    check_eq!(
+        recovered.ids(),
+        control.ids(),
+        "recovery delivers every event with the clean run's ids"
+    );
+    check_eq!(env.store.count_pending(&key()).await?, 0);
+    control_store.cleanup().await;
+    Ok(())
+}
+
+/// G4: a failed commit persists nothing of the page (no cursor move, no items, no events) and
+/// the page is fetched again on the next cycle.
+pub async fn g4_failed_commit_persists_nothing(env: Env) -> CaseResult {
+    let w = world(3)?;
+    let faulty = Arc::new(FaultyStore::new(Arc::clone(&env.store)));
+    faulty.fail(Op::CommitPoll, Timing::Before, 1);
+    let engine = engine(&w, faulty.clone(), "node-a", StrategyKind::Timestamp)?;
+    let recorder = Recorder::default();
+    engine.on(POLLER, recorder.handler())?;
+    let result = w.tick(&engine).await?;
+    check!(
+        result.polled.iter().any(|p| p.error.is_some()),
+        "the failed commit is reported: {result:?}"
+    );
+    let store = env.store();
+    check_eq!(store.count_pending(&key()).await?, 0, "no event persisted");
+    check_eq!(store.count_items(&key()).await?, 0, "no item persisted");
+    let state = store.load_state(&key()).await?;
+    let cursor = state
+        .as_ref()
+        .and_then(|s| s.lanes.live.as_ref())
+        .and_then(|l| l.cursor.clone());
+    check_eq!(cursor, None, "the cursor did not move");
+    check!(recorder.ids().is_empty());
+    let calls = w.api.calls();
+    w.advance(Duration::from_secs(60));
+    tick(&w, &engine).await?;
+    check!(w.api.calls() > calls, "the page is fetched again");
+    check_eq!(recorder.ids().len(), 3, "and delivered");
+    Ok(())
+}
+
+/// G5: while another instance holds the key's lease, an engine reports the key as
+/// skipped-leased and receives nothing; after the lease expires it takes over.
+pub async fn g5_second_instance_is_skipped_while_leased(env: Env) -> CaseResult {
+    let w = world(3)?;
+    let held = env
+        .store
+        .acquire_lease(&key(), "node-a", 30_000, w.now())
+        .await?;
+    check!(held.is_some(), "node-a takes the lease");
+    let engine = engine(
+        &w,
+        Arc::clone(&env.store),
+        "node-b",
+        StrategyKind::Timestamp,
+    )?;
+    let recorder = Recorder::default();
+    engine.on(POLLER, recorder.handler())?;
+    let result = tick(&w, &engine).await?;
+    check_eq!(result.skipped_leased, 1, "{result:?}");
+    check!(
+        recorder.ids().is_empty(),
+        "nothing is received while another instance holds the key"
+    );
+    check_eq!(w.api.calls(), 0, "and the API is not called");
+    w.advance(Duration::from_secs(30));
+    let result = tick(&w, &engine).await?;
+    check_eq!(result.skipped_leased, 0);
+    check_eq!(recorder.ids().len(), 3, "after expiry node-b takes over");
+    let lease = env.store.get_lease(&key()).await?;
+    check!(
+        lease.is_none() || lease.as_ref().is_some_and(|l| l.owner == "node-b"),
+        "{lease:?}"
+    );
+    Ok(())
+}
+
+/// G5: an instance whose lease was taken over while it fetched has its commit rejected and its
+/// in-memory work dropped: nothing it fetched is persisted or delivered.
+pub async fn g5_stale_holder_is_fenced_out(env: Env) -> CaseResult {
+    let w = world(3)?;
+    let started = Arc::new(Notify::new());
+    let release = Arc::new(Notify::new());
+    let api = w.api.clone();
+    let poller = w
+        .poller(StrategyKind::Timestamp)
+        .fetch({
+            let (started, release) = (Arc::clone(&started), Arc::clone(&release));
+            move |ctx: FetchContext| {
+                let (api, started, release) =
+                    (api.clone(), Arc::clone(&started), Arc::clone(&release));
+                async move {
+                    started.notify_one();
+                    release.notified().await;
+                    api.fetch_since(&ctx).await
+                }
+            }
+        })
+        .build()?;
+    let stale = w.engine(Arc::clone(&env.store), "node-a", poller, 11)?;
+    let recorder = Recorder::default();
+    stale.on(POLLER, recorder.handler())?;
+    let takeover = async {
+        started.notified().await;
+        // node-a is mid-fetch; its lease expires and node-b takes the key.
+        let later = w.now() + 30_000;
+        let taken: Option<Lease> = env
+            .store
+            .acquire_lease(&key(), "node-b", 30_000, later)
+            .await?;
+        release.notify_one();
+        Ok::<_, CaseError>(taken)
+    };
+    let (result, taken) = tokio::join!(w.tick(&stale), takeover);
+    let taken =
+        taken?.ok_or_else(|| CaseError::failed("node-b could not take the expired lease"))?;
+    check_eq!(taken.epoch, 2);
+    let _ = result?;
+    check!(
+        recorder.ids().is_empty(),
+        "the stale instance delivered nothing"
+    );
+    check_eq!(
+        env.store.count_pending(&key()).await?,
+        0,
+        "its page was not committed"
+    );
+    check_eq!(env.store.count_items(&key()).await?, 0);
+    check_eq!(
+        env.store.get_lease(&key()).await?.map(|l| l.owner),
+        Some("node-b".to_owned()),
+        "node-b still holds the key"
+    );
+    Ok(())
+}
+
+/// A scripted run: returns every delivered event and every tick result.
+async fn scripted(store: Arc<dyn Store>) -> Result<(Vec<Event>, Vec<TickResult>), CaseError> {
+    let w = world(4)?;
+    let engine = engine(&w, store, "node-a", StrategyKind::SnapshotDiff)?;
+    let recorder = Recorder::default();
+    engine.on(POLLER, recorder.handler())?;
+    let mut ticks = vec![tick(&w, &engine).await?];
+    for step in 0..4_i64 {
+        let fail = |e: crate::FakeApiError| CaseError::failed(e.to_string());
+        match step {
+            0 => drop(
+                w.api
+                    .update("item-001", serde_json::json!({ "value": 10 }))
+                    .map_err(fail)?,
+            ),
+            1 => drop(w.api.remove("item-003")),
+            2 => drop(
+                w.api
+                    .add(serde_json::json!({ "id": "item-050", "value": 50 }))
+                    .map_err(fail)?,
+            ),
+            _ => drop(
+                w.api
+                    .update("item-050", serde_json::json!({ "value": 51 }))
+                    .map_err(fail)?,
+            ),
+        }
+        w.advance(Duration::from_secs(31));
+        ticks.push(tick(&w, &engine).await?);
+    }
+    Ok((recorder.events(), ticks))
+}
+
+/// G8: the same scripted observations on a manual clock with a fixed seed give the same trace:
+/// the same events (ids, types, sequences, payloads) and the same tick results.
+pub async fn g8_same_seed_same_trace(env: Env) -> CaseResult {
+    let other = env.another_store().await?;
+    let (events_a, ticks_a) = scripted(Arc::clone(&env.store)).await?;
+    let (events_b, ticks_b) = scripted(Arc::clone(&other.store)).await?;
+    check_eq!(
+        events_a.len(),
+        8,
+        "4 created, 1 updated, 1 deleted, 1 created, 1 updated"
+    );
+    check_eq!(events_a, events_b);
+    check_eq!(ticks_a, ticks_b);
+    other.cleanup().await;
+    Ok(())
+}
+
+/// G8: after `stop()`, nothing of the engine runs any more: advancing time makes no request.
+pub async fn g8_nothing_runs_after_stop(env: Env) -> CaseResult {
+    let w = world(2)?;
+    let engine = engine(
+        &w,
+        Arc::clone(&env.store),
+        "node-a",
+        StrategyKind::Timestamp,
+    )?;
+    let recorder = Recorder::default();
+    engine.on(POLLER, recorder.handler())?;
+    engine.start().await?;
+    // The daemon runs the due key on its own.
+    recorder.wait_for(2).await.map_err(CaseError::failed)?;
+    check_eq!(recorder.ids().len(), 2, "the daemon polled and delivered");
+    engine.stop(StopOptions::default()).await?;
+    check_eq!(engine.status(), Status::Stopped);
+    let calls = w.api.calls();
+    w.api
+        .update("item-001", serde_json::json!({ "value": 7 }))
+        .map_err(|e| CaseError::failed(e.to_string()))?;
+    for _ in 0..20 {
+        w.advance(Duration::from_secs(60));
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+    }
+    check_eq!(w.api.calls(), calls, "no request after stop");
+    check_eq!(recorder.ids().len(), 2, "no delivery after stop");
+    Ok(())
+}
+
+/// Records the order hooks fire in.
+#[derive(Default)]
+struct Trace(Mutex<Vec<String>>);
+
+impl Trace {
+    fn push(&self, ctx: &HookContext, what: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(format!("{what}@{}", ctx.lane));
+    }
+}
+
+#[async_trait]
+impl Hooks for Trace {
+    async fn on_lease_acquired(&self, ctx: &HookContext, _lease: &Lease) {
+        self.push(ctx, "lease");
+    }
+    async fn on_poll_start(&self, ctx: &HookContext, _started_at: i64) {
+        self.push(ctx, "start");
+    }
+    async fn on_fetch(&self, ctx: &HookContext, _info: &FetchInfo) {
+        self.push(ctx, "fetch");
+    }
+    async fn on_commit(&self, ctx: &HookContext, _info: &CommitInfo) {
+        self.push(ctx, "commit");
+    }
+    async fn on_event(&self, ctx: &HookContext, _event: &Event) {
+        self.push(ctx, "event");
+    }
+    async fn on_delivered(&self, ctx: &HookContext, _event: &Event, _duration_ms: i64) {
+        self.push(ctx, "delivered");
+    }
+    async fn on_schedule_change(
+        &self,
+        ctx: &HookContext,
+        _interval: i64,
+        _next: i64,
+        _reason: ScheduleReason,
+    ) {
+        self.push(ctx, "schedule");
+    }
+    async fn on_poll_end(&self, ctx: &HookContext, _summary: &PollSummary) {
+        self.push(ctx, "end");
+    }
+}
+
+/// Hooks fire in the documented order within a cycle, with the real lane:
+/// lease → start → (fetch → commit → event* → delivered*)* → schedule → end.
+pub async fn hooks_fire_in_lifecycle_order(env: Env) -> CaseResult {
+    let w = world(3)?;
+    let trace = Arc::new(Trace::default());
+    let poller: Poller = w.poller(StrategyKind::Timestamp).build()?;
+    let engine = Engine::builder(Arc::clone(&env.store))
+        .poller(poller)
+        .clock(Arc::new(w.clock.clone()))
+        .rng(Arc::new(watukuy_core::SeededRng::new(3)))
+        .instance_id("node-a")
+        .hooks(trace.clone())
+        .build()?;
+    let recorder = Recorder::default();
+    engine.on(POLLER, recorder.handler())?;
+    tick(&w, &engine).await?;
+    let seen: Vec<String> = trace
+        .0
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    // Page size 4, 3 items: one page with 3 events, then the listing is done.
+    let expected: Vec<String> = [
+        "lease",
+        "start",
+        "fetch",
+        "commit",
+        "event",
+        "event",
+        "event",
+        "delivered",
+        "delivered",
+        "delivered",
+        "schedule",
+        "end",
+    ]
+    .iter()
+    .map(|s| format!("{s}@live"))
+    .collect();
+    check_eq!(seen, expected);
+    Ok(())
+}
