@@ -17,6 +17,7 @@ pub const DEFAULT_MAX_READERS: usize = 4;
 
 /// Where a [`SqliteStore`](crate::SqliteStore) keeps its data.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Location {
     /// A database file (created on first use, in WAL mode).
     File(PathBuf),

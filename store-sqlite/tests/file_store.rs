@@ -266,6 +266,70 @@ async fn prefixes_share_a_file_independently() {
     }
 }
 
+/// Id lists longer than one `IN` chunk (500) work everywhere they are accepted: loading
+/// versions, deleting items, acking events, retrying and discarding parked rows.
+#[tokio::test]
+async fn long_id_lists_are_chunked() {
+    let dir = temp_dir();
+    let store = file_store(&dir.path().join("chunks.db"));
+    let key = key();
+    let lease = store
+        .acquire_lease(&key, NODE_A, TTL, T0)
+        .await
+        .unwrap()
+        .unwrap();
+    let ids: Vec<String> = (0..1_234).map(|n| format!("id-{n:05}")).collect();
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    store
+        .commit_poll(&key, &lease, &page(&key, &refs, 1))
+        .await
+        .unwrap();
+
+    // Every other id, plus ids that do not exist, and a duplicate.
+    let mut asked: Vec<String> = ids.iter().step_by(2).cloned().collect();
+    asked.extend((0..300).map(|n| format!("missing-{n}")));
+    asked.push(ids[0].clone());
+    let rows = store.load_versions(&key, &asked).await.unwrap();
+    assert_eq!(rows.len(), 617);
+
+    let delete: Vec<String> = ids.iter().take(1_100).cloned().collect();
+    store
+        .commit_poll(
+            &key,
+            &lease,
+            &CommitBatch {
+                deletes: delete,
+                ..CommitBatch::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.count_items(&key).await.unwrap(), 134);
+
+    let events: Vec<String> = (1..=1_234).map(|seq| format!("evt-{seq}")).collect();
+    store
+        .ack_events(&key, &lease, &events[..1_000])
+        .await
+        .unwrap();
+    assert_eq!(store.count_pending(&key).await.unwrap(), 234);
+
+    // Park the remaining 234 events, then retry 100 and discard the rest (with unknown ids).
+    let remaining = store.load_pending(&key, 1_000).await.unwrap();
+    for row in &remaining {
+        let parked = watukuy_conformance::cases::fixtures::poison(row.event.clone(), None, T0);
+        store.park_event(&key, &lease, &parked).await.unwrap();
+    }
+    assert_eq!(store.count_pending(&key).await.unwrap(), 0);
+    let mut retry: Vec<String> = events[1_000..1_100].to_vec();
+    retry.extend((0..600).map(|n| format!("unknown-{n}")));
+    assert_eq!(store.retry_parked(&key, &retry).await.unwrap(), 100);
+    assert_eq!(store.count_pending(&key).await.unwrap(), 100);
+    let mut discard: Vec<String> = events.clone();
+    discard.extend(events[1_100..].iter().cloned());
+    assert_eq!(store.discard_parked(&key, &discard).await.unwrap(), 134);
+    assert_eq!(store.count_parked(&key).await.unwrap(), 0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The file's life cycle.
 
