@@ -1,0 +1,872 @@
+//! PostgreSQL-specific behaviour beyond the conformance suite: several instances on one
+//! database, concurrent migrations, a backend killed in the middle of `commit_poll`, chunked
+//! commits, bad input, `close()`, and JSON that only a verbatim column keeps.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Database, drop_schema, pool, store_in, unique_schema, with_database};
+use sqlx::{Connection, PgConnection, Row};
+use watukuy_conformance::CaseError;
+use watukuy_core::{
+    CommitBatch, Error, ErrorCode, Event, EventType, ItemRow, Json, Lane, Lease, LogQuery,
+    OutboxRow, PKey, ParkedError, ParkedKind, ParkedQuery, ParkedRow, PollerState, ScheduleState,
+    SerializedError, StatePatch, Store, StoreErrorKind,
+};
+use watukuy_store_postgres::{PostgresOptions, PostgresStore};
+
+const T0: i64 = 1_767_225_600_000;
+const TTL: i64 = 30_000;
+
+fn key() -> PKey {
+    PKey::new("orders", "")
+}
+
+fn fail(message: impl Into<String>) -> CaseError {
+    CaseError::failed(message)
+}
+
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(fail(format!($($msg)+)));
+        }
+    };
+}
+
+fn event(id: &str, sequence: i64, data: &str) -> Result<Event, CaseError> {
+    Ok(Event {
+        id: id.to_owned(),
+        event_type: EventType::Created,
+        source: "urn:watukuy:orders".to_owned(),
+        subject: format!("o{sequence}"),
+        time: "2026-01-01T00:00:00.000Z".to_owned(),
+        poller: "orders".to_owned(),
+        partition: String::new(),
+        lane: Lane::Live,
+        sequence,
+        cursor: None,
+        data: Some(Json::parse(data).map_err(|e| fail(e.to_string()))?),
+        previous: None,
+        attempt: 0,
+    })
+}
+
+fn item(identity: &str, hash: &str) -> ItemRow {
+    ItemRow {
+        identity: identity.to_owned(),
+        version: None,
+        hash: hash.to_owned(),
+        schema_version: 1,
+        payload: None,
+        seen_at: T0,
+    }
+}
+
+/// One page: items, their events (logged) and a patch moving the sequence.
+fn page(identities: &[&str], first_sequence: i64) -> Result<CommitBatch, CaseError> {
+    let mut events = Vec::new();
+    for (i, identity) in identities.iter().enumerate() {
+        let sequence = first_sequence + i64::try_from(i).map_err(|e| fail(e.to_string()))?;
+        let data = format!(r#"{{"id":"{identity}","seq":{sequence}}}"#);
+        events.push(OutboxRow::pending(
+            event(&format!("evt-{identity}-{sequence}"), sequence, &data)?,
+            T0,
+        ));
+    }
+    Ok(CommitBatch {
+        state_patch: StatePatch {
+            sequence: events.last().map(|row| row.sequence),
+            updated_at: Some(T0),
+            ..StatePatch::default()
+        },
+        upserts: identities
+            .iter()
+            .map(|id| item(id, &format!("hash-{id}-{first_sequence}")))
+            .collect(),
+        deletes: Vec::new(),
+        events,
+        log: true,
+        parked: Vec::new(),
+    })
+}
+
+fn expect_lease_lost<T: std::fmt::Debug>(
+    result: Result<T, Error>,
+    epoch: i64,
+    what: &str,
+) -> Result<(), CaseError> {
+    match result {
+        Err(Error::LeaseLost { epoch: e, .. }) if e == epoch => Ok(()),
+        other => Err(fail(format!(
+            "{what}: expected LeaseLost(epoch {epoch}), got {other:?}"
+        ))),
+    }
+}
+
+fn store_kind(error: &Error) -> Option<(StoreErrorKind, bool)> {
+    match error {
+        Error::Store {
+            kind, transient, ..
+        } => Some((*kind, *transient)),
+        _ => None,
+    }
+}
+
+async fn acquire(store: &dyn Store, owner: &str, now: i64) -> Result<Lease, CaseError> {
+    store
+        .acquire_lease(&key(), owner, TTL, now)
+        .await?
+        .ok_or_else(|| fail(format!("{owner} could not acquire at {now}")))
+}
+
+/// Two stores with two pools on one schema: they share data, and a lease taken over by one
+/// instance fences every write of the other, including writes racing the takeover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_data_and_fence_each_other() {
+    with_database("two_instances", |db: Database| async move {
+        let schema = unique_schema("two_instances");
+        let pool_a = pool(&db.url, 2).await?;
+        let pool_b = pool(&db.url, 2).await?;
+        let a = store_in(&pool_a, &schema, PostgresOptions::default()).await?;
+        let b =
+            PostgresStore::from_pool(pool_b.clone(), PostgresOptions::default().schema(&schema))?;
+        let k = key();
+
+        let lease_a = acquire(&a, "node-a", T0).await?;
+        ensure!(
+            b.acquire_lease(&k, "node-b", TTL, T0 + 1).await?.is_none(),
+            "b took a valid lease held by a"
+        );
+        a.commit_poll(&k, &lease_a, &page(&["o1"], 1)?).await?;
+        ensure!(b.count_items(&k).await? == 1, "b does not see a's commit");
+        ensure!(
+            b.get_lease(&k).await? == Some(lease_a.clone()),
+            "b does not see a's lease"
+        );
+
+        // b steals the expired lease; every fenced write of a is now rejected and changes nothing.
+        let lease_b = acquire(&b, "node-b", T0 + TTL).await?;
+        ensure!(
+            lease_b.epoch == lease_a.epoch + 1,
+            "epoch did not advance: {lease_b:?}"
+        );
+        let before = (
+            a.load_state(&k).await?,
+            a.count_items(&k).await?,
+            a.count_pending(&k).await?,
+        );
+        expect_lease_lost(
+            a.commit_poll(&k, &lease_a, &page(&["o2"], 2)?).await,
+            lease_a.epoch,
+            "commit_poll",
+        )?;
+        expect_lease_lost(
+            a.save_state(
+                &k,
+                &lease_a,
+                &StatePatch {
+                    paused: Some(true),
+                    ..StatePatch::default()
+                },
+            )
+            .await,
+            lease_a.epoch,
+            "save_state",
+        )?;
+        expect_lease_lost(
+            a.ack_events(&k, &lease_a, &["evt-o1-1".to_owned()]).await,
+            lease_a.epoch,
+            "ack_events",
+        )?;
+        ensure!(
+            !a.renew_lease(&k, &lease_a, TTL, T0 + TTL).await?,
+            "a renewed a stolen lease"
+        );
+        let after = (
+            b.load_state(&k).await?,
+            b.count_items(&k).await?,
+            b.count_pending(&k).await?,
+        );
+        ensure!(
+            before == after,
+            "a stale write changed something: {before:?} -> {after:?}"
+        );
+        b.commit_poll(&k, &lease_b, &page(&["o2"], 2)?).await?;
+        ensure!(a.count_items(&k).await? == 2, "a does not see b's commit");
+
+        // Both instances race for an expired lease many times: exactly one wins each round, and
+        // the loser's write with the epoch it would have had is rejected.
+        let a = Arc::new(a);
+        let b = Arc::new(b);
+        let mut now = T0 + TTL;
+        let mut last_epoch = lease_b.epoch;
+        for round in 0..20 {
+            now += TTL;
+            let (owner_a, owner_b) = (format!("a-{round}"), format!("b-{round}"));
+            let (ra, rb) = tokio::join!(
+                a.acquire_lease(&k, &owner_a, TTL, now),
+                b.acquire_lease(&k, &owner_b, TTL, now),
+            );
+            let (ra, rb) = (ra?, rb?);
+            let winner = match (ra, rb) {
+                (Some(w), None) | (None, Some(w)) => w,
+                other => {
+                    return Err(fail(format!(
+                        "round {round}: not exactly one winner: {other:?}"
+                    )));
+                }
+            };
+            ensure!(
+                winner.epoch == last_epoch + 1,
+                "round {round}: epoch {} after {last_epoch}",
+                winner.epoch
+            );
+            last_epoch = winner.epoch;
+            let ghost = Lease {
+                owner: "ghost".to_owned(),
+                ..winner.clone()
+            };
+            expect_lease_lost(
+                a.save_state(&k, &ghost, &StatePatch::default()).await,
+                winner.epoch,
+                "ghost save",
+            )?;
+            b.save_state(
+                &k,
+                &winner,
+                &StatePatch {
+                    sequence: Some(last_epoch),
+                    ..StatePatch::default()
+                },
+            )
+            .await?;
+        }
+        let state = a
+            .load_state(&k)
+            .await?
+            .ok_or_else(|| fail("state vanished"))?;
+        ensure!(
+            state.sequence == last_epoch,
+            "last winner's save not visible: {state:?}"
+        );
+
+        drop_schema(&pool_a, &schema)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        pool_a.close().await;
+        pool_b.close().await;
+        Ok(())
+    })
+    .await;
+}
+
+/// Ten instances (ten pools) run `migrate()` at once on a schema that does not exist yet, plus
+/// two other prefixes in the same schema: every call succeeds, each prefix records version 1
+/// once, and the store works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_concurrent_migrations_succeed() {
+    with_database("concurrent_migrate", |db: Database| async move {
+        let schema = unique_schema("concurrent_migrate");
+        let admin = pool(&db.url, 1).await?;
+        drop_schema(&admin, &schema)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let mut pools = Vec::new();
+        let mut tasks = Vec::new();
+        for i in 0..10 {
+            let pool = pool(&db.url, 1).await?;
+            let prefix = match i % 5 {
+                0 => "other_",
+                1 => "",
+                _ => "watukuy_",
+            };
+            let options = PostgresOptions::default()
+                .schema(&schema)
+                .table_prefix(prefix);
+            let store = PostgresStore::from_pool(pool.clone(), options)?;
+            pools.push(pool);
+            tasks.push(tokio::spawn(async move { store.migrate().await }));
+        }
+        for (i, task) in tasks.into_iter().enumerate() {
+            task.await
+                .map_err(|e| fail(format!("migrate task {i} panicked: {e}")))?
+                .map_err(|e| fail(format!("migrate call {i} failed: {e}")))?;
+        }
+        for prefix in ["watukuy_", "other_", ""] {
+            let rows = sqlx::query(&format!(
+                "SELECT version, name FROM \"{schema}\".\"{prefix}schema_version\" ORDER BY version"
+            ))
+            .fetch_all(&admin)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+            let versions: Vec<(i32, String)> = rows
+                .iter()
+                .map(|r| (r.get::<i32, _>(0), r.get::<String, _>(1)))
+                .collect();
+            ensure!(
+                versions == vec![(1, "init".to_owned())],
+                "prefix {prefix:?}: versions {versions:?}"
+            );
+        }
+        let store =
+            PostgresStore::from_pool(admin.clone(), PostgresOptions::default().schema(&schema))?;
+        store.migrate().await?;
+        let lease = acquire(&store, "node-a", T0).await?;
+        store
+            .commit_poll(&key(), &lease, &page(&["o1"], 1)?)
+            .await?;
+        ensure!(
+            store.count_items(&key()).await? == 1,
+            "store unusable after migrations"
+        );
+
+        drop_schema(&admin, &schema)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        for pool in pools {
+            pool.close().await;
+        }
+        admin.close().await;
+        Ok(())
+    })
+    .await;
+}
+
+/// The backend running a `commit_poll` is terminated while the statement waits on a row lock
+/// (after it already applied the state patch): the store reports a transient error, nothing of
+/// the page is visible, and committing the same page again succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_backend_mid_commit_is_transient_and_atomic() {
+    with_database("terminated_backend", |db: Database| async move {
+        let schema = unique_schema("terminated_backend");
+        // One connection: the store's commit runs on the only backend of its pool.
+        let store_pool = pool(&db.url, 1).await?;
+        let store = Arc::new(store_in(&store_pool, &schema, PostgresOptions::default()).await?);
+        let k = key();
+        let lease = acquire(&*store, "node-a", T0).await?;
+        store.commit_poll(&k, &lease, &page(&["o1"], 1)?).await?;
+        let before_state = store.load_state(&k).await?;
+
+        // A second session locks o1's row, so the next page (which upserts o1) blocks inside
+        // its single statement, after the fence already updated the state.
+        let mut blocker = PgConnection::connect(&db.url)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let blocker_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut blocker)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        sqlx::query("BEGIN")
+            .execute(&mut blocker)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        sqlx::query(&format!(
+            "SELECT 1 FROM \"{schema}\".\"watukuy_items\" WHERE identity = 'o1' FOR UPDATE"
+        ))
+        .execute(&mut blocker)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+
+        let second = page(&["o2", "o1", "o3"], 2)?;
+        let task = {
+            let store = Arc::clone(&store);
+            let (k, lease, batch) = (k.clone(), lease.clone(), second.clone());
+            tokio::spawn(async move { store.commit_poll(&k, &lease, &batch).await })
+        };
+
+        // Find the backend the blocker holds up (bounded polling, no sleeping).
+        let mut admin = PgConnection::connect(&db.url)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let mut victim = None;
+        for _ in 0..200_000 {
+            victim = sqlx::query_scalar::<_, i32>(
+                "SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+            )
+            .bind(blocker_pid)
+            .fetch_optional(&mut admin)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+            if victim.is_some() || task.is_finished() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        let victim = victim.ok_or_else(|| fail("commit_poll never blocked on the locked row"))?;
+        let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(victim)
+            .fetch_one(&mut admin)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        ensure!(terminated, "pg_terminate_backend({victim}) returned false");
+        let result = task
+            .await
+            .map_err(|e| fail(format!("commit task panicked: {e}")))?;
+        sqlx::query("ROLLBACK")
+            .execute(&mut blocker)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+
+        let error = match result {
+            Err(error) => error,
+            Ok(()) => return Err(fail("commit_poll succeeded on a terminated backend")),
+        };
+        eprintln!("commit_poll on the terminated backend failed with: {error}");
+        ensure!(
+            error.code() == ErrorCode::Store && error.is_transient(),
+            "expected a transient store error, got {error:?}"
+        );
+        ensure!(
+            matches!(store_kind(&error), Some((StoreErrorKind::Connection, true))),
+            "expected a Connection error, got {error:?}"
+        );
+
+        // Nothing of the page is visible (the pool replaces the dead connection).
+        ensure!(
+            store.load_state(&k).await? == before_state,
+            "the state patch leaked"
+        );
+        let rows = store
+            .load_versions(&k, &["o1".to_owned(), "o2".to_owned(), "o3".to_owned()])
+            .await?;
+        ensure!(
+            rows.len() == 1 && rows.get("o1").is_some_and(|r| r.hash == "hash-o1-1"),
+            "items of the page leaked: {rows:?}"
+        );
+        ensure!(
+            store.count_pending(&k).await? == 1,
+            "events of the page leaked"
+        );
+        ensure!(
+            store.read_log(&k, LogQuery::default(), 10).await?.len() == 1,
+            "log entries of the page leaked"
+        );
+
+        // The next cycle re-commits the same page.
+        store.commit_poll(&k, &lease, &second).await?;
+        ensure!(store.count_items(&k).await? == 3, "re-commit did not land");
+        ensure!(
+            store.count_pending(&k).await? == 4,
+            "re-committed events missing"
+        );
+        let state = store
+            .load_state(&k)
+            .await?
+            .ok_or_else(|| fail("no state"))?;
+        ensure!(state.sequence == 4, "re-committed patch missing: {state:?}");
+
+        drop_schema(&store_pool, &schema)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        store_pool.close().await;
+        Ok(())
+    })
+    .await;
+}
+
+/// With a tiny `max_rows_per_statement` a commit becomes several statements in one
+/// transaction: everything lands (duplicates resolved like the reference store), and a stale
+/// lease still writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_commits_land_whole_or_not_at_all() {
+    with_database("chunked_commit", |db: Database| async move {
+        let schema = unique_schema("chunked_commit");
+        let pool = pool(&db.url, 2).await?;
+        let options = PostgresOptions::default().max_rows_per_statement(7);
+        let store = store_in(&pool, &schema, options).await?;
+        let k = key();
+        let lease = acquire(&store, "node-a", T0).await?;
+
+        let ids: Vec<String> = (0..30).map(|i| format!("o{i:02}")).collect();
+        let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let mut batch = page(&id_refs, 1)?;
+        // Repeats within one batch: the last row of an identity, event id and parked id wins;
+        // an identity both upserted and deleted ends deleted.
+        batch.upserts.push(ItemRow {
+            hash: "last".to_owned(),
+            ..item("o00", "x")
+        });
+        batch.deletes = vec!["o29".to_owned(), "o28".to_owned()];
+        let mut repeated = batch.events[0].clone();
+        repeated.created_at = T0 + 9;
+        batch.events.push(repeated);
+        for i in 0..9 {
+            batch.parked.push(ParkedRow {
+                id: format!("invalid:{}", i % 8),
+                kind: ParkedKind::Invalid,
+                event: None,
+                item: Some(
+                    Json::parse(&format!(r#"{{"n":{i}}}"#)).map_err(|e| fail(e.to_string()))?,
+                ),
+                error: ParkedError {
+                    error: SerializedError::new("ValidationError", "bad"),
+                    history: None,
+                    issues: None,
+                },
+                attempts: 0,
+                parked_at: T0 + i,
+                hold_key: None,
+            });
+        }
+        store.commit_poll(&k, &lease, &batch).await?;
+        ensure!(
+            store.count_items(&k).await? == 28,
+            "items: {}",
+            store.count_items(&k).await?
+        );
+        let o00 = store.load_versions(&k, &["o00".to_owned()]).await?;
+        ensure!(
+            o00.get("o00").is_some_and(|r| r.hash == "last"),
+            "last upsert did not win: {o00:?}"
+        );
+        ensure!(
+            store.count_pending(&k).await? == 30,
+            "pending: {}",
+            store.count_pending(&k).await?
+        );
+        let first = store.load_pending(&k, 1).await?;
+        ensure!(
+            first.first().is_some_and(|r| r.created_at == T0 + 9),
+            "last event row did not win: {first:?}"
+        );
+        ensure!(
+            store.read_log(&k, LogQuery::default(), 100).await?.len() == 30,
+            "log entries"
+        );
+        let parked = store.list_parked(&k, ParkedQuery::default()).await?;
+        ensure!(parked.len() == 8, "parked rows: {}", parked.len());
+        ensure!(
+            parked
+                .iter()
+                .any(|r| r.id == "invalid:0" && r.parked_at == T0 + 8),
+            "last parked row did not win"
+        );
+
+        // Acks in chunks too.
+        let acked: Vec<String> = store
+            .load_pending(&k, 20)
+            .await?
+            .into_iter()
+            .map(|r| r.event_id)
+            .collect();
+        store.ack_events(&k, &lease, &acked).await?;
+        ensure!(store.count_pending(&k).await? == 10, "chunked ack");
+
+        // A stale lease: none of the chunks lands.
+        let stale = Lease {
+            epoch: lease.epoch + 1,
+            ..lease.clone()
+        };
+        let before = (
+            store.load_state(&k).await?,
+            store.count_items(&k).await?,
+            store.count_pending(&k).await?,
+        );
+        let more: Vec<String> = (0..20).map(|i| format!("n{i:02}")).collect();
+        let more_refs: Vec<&str> = more.iter().map(String::as_str).collect();
+        expect_lease_lost(
+            store.commit_poll(&k, &stale, &page(&more_refs, 100)?).await,
+            stale.epoch,
+            "chunked commit",
+        )?;
+        expect_lease_lost(
+            store.ack_events(&k, &stale, &more).await,
+            stale.epoch,
+            "chunked ack",
+        )?;
+        let after = (
+            store.load_state(&k).await?,
+            store.count_items(&k).await?,
+            store.count_pending(&k).await?,
+        );
+        ensure!(
+            before == after,
+            "a rejected chunked commit changed something"
+        );
+
+        drop_schema(&pool, &schema)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        pool.close().await;
+        Ok(())
+    })
+    .await;
+}
+
+/// JSON that `jsonb` would rewrite or refuse comes back byte for byte: key order, spacing,
+/// escapes, number spellings, big integers and the `\u0000` escape, in payloads, events, parked
+/// items and state (whose error message here even holds a raw NUL character).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_round_trips_verbatim() {
+    with_database("json_verbatim", |db: Database| async move {
+        let schema = unique_schema("json_verbatim");
+        let pool = pool(&db.url, 2).await?;
+        let store = store_in(&pool, &schema, PostgresOptions::default()).await?;
+        let k = key();
+        let lease = acquire(&store, "node-a", T0).await?;
+        let text = r#"{ "z" : 1.0, "a":[1e2, -0, 12345678901234567890123456789], "nul":"a\u0000b", "dup":1, "dup":2, "e":"caf\u00e9 ☕" }"#;
+        let json = Json::parse(text).map_err(|e| fail(e.to_string()))?;
+        let mut row = OutboxRow::pending(event("evt-1", 1, text)?, T0);
+        row.event.cursor = Some(json.clone());
+        let mut batch = page(&[], 1)?;
+        batch.upserts = vec![ItemRow { payload: Some(json.clone()), ..item("o1", "h") }];
+        batch.events = vec![row.clone()];
+        batch.parked = vec![ParkedRow {
+            id: "invalid:1".to_owned(),
+            kind: ParkedKind::Invalid,
+            event: None,
+            item: Some(json.clone()),
+            error: ParkedError { error: SerializedError::new("ValidationError", "nul \0 here"), history: None, issues: None },
+            attempts: 0,
+            parked_at: T0,
+            hold_key: None,
+        }];
+        batch.state_patch.schedule = Some(ScheduleState {
+            last_error: Some(SerializedError::new("HttpError", "body had a \0 byte")),
+            ..ScheduleState::default()
+        });
+        store.commit_poll(&k, &lease, &batch).await?;
+
+        let rows = store.load_versions(&k, &["o1".to_owned()]).await?;
+        let payload = rows.get("o1").and_then(|r| r.payload.as_ref()).map(Json::as_str);
+        ensure!(payload == Some(text), "payload changed: {payload:?}");
+        let pending = store.load_pending(&k, 10).await?;
+        ensure!(pending == vec![row.clone()], "event changed: {pending:?}");
+        let logged = store.read_log(&k, LogQuery::default(), 10).await?;
+        ensure!(logged.first().is_some_and(|l| l.event == row.event), "logged event changed");
+        let parked = store.list_parked(&k, ParkedQuery::default()).await?;
+        ensure!(parked == batch.parked, "parked row changed: {parked:?}");
+        let expected = PollerState::patched(None, &batch.state_patch);
+        ensure!(store.load_state(&k).await? == Some(expected), "state changed");
+
+        // A poison row with that event goes back to the outbox unchanged.
+        let poison = ParkedRow {
+            id: "evt-1".to_owned(),
+            kind: ParkedKind::Poison,
+            event: Some(row.event.clone()),
+            item: None,
+            error: ParkedError { error: SerializedError::new("HandlerError", "x"), history: None, issues: None },
+            attempts: 3,
+            parked_at: T0 + 5,
+            hold_key: Some("o1".to_owned()),
+        };
+        store.park_event(&k, &lease, &poison).await?;
+        ensure!(store.count_pending(&k).await? == 0, "park_event left the outbox row");
+        ensure!(store.retry_parked(&k, &["evt-1".to_owned()]).await? == 1, "retry count");
+        let back = store.load_pending(&k, 10).await?;
+        ensure!(
+            back.first().is_some_and(|r| r.event == row.event && r.created_at == T0 + 5),
+            "retried row changed: {back:?}"
+        );
+
+        drop_schema(&pool, &schema).await.map_err(|e| fail(e.to_string()))?;
+        pool.close().await;
+        Ok(())
+    })
+    .await;
+}
+
+/// A closed local port and a database that does not exist are clear, transient `Connection`
+/// store errors naming where the store tried to connect; an unusable URL and invalid
+/// identifiers are `Config` errors before any connection is tried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_urls_and_identifiers_are_clear_errors() {
+    // A port that was just free: bind, read it, release it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(1);
+    let options = PostgresOptions::default().acquire_timeout(Duration::from_secs(5));
+    let refused = PostgresStore::connect(
+        &format!("postgres://root@127.0.0.1:{port}/test"),
+        options.clone(),
+    )
+    .await
+    .map(|_| ());
+    let err = refused.expect_err("a closed port must not connect");
+    assert_eq!(
+        store_kind(&err),
+        Some((StoreErrorKind::Connection, true)),
+        "{err:?}"
+    );
+    assert!(err.is_transient());
+    let message = err.to_string();
+    assert!(message.contains(&format!("127.0.0.1:{port}")), "{message}");
+    assert!(
+        message.contains("cannot connect to PostgreSQL"),
+        "{message}"
+    );
+
+    let err = PostgresStore::connect("not a url", options.clone())
+        .await
+        .map(|_| ())
+        .expect_err("garbage URL");
+    assert!(
+        matches!(&err, Error::Config { option, .. } if option == "postgres.url"),
+        "{err:?}"
+    );
+
+    // Invalid identifiers are rejected before anything touches the network, even with a URL
+    // that would be refused.
+    for (options, option) in [
+        (
+            PostgresOptions::default().schema("x; drop table y"),
+            "postgres.schema",
+        ),
+        (
+            PostgresOptions::default().schema("Robert'); DROP TABLE students;--"),
+            "postgres.schema",
+        ),
+        (
+            PostgresOptions::default().table_prefix("p\"; drop"),
+            "postgres.table_prefix",
+        ),
+    ] {
+        let err = PostgresStore::connect(
+            &format!("postgres://root@127.0.0.1:{port}/test"),
+            options.clone(),
+        )
+        .await
+        .map(|_| ())
+        .expect_err("bad identifier");
+        assert!(
+            matches!(&err, Error::Config { option: o, .. } if o == option),
+            "{err:?}"
+        );
+        let lazy =
+            sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://root@127.0.0.1/test");
+        let pool = lazy.expect("a lazy pool never connects");
+        let err = PostgresStore::from_pool(pool, options)
+            .map(|_| ())
+            .expect_err("bad identifier");
+        assert!(
+            matches!(&err, Error::Config { option: o, .. } if o == option),
+            "{err:?}"
+        );
+    }
+
+    with_database("missing_database", |db: Database| async move {
+        let mut url = db.url.clone();
+        let Some(slash) = url.rfind('/').filter(|i| *i > "postgres://".len()) else {
+            return Err(CaseError::skipped("the test URL names no database"));
+        };
+        url.truncate(slash);
+        url.push_str("/watukuy_no_such_database");
+        let err = PostgresStore::connect(&url, PostgresOptions::default())
+            .await
+            .map(|_| ())
+            .err()
+            .ok_or_else(|| fail("connected to a database that does not exist"))?;
+        ensure!(
+            store_kind(&err) == Some((StoreErrorKind::Connection, true)),
+            "missing database: {err:?}"
+        );
+        ensure!(
+            err.to_string().contains("watukuy_no_such_database"),
+            "{err}"
+        );
+        Ok(())
+    })
+    .await;
+}
+
+/// Before `migrate()` every call fails with a `Schema` error that says to run it; `close()`
+/// leaves the pool open unless `close_pool(true)`, after which calls fail permanently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unmigrated_store_and_close_pool() {
+    with_database("close_pool", |db: Database| async move {
+        let schema = unique_schema("unmigrated");
+        let pool = pool(&db.url, 2).await?;
+        drop_schema(&pool, &schema)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let store =
+            PostgresStore::from_pool(pool.clone(), PostgresOptions::default().schema(&schema))?;
+        let err = store
+            .load_state(&key())
+            .await
+            .err()
+            .ok_or_else(|| fail("read without tables"))?;
+        ensure!(
+            store_kind(&err) == Some((StoreErrorKind::Schema, false))
+                && err.to_string().contains("migrate()"),
+            "missing tables: {err:?}"
+        );
+
+        store.migrate().await?;
+        store.migrate().await?;
+        store.close().await?;
+        ensure!(
+            !pool.is_closed(),
+            "close() closed a pool it was not asked to close"
+        );
+        ensure!(
+            store.load_state(&key()).await?.is_none(),
+            "store unusable after close()"
+        );
+
+        let closing = PostgresStore::from_pool(
+            pool.clone(),
+            PostgresOptions::default().schema(&schema).close_pool(true),
+        )?;
+        drop_schema(&pool, &schema)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        closing.close().await?;
+        ensure!(pool.is_closed(), "close_pool(true) did not close the pool");
+        let err = closing
+            .count_items(&key())
+            .await
+            .err()
+            .ok_or_else(|| fail("closed pool still answered"))?;
+        ensure!(
+            store_kind(&err) == Some((StoreErrorKind::Connection, false)),
+            "closed pool: {err:?}"
+        );
+        Ok(())
+    })
+    .await;
+}
+
+/// The exported DDL is what `migrate()` applies: run by hand, it leaves a schema that
+/// `migrate()` accepts as current and the store uses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exported_ddl_matches_migrate() {
+    with_database("exported_ddl", |db: Database| async move {
+        let schema = unique_schema("exported_ddl");
+        let pool = pool(&db.url, 1).await?;
+        drop_schema(&pool, &schema)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let options = PostgresOptions::default().schema(&schema).table_prefix("");
+        let ddl = PostgresStore::ddl(&options)?;
+        sqlx::raw_sql(&ddl)
+            .execute(&pool)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        // Idempotent text: a second run changes nothing.
+        sqlx::raw_sql(&ddl)
+            .execute(&pool)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let store = PostgresStore::from_pool(pool.clone(), options)?;
+        store.migrate().await?;
+        let lease = acquire(&store, "node-a", T0).await?;
+        store
+            .commit_poll(&key(), &lease, &page(&["o1", "o2"], 1)?)
+            .await?;
+        ensure!(
+            store.count_items(&key()).await? == 2,
+            "store on hand-made DDL"
+        );
+        drop_schema(&pool, &schema)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        pool.close().await;
+        Ok(())
+    })
+    .await;
+}
