@@ -54,3 +54,50 @@ async fn a_tick_polls_commits_and_delivers_for_every_strategy() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_stream_of_pages_is_processed_page_by_page_until_it_ends() {
+    use futures::StreamExt;
+    use watukuy_core::{BoxError, FetchContext, Page, cursor};
+
+    let world = World::new(10, 4).unwrap();
+    let api = world.api.clone();
+    let poller = world
+        .poller(StrategyKind::SnapshotDiff)
+        .cursor(cursor::snapshot_diff())
+        .fetch_stream(move |_ctx: FetchContext| {
+            let api = api.clone();
+            // Three pages of 4, 4 and 2 items, then the stream ends (no has_more needed).
+            futures::stream::iter(1..=3_u64)
+                .then(move |page| {
+                    let api = api.clone();
+                    async move {
+                        let listing = api.list_page(page, Some(4)).await?;
+                        Ok::<Page, BoxError>(Page::new(listing.items))
+                    }
+                })
+                .boxed()
+        })
+        .build()
+        .unwrap();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let engine = world
+        .engine(Arc::clone(&store), "node-a", poller, 1)
+        .unwrap();
+    let recorder = Recorder::default();
+    engine.on(POLLER, recorder.handler()).unwrap();
+    let result = world.tick(&engine).await.unwrap();
+    assert_eq!(recorder.events().len(), 10, "{result:?}");
+    let sequences: Vec<i64> = recorder.events().iter().map(|e| e.sequence).collect();
+    assert_eq!(sequences, (1..=10).collect::<Vec<_>>());
+
+    // A full listing through the stream detects deletes.
+    world.api.remove("item-003");
+    world.advance(Duration::from_secs(60));
+    world.tick(&engine).await.unwrap();
+    let last = recorder.events().pop().unwrap();
+    assert_eq!(
+        (last.event_type, last.subject.as_str()),
+        (EventType::Deleted, "item-003")
+    );
+}

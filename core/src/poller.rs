@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::stream::BoxStream;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -68,6 +69,30 @@ where
     }
 }
 
+/// Fetches a cycle as a stream of pages: every yielded page is processed in order and the cycle
+/// ends when the stream does. Implemented for every `Fn(FetchContext) -> BoxStream<'static,
+/// Result<Page, BoxError>>`.
+pub trait FetchStream: Send + Sync + 'static {
+    /// The pages of one cycle, starting from `ctx` (its page index is 1).
+    fn pages(&self, ctx: FetchContext) -> BoxStream<'static, Result<Page, BoxError>>;
+}
+
+impl<F> FetchStream for F
+where
+    F: Fn(FetchContext) -> BoxStream<'static, Result<Page, BoxError>> + Send + Sync + 'static,
+{
+    fn pages(&self, ctx: FetchContext) -> BoxStream<'static, Result<Page, BoxError>> {
+        (self)(ctx)
+    }
+}
+
+/// How a poller fetches: one page per call, or a stream of pages per cycle.
+#[derive(Clone)]
+pub(crate) enum FetchSource {
+    Pages(Arc<dyn Fetch>),
+    Stream(Arc<dyn FetchStream>),
+}
+
 /// Lists a poller's partitions. Implemented for every `Fn() -> impl Future<Output =
 /// Result<Vec<Partition>, BoxError>>`.
 #[async_trait]
@@ -121,7 +146,7 @@ pub(crate) struct PollerDef {
     pub(crate) source: Option<String>,
     pub(crate) schema_version: u32,
     pub(crate) strategy: SharedStrategy,
-    pub(crate) fetch: Arc<dyn Fetch>,
+    pub(crate) fetch: FetchSource,
     pub(crate) prepare: Arc<Prepare>,
     pub(crate) schedule: ScheduleOptions,
     pub(crate) circuit: CircuitOptions,
@@ -183,7 +208,7 @@ pub struct PollerBuilder<T> {
     check: Option<CheckFn<T>>,
     schema_version: u32,
     cursor: Option<CursorConfig>,
-    fetch: Option<Arc<dyn Fetch>>,
+    fetch: Option<FetchSource>,
     schedule: ScheduleOptions,
     circuit: CircuitOptions,
     delivery: DeliveryOptions,
@@ -307,10 +332,18 @@ where
         self
     }
 
-    /// How to fetch one page.
+    /// How to fetch one page (the runner calls it once per page, advancing the cursor).
     #[must_use]
     pub fn fetch(mut self, fetch: impl Fetch) -> Self {
-        self.fetch = Some(Arc::new(fetch));
+        self.fetch = Some(FetchSource::Pages(Arc::new(fetch)));
+        self
+    }
+
+    /// How to fetch a whole cycle as a stream of pages (instead of [`fetch`](Self::fetch)):
+    /// every page is processed and committed in order; the cycle ends with the stream.
+    #[must_use]
+    pub fn fetch_stream(mut self, fetch: impl FetchStream) -> Self {
+        self.fetch = Some(FetchSource::Stream(Arc::new(fetch)));
         self
     }
 

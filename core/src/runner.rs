@@ -5,7 +5,9 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::clock::{Clock, format_rfc3339_ms};
 use crate::cursor::{AdvanceInput, Cursor};
@@ -14,7 +16,7 @@ use crate::delivery::{Dispatcher, DrainContext, DrainReport, Partition};
 use crate::diff::{EventIdParts, event_id, sha256_hex};
 use crate::error::{BoxError, Error, Result};
 use crate::event::{Event, EventType};
-use crate::fetch::FetchContext;
+use crate::fetch::{FetchContext, Page};
 use crate::hooks::{CommitInfo, FetchInfo, HookContext, Hooks, Phase};
 use crate::json::Json;
 use crate::model::{
@@ -22,7 +24,7 @@ use crate::model::{
     ParkedKind, ParkedRow, PollSummary, PollerState, RateLimitInfo, ScheduleState, SerializedError,
     StatePatch,
 };
-use crate::poller::{OnInvalid, PollerDef, Prepared, Retain};
+use crate::poller::{FetchSource, OnInvalid, PollerDef, Prepared, Retain};
 use crate::rng::Rng;
 use crate::schedule::{self, FailureOutcome, SuccessOutcome};
 use crate::store::{DEFAULT_IDENTITY_BATCH, Store};
@@ -353,7 +355,18 @@ impl Run<'_> {
             if schedule.circuit == crate::model::Circuit::Open {
                 schedule = schedule::begin_probe(&schedule);
             }
-            match self.live_cycle(state, schedule, &mut report).await {
+            let span = tracing::info_span!(
+                "watukuy.poll",
+                poller = %self.key.poller,
+                partition = %self.key.partition,
+                lane = "live",
+                instance_id = %self.shared.instance_id,
+            );
+            match self
+                .live_cycle(state, schedule, &mut report)
+                .instrument(span)
+                .await
+            {
                 Ok(()) => {}
                 Err(CycleError::LeaseLost(epoch)) => return Ok(self.on_lease_lost(epoch).await),
                 Err(CycleError::Aborted) => {
@@ -580,6 +593,8 @@ impl Run<'_> {
                 })?,
             None => strategy.initial(),
         };
+        // The stream form is opened once per cycle, from the cycle's first cursor.
+        let mut stream: Option<BoxStream<'static, Result<Page, BoxError>>> = None;
         loop {
             self.check_running()?;
             if self.deadline_ms.is_some_and(|d| self.now() >= d) || u64::from(cap) <= cycle.pages {
@@ -596,10 +611,24 @@ impl Run<'_> {
                 cancel: self.cancel.clone(),
             };
             let fetch_started = self.now();
-            let fetched = tokio::select! {
+            let span = tracing::info_span!("watukuy.fetch", page = page_index);
+            let fetching = async {
+                match &def.fetch {
+                    FetchSource::Pages(fetch) => Some(fetch.fetch(ctx).await),
+                    FetchSource::Stream(source) => {
+                        stream.get_or_insert_with(|| source.pages(ctx)).next().await
+                    }
+                }
+            };
+            // A fetch that ignores its cancellation token is dropped when the run is cancelled.
+            let next = tokio::select! {
                 biased;
                 () = self.cancel.cancelled() => return Err(self.check_running().err().unwrap_or(CycleError::Aborted)),
-                fetched = def.fetch.fetch(ctx) => fetched,
+                next = fetching.instrument(span) => next,
+            };
+            let Some(fetched) = next else {
+                // The stream ended: the listing is complete.
+                return self.stream_ended(cycle, &cursor).await;
             };
             let page = fetched.map_err(fetch_failure)?;
             cycle.pages += 1;
@@ -629,10 +658,39 @@ impl Run<'_> {
             {
                 return Err(CycleError::LeaseLost(self.lease.epoch));
             }
-            if done {
+            if done && stream.is_none() {
                 return Ok(());
             }
         }
+    }
+
+    /// A stream of pages ended: the cycle is complete, and the strategy's end-of-cycle cursor
+    /// is persisted if it differs from the last committed one.
+    async fn stream_ended(&self, cycle: &mut Cycle, cursor: &Cursor) -> Result<(), CycleError> {
+        if cycle.done {
+            return Ok(());
+        }
+        cycle.done = true;
+        let strategy = &self.rt.def.strategy;
+        let complete = strategy.on_cycle_complete(cursor);
+        if &complete == cursor {
+            return Ok(());
+        }
+        let mut lanes = cycle.state.lanes.clone();
+        lanes.live.get_or_insert_with(LaneCursor::default).cursor =
+            Some(strategy.serialize(&complete));
+        let patch = StatePatch {
+            lanes: Some(lanes.clone()),
+            updated_at: Some(self.now()),
+            ..StatePatch::default()
+        };
+        self.shared
+            .store
+            .save_state(&self.key, &self.lease, &patch)
+            .await?;
+        cycle.state.lanes = lanes;
+        cycle.cursor = Some(complete);
+        Ok(())
     }
 
     /// Validates, advances the cursor and diffs one page.
@@ -886,6 +944,12 @@ impl Run<'_> {
             .shared
             .store
             .commit_poll(&self.key, &self.lease, &batch)
+            .instrument(tracing::info_span!(
+                "watukuy.commit",
+                events,
+                upserts = batch.upserts.len(),
+                deletes = batch.deletes.len()
+            ))
             .await
         {
             Ok(()) => {}

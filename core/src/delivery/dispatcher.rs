@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::consumer::{
     Consumer, Delivery, Handler, HandlerContext, HandlerError, Partition, Subscription,
@@ -359,8 +360,15 @@ impl Dispatcher {
             }
             let attempt = row.attempts.saturating_add(1);
             let started = self.clock.now_ms();
+            let span = tracing::info_span!(
+                "watukuy.deliver",
+                event_id = %row.event_id,
+                event_type = %row.event.event_type,
+                attempt
+            );
             match self
                 .attempt(&row, attempt, consumer, partition, cancel)
+                .instrument(span)
                 .await
             {
                 Attempt::Delivered => {
