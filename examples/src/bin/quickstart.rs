@@ -1,171 +1,112 @@
-//! Quickstart: commit a few events to a `MemoryStore` and deliver them, with a retry and a park.
+//! Quickstart: poll an API into a SQLite store and print every change as an event.
 //!
 //! Run it with `cargo run -p watukuy-examples --bin quickstart`.
+//!
+//! The API here is watukuy's in-process fake (from `watukuy-conformance`), so the program runs
+//! anywhere; a real poller's `fetch` calls an HTTP API the same way.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
+use watukuy_conformance::{FakeApi, FakeApiOptions, Fault};
 use watukuy_core::{
-    Backoff, Clock, CommitBatch, DeliveryOptions, Dispatcher, DrainContext, Event, EventType,
-    HandlerContext, HandlerError, Json, Lane, OutboxRow, PKey, ParkedQuery, StatePatch, Store,
-    SystemClock, SystemRng, clock::format_rfc3339_ms,
+    Engine, Event, FetchContext, HandlerContext, HandlerError, Poller, SystemClock, TickOptions,
+    cursor,
 };
-use watukuy_store_memory::MemoryStore;
+use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
 
-fn order_event(seq: i64, order: &str, kind: EventType, total: u32, now: i64) -> Event {
-    Event {
-        // Real events get deterministic ids from the poll cycle; here any unique id will do.
-        id: format!("{seq:064x}"),
-        event_type: kind,
-        source: "urn:watukuy:orders".into(),
-        subject: order.into(),
-        time: format_rfc3339_ms(now),
-        poller: "orders".into(),
-        partition: String::new(),
-        lane: Lane::Live,
-        sequence: seq,
-        cursor: None,
-        data: Some(order_json(order, total)),
-        previous: None,
-        attempt: 0,
-    }
-}
-
-fn order_json(order: &str, total: u32) -> Json {
-    Json::encode(&serde_json::json!({ "id": order, "total": total }))
-        .unwrap_or_else(|_| Json::null())
+/// The item type: what the API returns per order.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Order {
+    id: String,
+    status: String,
+    total: u32,
+    updated_at: String,
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let key = PKey::new("orders", "");
-    let Some(lease) = store
-        .acquire_lease(&key, "quickstart", 30_000, clock.now_ms())
-        .await?
-    else {
-        return Err("the key is leased by another instance".into());
-    };
+    // The embedded default: one SQLite file holds cursors, the item snapshot and the outbox.
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("watukuy.sqlite");
+    let store = Arc::new(SqliteStore::open(SqliteOptions::file(&path))?);
 
-    // One transaction commits the events to the outbox (a poll cycle does this for every page).
-    let now = clock.now_ms();
-    let events = vec![
-        order_event(1, "order-1", EventType::Created, 120, now),
-        order_event(2, "order-2", EventType::Created, 75, now),
-        order_event(3, "order-1", EventType::Updated, 130, now),
-        order_event(4, "order-3", EventType::Created, 0, now),
-        order_event(5, "order-3", EventType::Updated, 10, now),
-    ];
-    let batch = CommitBatch {
-        events: events
-            .into_iter()
-            .map(|e| OutboxRow::pending(e, now))
-            .collect(),
-        state_patch: StatePatch {
-            sequence: Some(5),
-            updated_at: Some(now),
-            ..StatePatch::default()
-        },
-        ..CommitBatch::default()
-    };
-    store.commit_poll(&key, &lease, &batch).await?;
-    println!(
-        "committed 5 events for orders: order-1 (created, updated), order-2, order-3 (created, updated)"
-    );
+    // A pull-only API with three orders.
+    let api = FakeApi::new(FakeApiOptions::new(Arc::new(SystemClock)));
+    for (id, total) in [("order-1", 120), ("order-2", 75), ("order-3", 310)] {
+        api.add(serde_json::json!({ "id": id, "status": "open", "total": total }))?;
+    }
 
-    let options = DeliveryOptions::default()
-        .concurrency(4)
-        .attempts(3)
-        .backoff(Backoff::new(
-            Duration::from_millis(50),
-            2.0,
-            Duration::from_millis(200),
-        ));
-    let dispatcher = Dispatcher::new(
-        "orders",
-        Arc::clone(&store),
-        Arc::clone(&clock),
-        Arc::new(SystemRng::new()),
-        options,
-        100,
-    )?;
-
-    // order-2 fails once (a timeout downstream); order-3 fails until it is fixed.
-    let order_3_fixed = Arc::new(AtomicBool::new(false));
-    dispatcher.on({
-        let order_3_fixed = Arc::clone(&order_3_fixed);
-        move |event: Event, ctx: HandlerContext| {
-            let fixed = order_3_fixed.load(Ordering::SeqCst);
-            async move {
-                let label = format!(
-                    "{} {} (attempt {})",
-                    event.subject, event.event_type, ctx.attempt
-                );
-                if event.subject == "order-2" && ctx.attempt == 1 {
-                    println!("  handler: {label} -> failed: warehouse API timed out");
-                    return Err(HandlerError::from("warehouse API timed out"));
-                }
-                if event.subject == "order-3" && !fixed {
-                    println!("  handler: {label} -> failed: total must be positive");
-                    return Err(HandlerError::from("total must be positive"));
-                }
-                println!(
-                    "  handler: {label} -> ok, data {}",
-                    event.data.as_ref().map_or("-".into(), Json::to_string)
-                );
-                Ok(())
+    // The poller: how to identify an order and how to fetch a page of changes.
+    let orders = Poller::builder::<Order>("orders")
+        .identity(|order: &Order| order.id.clone())
+        .version(|order: &Order| order.updated_at.clone())
+        .cursor(cursor::timestamp("updatedAt").tie_break("id"))
+        .fetch({
+            let api = api.clone();
+            move |ctx: FetchContext| {
+                let api = api.clone();
+                async move { api.fetch_since(&ctx).await }
             }
-        }
+        })
+        .build()?;
+
+    let engine = Engine::builder(store).poller(orders).build()?;
+    engine.migrate().await?;
+    engine.on("orders", |event: Event, ctx: HandlerContext| async move {
+        let order: Option<Order> = event.data_as()?;
+        println!(
+            "  {:<7} {} (sequence {}, attempt {}) -> {}",
+            event.event_type.as_str(),
+            event.subject,
+            event.sequence,
+            ctx.attempt,
+            order.map_or_else(
+                || "-".to_owned(),
+                |o| format!("{} total {}", o.status, o.total)
+            ),
+        );
+        Ok::<(), HandlerError>(())
     })?;
 
-    let drain = |label: String| {
-        let (dispatcher, key, lease) = (&dispatcher, &key, &lease);
-        async move {
-            let report = dispatcher
-                .drain(key, lease, &DrainContext::default())
-                .await?;
-            println!(
-                "{label}: delivered {}, retrying {}, parked {}, pending {}",
-                report.delivered, report.failed, report.parked, report.remaining
-            );
-            Ok::<_, watukuy_core::Error>(report)
+    println!("1. first poll: every order is new");
+    engine.tick(TickOptions::default()).await?;
+
+    println!("2. order-2 is paid, order-4 arrives");
+    api.update("order-2", serde_json::json!({ "status": "paid" }))?;
+    api.add(serde_json::json!({ "id": "order-4", "status": "open", "total": 42 }))?;
+    engine.trigger("orders", None).await?;
+    engine.tick(TickOptions::default()).await?;
+
+    println!("3. the API fails once: the cycle reports it, nothing is lost");
+    api.fail_next(Fault::http(503), 1);
+    api.update("order-3", serde_json::json!({ "status": "shipped" }))?;
+    engine.trigger("orders", None).await?;
+    let result = engine.tick(TickOptions::default()).await?;
+    for polled in &result.polled {
+        if let Some(error) = &polled.error {
+            println!("  cycle failed: {}", error.message);
         }
-    };
-
-    let mut report = drain("drain 1".into()).await?;
-    let mut round = 1;
-    while let Some(at) = report.next_retry_at {
-        // A daemon sleeps until the earliest retry is due, then drains again.
-        round += 1;
-        clock.sleep_until(at).await;
-        report = drain(format!("drain {round} (a retry was due)")).await?;
     }
+    engine.trigger("orders", None).await?;
+    engine.tick(TickOptions::default()).await?;
 
-    for row in store.list_parked(&key, ParkedQuery::default()).await? {
-        let history: Vec<&str> = row
-            .error
-            .history
-            .iter()
-            .flatten()
-            .map(|e| e.message.as_str())
-            .collect();
+    println!("4. nothing changed: no events");
+    engine.trigger("orders", None).await?;
+    engine.tick(TickOptions::default()).await?;
+
+    let report = engine.inspect().await?;
+    for key in &report.pollers {
         println!(
-            "parked {} after {} attempts: {} (history: {:?}); holding key {:?}",
-            row.event
+            "inspect: {} has {} items, {} pending, {} parked; cursor {}",
+            key.poller,
+            key.items,
+            key.outbox_pending,
+            key.parked,
+            key.live_cursor
                 .as_ref()
-                .map_or(row.id.as_str(), |e| e.subject.as_str()),
-            row.attempts,
-            row.error.error.message,
-            history,
-            row.hold_key
+                .map_or_else(|| "-".to_owned(), ToString::to_string)
         );
-        order_3_fixed.store(true, Ordering::SeqCst);
-        let moved = dispatcher.retry_parked(&key, &[row.id]).await?;
-        println!("fixed the handler and retried {moved} parked event");
     }
-    drain("drain after retry".into()).await?;
-    store.release_lease(&key, &lease).await?;
     Ok(())
 }
