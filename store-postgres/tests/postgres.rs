@@ -662,6 +662,23 @@ async fn json_round_trips_verbatim() {
             "retried row changed: {back:?}"
         );
 
+        // PostgreSQL text cannot hold a raw NUL: such an identity is a permanent Rejected error
+        // and nothing of its batch lands.
+        let before = (store.load_state(&k).await?, store.count_items(&k).await?);
+        let mut bad = page(&["fine"], 50)?;
+        bad.upserts.push(item("nul\0identity", "h"));
+        let err = store
+            .commit_poll(&k, &lease, &bad)
+            .await
+            .err()
+            .ok_or_else(|| fail("a NUL identity was accepted"))?;
+        ensure!(
+            store_kind(&err) == Some((StoreErrorKind::Rejected, false)),
+            "NUL identity: {err:?}"
+        );
+        let after = (store.load_state(&k).await?, store.count_items(&k).await?);
+        ensure!(before == after, "a rejected batch left something behind");
+
         drop_schema(&pool, &schema).await.map_err(|e| fail(e.to_string()))?;
         pool.close().await;
         Ok(())
@@ -866,6 +883,130 @@ async fn exported_ddl_matches_migrate() {
             .await
             .map_err(|e| fail(e.to_string()))?;
         pool.close().await;
+        Ok(())
+    })
+    .await;
+}
+
+/// A takeover racing an in-flight commit: while instance A's `commit_poll` is inside its
+/// statement (holding the key's row lock, blocked on an item row), instance B's acquisition of
+/// the expired lease waits for it. A's page lands whole, B then gets the next epoch, and A's
+/// next write is rejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takeover_waits_for_the_commit_in_flight() {
+    with_database("takeover_race", |db: Database| async move {
+        let schema = unique_schema("takeover_race");
+        let pool_a = pool(&db.url, 1).await?;
+        let pool_b = pool(&db.url, 1).await?;
+        let a = Arc::new(store_in(&pool_a, &schema, PostgresOptions::default()).await?);
+        let b = Arc::new(PostgresStore::from_pool(
+            pool_b.clone(),
+            PostgresOptions::default().schema(&schema),
+        )?);
+        let k = key();
+        let lease_a = acquire(&*a, "node-a", T0).await?;
+        a.commit_poll(&k, &lease_a, &page(&["o1"], 1)?).await?;
+
+        let mut blocker = PgConnection::connect(&db.url)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let blocker_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut blocker)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        sqlx::query("BEGIN")
+            .execute(&mut blocker)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        sqlx::query(&format!(
+            "SELECT 1 FROM \"{schema}\".\"watukuy_items\" WHERE identity = 'o1' FOR UPDATE"
+        ))
+        .execute(&mut blocker)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+
+        let commit = {
+            let (a, k, lease) = (Arc::clone(&a), k.clone(), lease_a.clone());
+            let batch = page(&["o1", "o2"], 2)?;
+            tokio::spawn(async move { a.commit_poll(&k, &lease, &batch).await })
+        };
+        let mut admin = PgConnection::connect(&db.url)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let mut blocked = false;
+        for _ in 0..200_000 {
+            blocked = sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+            )
+            .bind(blocker_pid)
+            .fetch_one(&mut admin)
+            .await
+            .map_err(|e| fail(e.to_string()))?
+                > 0;
+            if blocked || commit.is_finished() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        ensure!(blocked, "A's commit never reached the locked row");
+
+        // B tries to take the expired lease while A's statement holds the key's row lock.
+        let takeover = {
+            let (b, k) = (Arc::clone(&b), k.clone());
+            tokio::spawn(async move { b.acquire_lease(&k, "node-b", TTL, T0 + TTL).await })
+        };
+        let mut waiting = false;
+        for _ in 0..200_000 {
+            // B waits on A's backend, which itself waits on the blocker.
+            waiting = sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity a, pg_stat_activity b \
+                 WHERE b.pid = ANY(pg_blocking_pids(a.pid)) AND $1 = ANY(pg_blocking_pids(b.pid))",
+            )
+            .bind(blocker_pid)
+            .fetch_one(&mut admin)
+            .await
+            .map_err(|e| fail(e.to_string()))?
+                > 0;
+            if waiting || takeover.is_finished() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        ensure!(
+            waiting,
+            "B's acquisition did not wait for A's commit in flight"
+        );
+        sqlx::query("ROLLBACK")
+            .execute(&mut blocker)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+
+        commit
+            .await
+            .map_err(|e| fail(format!("commit task panicked: {e}")))??;
+        let lease_b = takeover
+            .await
+            .map_err(|e| fail(format!("acquire task panicked: {e}")))??
+            .ok_or_else(|| fail("B did not get the expired lease"))?;
+        ensure!(lease_b.epoch == lease_a.epoch + 1, "B's epoch: {lease_b:?}");
+        ensure!(
+            b.count_items(&k).await? == 2,
+            "A's in-flight page did not land whole"
+        );
+        let state = b.load_state(&k).await?.ok_or_else(|| fail("no state"))?;
+        ensure!(state.sequence == 3, "A's patch missing: {state:?}");
+        expect_lease_lost(
+            a.commit_poll(&k, &lease_a, &page(&["o3"], 4)?).await,
+            lease_a.epoch,
+            "A after the takeover",
+        )?;
+        ensure!(b.count_items(&k).await? == 2, "A's stale page landed");
+
+        drop_schema(&pool_a, &schema)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        pool_a.close().await;
+        pool_b.close().await;
         Ok(())
     })
     .await;
