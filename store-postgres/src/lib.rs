@@ -143,17 +143,21 @@ impl PostgresStore {
     /// back and fails with `LeaseLost`.
     async fn run_fenced(&self, key: &PKey, lease: &Lease, queries: Vec<PgQuery<'_>>) -> Result<()> {
         let lost = || Error::lease_lost(key, lease.epoch);
-        if queries.len() == 1 {
-            for query in queries {
-                let row = query.fetch_one(&self.pool).await.map_err(classify)?;
-                if !fenced_flag(&row)? {
-                    return Err(lost());
-                }
-            }
+        let mut queries = queries.into_iter();
+        let Some(first) = queries.next() else {
             return Ok(());
+        };
+        if queries.len() == 0 {
+            // The common case: one statement, one round trip, its own implicit transaction.
+            let row = first.fetch_one(&self.pool).await.map_err(classify)?;
+            return if fenced_flag(&row)? {
+                Ok(())
+            } else {
+                Err(lost())
+            };
         }
         let mut tx = self.pool.begin().await.map_err(classify)?;
-        for query in queries {
+        for query in std::iter::once(first).chain(queries) {
             let row = query.fetch_one(&mut *tx).await.map_err(classify)?;
             if !fenced_flag(&row)? {
                 // Dropping the transaction rolls it back too; an explicit rollback just frees
