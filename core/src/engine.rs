@@ -498,8 +498,8 @@ impl Engine {
                 }),
             }
         }
-        result.timed_out |=
-            deadline.is_some_and(|d| inner.now() >= d) && result.polled.iter().any(|_| true);
+        // Keys skipped at the deadline set it above; a cycle cut short by it sets it here.
+        result.timed_out |= deadline.is_some_and(|d| inner.now() >= d);
         result.duration_ms = inner.now().saturating_sub(started);
         Ok(result)
     }
@@ -538,27 +538,29 @@ impl Engine {
     /// acknowledged: they are delivered again later. Returns once every task has ended.
     pub async fn stop(&self, options: StopOptions) -> Result<()> {
         let mut daemon = self.inner.daemon.lock().await;
-        let Some(Daemon {
+        if let Some(Daemon {
             stop,
             runs,
             mut task,
         }) = daemon.take()
-        else {
-            self.inner.set_status(Status::Stopped);
-            return Ok(());
-        };
-        self.inner.set_status(Status::Stopping);
-        stop.cancel();
-        if !options.drain {
-            runs.cancel();
-        }
-        let clock = Arc::clone(&self.inner.shared.clock);
-        tokio::select! {
-            _ = &mut task => {}
-            () = clock.sleep(options.timeout) => {
+        {
+            self.inner.set_status(Status::Stopping);
+            stop.cancel();
+            if !options.drain {
                 runs.cancel();
-                let _ = task.await;
             }
+            let clock = Arc::clone(&self.inner.shared.clock);
+            tokio::select! {
+                _ = &mut task => {}
+                () = clock.sleep(options.timeout) => {
+                    runs.cancel();
+                    let _ = task.await;
+                }
+            }
+        }
+        // Subscriptions end with the engine: their streams return `None`.
+        for rt in self.inner.pollers.values() {
+            rt.dispatcher.close_subscription();
         }
         self.inner.set_status(Status::Stopped);
         Ok(())

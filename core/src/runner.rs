@@ -693,7 +693,7 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Validates, advances the cursor and diffs one page.
+    /// Advances the cursor, validates and diffs one page.
     async fn process(
         &self,
         cycle: &mut Cycle,
@@ -702,10 +702,28 @@ impl Run<'_> {
     ) -> Result<Processed, CycleError> {
         let def = &self.rt.def;
         let now = self.now();
+        // The cursor moves over the page as the API returned it, before validation (SPEC §2.6):
+        // an invalid item must not hold a timestamp watermark back, or a page of invalid items
+        // would be fetched again and again and block everything behind it.
+        let input = AdvanceInput {
+            items: &page.items,
+            page_cursor: page.cursor.as_deref(),
+            has_more: page.has_more,
+            now_ms: now,
+        };
+        let advance = def
+            .strategy
+            .advance(cursor, input)
+            .map_err(|error| CycleError::Failed {
+                error,
+                phase: Phase::Fetch,
+                throttle: None,
+            })?;
         let mut valid = Vec::new();
         let mut parked = Vec::new();
         let mut quarantined = Vec::new();
-        for raw in &page.items {
+        let keep = advance.keep.iter().copied().chain(std::iter::repeat(true));
+        for (raw, _) in page.items.iter().zip(keep).filter(|(_, keep)| *keep) {
             match (def.prepare)(raw) {
                 Prepared::Valid(candidate) => valid.push(candidate),
                 Prepared::Invalid { issues, identity } => match def.on_invalid {
@@ -749,27 +767,8 @@ impl Run<'_> {
                 },
             }
         }
-        let values: Vec<serde_json::Value> = valid.iter().map(|c| c.value.clone()).collect();
-        let input = AdvanceInput {
-            items: &values,
-            page_cursor: page.cursor.as_deref(),
-            has_more: page.has_more,
-            now_ms: now,
-        };
-        let advance = def
-            .strategy
-            .advance(cursor, input)
-            .map_err(|error| CycleError::Failed {
-                error,
-                phase: Phase::Fetch,
-                throttle: None,
-            })?;
-        let kept: Vec<(String, crate::poller::Candidate)> = valid
-            .into_iter()
-            .zip(advance.keep.iter().copied().chain(std::iter::repeat(true)))
-            .filter(|(_, keep)| *keep)
-            .map(|(c, _)| (c.identity.clone(), c))
-            .collect();
+        let kept: Vec<(String, crate::poller::Candidate)> =
+            valid.into_iter().map(|c| (c.identity.clone(), c)).collect();
         let kept = dedupe_last_wins(kept);
         let identities: Vec<String> = kept.iter().map(|(id, _)| id.clone()).collect();
         if def.strategy.is_full_scan() {
@@ -787,9 +786,9 @@ impl Run<'_> {
         for (identity, candidate) in kept {
             let row = stored.get(&identity);
             let version = candidate.version.clone();
-            if unchanged_by_version(row, version.as_deref(), def.schema_version)
-                && !def.strategy.is_full_scan()
-            {
+            // Unchanged rows are not rewritten, full scans included: a scan of a million items
+            // must not rewrite a million rows (deletes use the cycle's seen set, not `seen_at`).
+            if unchanged_by_version(row, version.as_deref(), def.schema_version) {
                 continue;
             }
             let value = candidate.value.clone();
@@ -809,7 +808,7 @@ impl Run<'_> {
                 version.as_deref(),
                 def.schema_version,
                 def.on_schema_change,
-                def.strategy.is_full_scan(),
+                false,
             );
             let data = Json::from_value(&value);
             if decision.upsert {

@@ -17,7 +17,7 @@ const NAME: &str = "custom";
 /// What one fetched page tells a [`CustomCursor`].
 #[derive(Clone, Copy, Debug)]
 pub struct CustomStep<'a> {
-    /// The page's valid items, in page order.
+    /// The page's items as the API returned them (before validation), in page order.
     pub items: &'a [serde_json::Value],
     /// The page's cursor as the API returned it, if any.
     pub page_cursor: Option<&'a str>,

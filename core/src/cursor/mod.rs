@@ -39,7 +39,8 @@ pub enum Cursor {
 /// What one fetched page tells a strategy.
 #[derive(Clone, Copy, Debug)]
 pub struct AdvanceInput<'a> {
-    /// The page's valid items (validated and re-serialized), in page order.
+    /// The page's items as the API returned them (before validation, so invalid items move the
+    /// cursor too), in page order.
     pub items: &'a [serde_json::Value],
     /// The page's cursor as the API returned it, if any.
     pub page_cursor: Option<&'a str>,

@@ -241,6 +241,19 @@ impl Dispatcher {
         Ok(Subscription::new(rx, Box::new(move || slot.detach(id))))
     }
 
+    /// Ends an attached subscription (its stream returns `None`; an event in hand is not
+    /// acknowledged). A handler attached with [`on`](Self::on) stays attached.
+    pub fn close_subscription(&self) {
+        let mut slot = self
+            .slot
+            .consumer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if matches!(slot.as_ref(), Some((_, Consumer::Subscriber(_)))) {
+            *slot = None;
+        }
+    }
+
     /// True while a handler or a subscription is attached.
     pub fn has_consumer(&self) -> bool {
         self.slot.current().is_some()
