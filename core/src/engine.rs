@@ -775,6 +775,8 @@ impl Inner {
         *self.status.lock().unwrap_or_else(PoisonError::into_inner) = status;
     }
 
+    /// The partitions to run: the cached list; for a partitioned poller whose list never loaded
+    /// (the first listing failed or was invalid) none at all, never the unpartitioned `""`.
     fn partition_list(&self, name: &str) -> Vec<Partition> {
         let cache = self
             .partitions
@@ -782,6 +784,13 @@ impl Inner {
             .unwrap_or_else(PoisonError::into_inner);
         match cache.get(name) {
             Some(entry) => entry.list.clone(),
+            None if self
+                .pollers
+                .get(name)
+                .is_some_and(|rt| rt.def.partitions.is_some()) =>
+            {
+                Vec::new()
+            }
             None => vec![Partition::new("")],
         }
     }

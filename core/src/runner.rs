@@ -106,7 +106,11 @@ pub(crate) struct RunOptions {
 
 /// Renews a lease every `renew_every` in the background and on demand.
 struct LeaseKeeper {
+    /// Fires when the lease is lost. Losing the lease cancels the run (in-flight handlers
+    /// included), but not the other way round: a run cancelled by `stop` still holds its lease
+    /// and releases it.
     lost: CancellationToken,
+    run_cancel: CancellationToken,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
     expires_at: Arc<Mutex<i64>>,
@@ -114,7 +118,7 @@ struct LeaseKeeper {
 
 impl LeaseKeeper {
     fn start(shared: &Shared, key: &PKey, lease: &Lease, run_cancel: &CancellationToken) -> Self {
-        let lost = run_cancel.child_token();
+        let lost = CancellationToken::new();
         let stop = CancellationToken::new();
         let expires_at = Arc::new(Mutex::new(lease.expires_at));
         let (store, clock) = (Arc::clone(&shared.store), Arc::clone(&shared.clock));
@@ -124,8 +128,12 @@ impl LeaseKeeper {
             shared.lease_ttl_ms,
             shared.renew_every_ms,
         );
-        let (task_lost, task_stop, task_expiry) =
-            (lost.clone(), stop.clone(), Arc::clone(&expires_at));
+        let (task_lost, task_run, task_stop, task_expiry) = (
+            lost.clone(),
+            run_cancel.clone(),
+            stop.clone(),
+            Arc::clone(&expires_at),
+        );
         let task = tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -135,12 +143,14 @@ impl LeaseKeeper {
                 }
                 if !renew(&*store, &*clock, &key, &lease, ttl, &task_expiry).await {
                     task_lost.cancel();
+                    task_run.cancel();
                     return;
                 }
             }
         });
         Self {
             lost,
+            run_cancel: run_cancel.clone(),
             stop,
             task,
             expires_at,
@@ -163,6 +173,7 @@ impl LeaseKeeper {
         .await;
         if !ok {
             self.lost.cancel();
+            self.run_cancel.cancel();
         }
         ok
     }

@@ -182,7 +182,7 @@ impl fmt::Debug for TimestampCursorBuilder {
 /// watermark; otherwise items newer than `now - lag` are dropped (fetched again next cycle),
 /// items without a parseable field are kept but never move the watermark, and the watermark
 /// moves to the page's largest timestamp when that is newer, or only grows the tie-break when
-/// equal. The listing is done unless the page says `has_more: true`.
+/// equal. The listing is done unless the page says `has_more: true` and held nothing back.
 ///
 /// ```
 /// use watukuy_core::cursor::{AdvanceInput, Cursor, CursorStrategy, TimestampCursor};
@@ -420,9 +420,13 @@ impl CursorStrategy for TimestampCursor {
                 }
             }
         };
+        // A held-back item is fetched again next cycle, and the listing is ordered by the field,
+        // so whatever follows is newer still: the cycle ends here. Going on would ask for the
+        // same held-back items again (a full page of them would repeat up to the page cap).
+        let held_back = keep.contains(&false);
         Ok(Advance {
             cursor: next,
-            done,
+            done: done || held_back,
             keep,
         })
     }
@@ -625,6 +629,42 @@ mod tests {
             .unwrap();
         assert_eq!(step.cursor, ts(Some("2026-01-01T00:00:01Z"), None));
         assert_eq!(step.keep, vec![false, false]);
+    }
+
+    #[test]
+    fn a_held_back_item_ends_the_listing() {
+        let strategy = TimestampCursor::builder("updatedAt")
+            .lag(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let now = T0 + 10_000; // cutoff = T0 + 5s
+        let items = [
+            item("a", "2026-01-01T00:00:04Z"),
+            item("b", "2026-01-01T00:00:06Z"), // held back
+        ];
+        for page in [&items[..], &items[1..]] {
+            let step = strategy
+                .advance(
+                    &ts(Some("2026-01-01T00:00:01Z"), None),
+                    AdvanceInput {
+                        has_more: Some(true),
+                        ..input(page, now)
+                    },
+                )
+                .unwrap();
+            assert!(step.done, "{page:?}: the rest is newer still");
+        }
+        // Nothing held back: `has_more` decides.
+        let step = strategy
+            .advance(
+                &ts(None, None),
+                AdvanceInput {
+                    has_more: Some(true),
+                    ..input(&items[..1], now)
+                },
+            )
+            .unwrap();
+        assert!(!step.done);
     }
 
     #[test]
