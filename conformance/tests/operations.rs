@@ -440,7 +440,7 @@ async fn reset_cursor_with_a_cleared_snapshot_recreates_every_item_with_the_same
             .reset_cursor(POLLER, None, None, false)
             .await
             .unwrap();
-        assert_eq!(only(&engine).await.live_cursor, None, "{kind:?}");
+        assert_eq!(only(&engine).await.cursors.live, None, "{kind:?}");
         world.api.reset_stats();
         world.tick(&engine).await.unwrap();
         assert_eq!(world.api.calls(), 3, "{kind:?}: three pages from the start");
@@ -476,7 +476,7 @@ async fn reset_cursor_to_a_raw_value_moves_the_live_cursor() {
     engine.on(POLLER, recorder.handler()).unwrap();
     world.tick(&engine).await.unwrap();
     assert_eq!(
-        only(&engine).await.live_cursor,
+        only(&engine).await.cursors.live,
         Some(json!({ "value": "2026-01-01T00:00:04.000Z", "tieBreak": "item-005" }))
     );
 
@@ -486,7 +486,7 @@ async fn reset_cursor_to_a_raw_value_moves_the_live_cursor() {
         .unwrap();
     let inspect = only(&engine).await;
     assert_eq!(
-        inspect.live_cursor,
+        inspect.cursors.live,
         Some(json!({ "value": "2026-01-01T00:00:02.000Z", "tieBreak": null }))
     );
     assert_eq!(inspect.schedule.next_due_at, Some(world.now()));
@@ -503,13 +503,13 @@ async fn reset_cursor_to_a_raw_value_moves_the_live_cursor() {
     assert_eq!(recorder.events().len(), 5, "the items there are known");
 
     // A value the strategy cannot read is a `Config` error naming the cursor; nothing moves.
-    let before = only(&engine).await.live_cursor;
+    let before = only(&engine).await.cursors.live;
     let error = engine
         .reset_cursor(POLLER, None, Some("last tuesday"), false)
         .await
         .unwrap_err();
     assert_eq!(option_of(error), "cursor");
-    assert_eq!(only(&engine).await.live_cursor, before);
+    assert_eq!(only(&engine).await.cursors.live, before);
 }
 
 // ----- partitions -----
@@ -1011,7 +1011,7 @@ async fn inspect_is_plain_json_with_every_documented_field() {
         "partition",
         "paused",
         "lease",
-        "liveCursor",
+        "cursors",
         "schedule",
         "lastPoll",
         "outboxPending",
@@ -1025,7 +1025,7 @@ async fn inspect_is_plain_json_with_every_documented_field() {
     assert_eq!(fresh["partition"], "");
     assert_eq!(fresh["paused"], false);
     assert_eq!(fresh["lease"], Value::Null);
-    assert_eq!(fresh["liveCursor"], Value::Null);
+    assert_eq!(fresh["cursors"]["live"], Value::Null);
     assert_eq!(fresh["lastPoll"], Value::Null);
     assert_eq!(fresh["lagMs"], Value::Null);
     assert_eq!(
@@ -1046,7 +1046,7 @@ async fn inspect_is_plain_json_with_every_documented_field() {
     assert_eq!(p["items"], 6, "{p}");
     assert_eq!(p["lease"], Value::Null, "released after the run");
     assert_eq!(
-        p["liveCursor"],
+        p["cursors"]["live"],
         json!({ "value": "2026-01-01T00:00:06.000Z", "tieBreak": "item-007" })
     );
     assert_eq!(p["lagMs"], 1_000, "now minus the last item's timestamp");
@@ -1097,7 +1097,7 @@ async fn inspect_is_plain_json_with_every_documented_field() {
     world.tick(&page).await.unwrap();
     let inspect = only(&page).await;
     assert_eq!(inspect.lag_ms, None);
-    assert!(inspect.live_cursor.is_some());
+    assert!(inspect.cursors.live.is_some());
 }
 
 // ----- subscribe -----

@@ -279,6 +279,31 @@ pub struct TickResult {
     pub timed_out: bool,
 }
 
+/// The cursor of each lane, as `inspect()` shows them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LaneCursors {
+    /// The live lane.
+    pub live: Option<serde_json::Value>,
+    /// The reconcile lane (the page it is on, while a listing is in progress).
+    pub reconcile: Option<serde_json::Value>,
+    /// The backfill lane.
+    pub backfill: Option<serde_json::Value>,
+    /// The replay lane.
+    pub replay: Option<serde_json::Value>,
+}
+
+/// Options of [`Engine::backfill`].
+#[derive(Clone, Debug, Default)]
+pub struct BackfillOptions {
+    /// Where to start, as the API writes its cursor (`None`: the beginning).
+    pub from: Option<String>,
+    /// Where to stop, as the API writes its cursor (`None`: the live cursor at the time of the
+    /// call, or the end of the listing when the live lane never ran).
+    pub to: Option<String>,
+    /// Re-emit known, unchanged items as `updated`.
+    pub force: bool,
+}
+
 /// Options of [`Engine::stop`].
 #[derive(Clone, Copy, Debug)]
 pub struct StopOptions {
@@ -323,8 +348,8 @@ pub struct PollerInspect {
     pub paused: bool,
     /// The current lease holder, if any.
     pub lease: Option<Lease>,
-    /// The live cursor (parsed JSON, or the raw text if it does not parse).
-    pub live_cursor: Option<serde_json::Value>,
+    /// The lane cursors (parsed JSON, or the raw text if it does not parse).
+    pub cursors: LaneCursors,
     /// The schedule (the initial one for a key that never ran).
     pub schedule: ScheduleState,
     /// What the last cycle did.
@@ -685,6 +710,163 @@ impl Engine {
         Ok(())
     }
 
+    /// Starts (or replaces) a backfill: the key re-reads history from `from` to `to` on the
+    /// backfill lane, after its live lane, until it reaches `to` (or the listing ends). Known,
+    /// unchanged items emit nothing unless `force`. Rejected for `snapshot_diff` pollers.
+    pub async fn backfill(
+        &self,
+        name: &str,
+        partition: Option<&str>,
+        options: BackfillOptions,
+    ) -> Result<()> {
+        let (key, rt) = self.key_for(name, partition)?;
+        let strategy = &rt.def.strategy;
+        if strategy.is_full_scan() {
+            return Err(Error::config(
+                "backfill",
+                format!(
+                    "poller '{name}' uses `{}`, which lists everything every cycle",
+                    strategy.name()
+                ),
+            ));
+        }
+        let state = self.state_or_initial(&key, rt).await?;
+        let from = strategy.serialize(&strategy.from_raw(options.from.as_deref())?);
+        let target = match options.to.as_deref() {
+            Some(raw) => Some(strategy.serialize(&strategy.from_raw(Some(raw))?)),
+            None => state.lanes.live.as_ref().and_then(|l| l.cursor.clone()),
+        };
+        let mut lanes = state.lanes.clone();
+        lanes.backfill = Some(crate::model::LaneCursor {
+            cursor: Some(from),
+            target,
+            done: Some(false),
+            force: Some(options.force),
+            ..Default::default()
+        });
+        let now = self.inner.now();
+        let patch = StatePatch {
+            lanes: Some(lanes),
+            updated_at: Some(now),
+            ..StatePatch::default()
+        };
+        self.inner
+            .shared
+            .store
+            .save_state_unfenced(&key, &patch)
+            .await?;
+        self.inner.wake.notify_one();
+        Ok(())
+    }
+
+    /// Re-delivers logged events committed between `from_ms` and `to_ms` (epoch ms, inclusive;
+    /// `None`: up to now): copies go to the outbox with their original ids, lane `replay` and
+    /// fresh sequences, and are delivered on the key's next drain. An event still pending in the
+    /// outbox is replaced by its copy (same id), not duplicated. Needs the poller's `log`.
+    /// Returns how many events were queued.
+    pub async fn replay(
+        &self,
+        name: &str,
+        partition: Option<&str>,
+        from_ms: i64,
+        to_ms: Option<i64>,
+    ) -> Result<u64> {
+        let (key, rt) = self.key_for(name, partition)?;
+        if rt.def.log_retention.is_none() {
+            return Err(Error::ReplayUnavailable {
+                poller: name.to_owned(),
+            });
+        }
+        let shared = &self.inner.shared;
+        let lease = self.acquire_with_retry(&key).await?;
+        let outcome = self.copy_log(&key, rt, &lease, from_ms, to_ms).await;
+        if let Err(error) = shared.store.release_lease(&key, &lease).await {
+            tracing::warn!(%key, %error, "lease release after replay failed; it expires by itself");
+        }
+        let replayed = outcome?;
+        self.inner.wake.notify_one();
+        Ok(replayed)
+    }
+
+    /// Takes a key's lease for an operation: 20 tries, 250 ms apart on the engine's clock.
+    async fn acquire_with_retry(&self, key: &PKey) -> Result<Lease> {
+        let shared = &self.inner.shared;
+        for attempt in 0..20 {
+            if attempt > 0 {
+                shared.clock.sleep(Duration::from_millis(250)).await;
+            }
+            let now = shared.clock.now_ms();
+            if let Some(lease) = shared
+                .store
+                .acquire_lease(key, &shared.instance_id, shared.lease_ttl_ms, now)
+                .await?
+            {
+                return Ok(lease);
+            }
+        }
+        Err(Error::store(
+            crate::error::StoreErrorKind::Busy,
+            true,
+            format!("{key} stayed leased by another instance for 20 tries; try again later"),
+        ))
+    }
+
+    async fn copy_log(
+        &self,
+        key: &PKey,
+        rt: &Runtime,
+        lease: &Lease,
+        from_ms: i64,
+        to_ms: Option<i64>,
+    ) -> Result<u64> {
+        const PAGE: usize = 500;
+        let shared = &self.inner.shared;
+        let to_ms = to_ms.unwrap_or_else(|| shared.clock.now_ms());
+        let mut sequence = self.state_or_initial(key, rt).await?.sequence;
+        let mut after = None;
+        let mut replayed = 0_u64;
+        loop {
+            let query = crate::model::LogQuery {
+                after_sequence: after,
+                from_time: Some(from_ms),
+                to_time: Some(to_ms),
+            };
+            let page = shared.store.read_log(key, query, PAGE).await?;
+            let Some(last) = page.last() else { break };
+            after = Some(last.sequence);
+            let now = shared.clock.now_ms();
+            let events: Vec<crate::model::OutboxRow> = page
+                .iter()
+                .map(|logged| {
+                    sequence += 1;
+                    let event = crate::event::Event {
+                        lane: crate::model::Lane::Replay,
+                        sequence,
+                        attempt: 0,
+                        ..logged.event.clone()
+                    };
+                    crate::model::OutboxRow::pending(event, now)
+                })
+                .collect();
+            replayed += events.len() as u64;
+            let batch = crate::model::CommitBatch {
+                state_patch: StatePatch {
+                    sequence: Some(sequence),
+                    updated_at: Some(now),
+                    ..StatePatch::default()
+                },
+                events,
+                log: false,
+                ..crate::model::CommitBatch::default()
+            };
+            shared.store.commit_poll(key, lease, &batch).await?;
+            if page.len() < PAGE {
+                break;
+            }
+        }
+        Ok(replayed)
+    }
+
     /// Parked rows of a key (poison and invalid), oldest first.
     pub async fn list_parked(
         &self,
@@ -745,9 +927,20 @@ impl Engine {
                     partition: partition.key.clone(),
                     paused: state.paused,
                     lease: store.get_lease(&key).await?,
-                    live_cursor: live.map(|text| {
-                        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))
-                    }),
+                    cursors: LaneCursors {
+                        live: parsed(live),
+                        reconcile: parsed(
+                            state
+                                .lanes
+                                .reconcile
+                                .as_ref()
+                                .and_then(|l| l.cursor.clone()),
+                        ),
+                        backfill: parsed(
+                            state.lanes.backfill.as_ref().and_then(|l| l.cursor.clone()),
+                        ),
+                        replay: parsed(state.lanes.replay.as_ref().and_then(|l| l.cursor.clone())),
+                    },
                     last_poll: state.schedule.last_poll.clone(),
                     schedule: state.schedule,
                     outbox_pending: store.count_pending(&key).await?,
@@ -764,6 +957,11 @@ impl Engine {
             pollers,
         })
     }
+}
+
+/// A persisted cursor as JSON, or as its raw text when it does not parse.
+fn parsed(text: Option<String>) -> Option<serde_json::Value> {
+    text.map(|text| serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
 }
 
 impl Inner {
@@ -871,7 +1069,15 @@ impl Inner {
         if state.paused {
             return now.saturating_add(duration_ms(MAX_SLEEP));
         }
-        let due = now.saturating_add(schedule::time_until_due(&state.schedule, now));
+        let live = now.saturating_add(schedule::time_until_due(&state.schedule, now));
+        let lanes = [
+            runner::reconcile_due_at(&rt.def, &state),
+            runner::backfill_due_at(&state),
+        ];
+        let due = lanes
+            .into_iter()
+            .flatten()
+            .fold(live, |due, at| due.min(at.max(now)));
         let retry = if rt.dispatcher.has_consumer() {
             retry_at
         } else {

@@ -110,6 +110,12 @@ pub struct LaneCursor {
     /// Backfill: re-emit known unchanged items as `updated`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub force: Option<bool>,
+    /// Reconcile and backfill: consecutive failures of this lane (lane-level backoff).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failures: Option<u32>,
+    /// Reconcile and backfill: after a failure, the lane waits until this time (epoch ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_at: Option<i64>,
 }
 
 /// The cursors of every lane of a key.
@@ -127,6 +133,28 @@ pub struct Lanes {
     /// The replay lane.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay: Option<LaneCursor>,
+}
+
+impl Lanes {
+    /// The cursor of `lane`, if it ever ran.
+    pub fn get(&self, lane: Lane) -> Option<&LaneCursor> {
+        match lane {
+            Lane::Live => self.live.as_ref(),
+            Lane::Reconcile => self.reconcile.as_ref(),
+            Lane::Backfill => self.backfill.as_ref(),
+            Lane::Replay => self.replay.as_ref(),
+        }
+    }
+
+    /// The slot of `lane`.
+    pub fn slot(&mut self, lane: Lane) -> &mut Option<LaneCursor> {
+        match lane {
+            Lane::Live => &mut self.live,
+            Lane::Reconcile => &mut self.reconcile,
+            Lane::Backfill => &mut self.backfill,
+            Lane::Replay => &mut self.replay,
+        }
+    }
 }
 
 /// The circuit breaker's position.

@@ -93,6 +93,14 @@ pub(crate) enum FetchSource {
     Stream(Arc<dyn FetchStream>),
 }
 
+/// The reconcile lane: a periodic full listing through its own fetch, which finds deletes an
+/// incremental cursor cannot see.
+#[derive(Clone)]
+pub(crate) struct Reconcile {
+    pub(crate) every: Duration,
+    pub(crate) fetch: FetchSource,
+}
+
 /// Lists a poller's partitions. Implemented for every `Fn() -> impl Future<Output =
 /// Result<Vec<Partition>, BoxError>>`.
 #[async_trait]
@@ -157,6 +165,7 @@ pub(crate) struct PollerDef {
     pub(crate) max_pages_per_cycle: u32,
     pub(crate) full_scan_page_cap: u32,
     pub(crate) log_retention: Option<Duration>,
+    pub(crate) reconcile: Option<Reconcile>,
     pub(crate) partitions: Option<Arc<dyn Partitions>>,
     pub(crate) partitions_refresh: Duration,
 }
@@ -218,6 +227,7 @@ pub struct PollerBuilder<T> {
     max_pages_per_cycle: u32,
     full_scan_page_cap: u32,
     log_retention: Option<Duration>,
+    reconcile: Option<Reconcile>,
     source: Option<String>,
     partitions: Option<Arc<dyn Partitions>>,
     partitions_refresh: Duration,
@@ -256,6 +266,7 @@ where
             max_pages_per_cycle: DEFAULT_MAX_PAGES_PER_CYCLE,
             full_scan_page_cap: DEFAULT_FULL_SCAN_PAGE_CAP,
             log_retention: None,
+            reconcile: None,
             source: None,
             partitions: None,
             partitions_refresh: Duration::from_secs(300),
@@ -403,6 +414,18 @@ where
         self
     }
 
+    /// Adds the reconcile lane: every `every`, a full listing through `fetch` (page by page, the
+    /// fetch context carrying a page cursor from 1) emits `deleted` for identities it did not
+    /// see. Redundant with (and rejected for) the `snapshot_diff` strategy.
+    #[must_use]
+    pub fn reconcile(mut self, every: Duration, fetch: impl Fetch) -> Self {
+        self.reconcile = Some(Reconcile {
+            every,
+            fetch: FetchSource::Pages(Arc::new(fetch)),
+        });
+        self
+    }
+
     /// Keeps a replay log of every event for `retention`.
     #[must_use]
     pub fn log(mut self, retention: Duration) -> Self {
@@ -464,6 +487,26 @@ where
             .cursor
             .ok_or_else(|| Error::config("cursor", "is required"))?
             .into_strategy()?;
+        if let Some(reconcile) = &self.reconcile {
+            if strategy.is_full_scan() {
+                return Err(Error::config(
+                    "reconcile",
+                    format!(
+                        "is redundant with the `{}` strategy, which lists everything every cycle",
+                        strategy.name()
+                    ),
+                ));
+            }
+            if reconcile.every.is_zero() {
+                return Err(Error::config(
+                    "reconcile.every",
+                    "must be greater than zero",
+                ));
+            }
+        }
+        if self.log_retention.is_some_and(|r| r.is_zero()) {
+            return Err(Error::config("log.retention", "must be greater than zero"));
+        }
         let fetch = self
             .fetch
             .ok_or_else(|| Error::config("fetch", "is required"))?;
@@ -520,6 +563,7 @@ where
                 max_pages_per_cycle: self.max_pages_per_cycle,
                 full_scan_page_cap: self.full_scan_page_cap,
                 log_retention: self.log_retention,
+                reconcile: self.reconcile,
                 partitions: self.partitions,
                 partitions_refresh: self.partitions_refresh,
             }),

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::clock::{Clock, format_rfc3339_ms};
-use crate::cursor::{AdvanceInput, Cursor};
+use crate::cursor::{AdvanceInput, Cursor, SharedStrategy};
 use crate::decide::{decide, dedupe_last_wins, unchanged_by_version};
 use crate::delivery::{Dispatcher, DrainContext, DrainReport, Partition};
 use crate::diff::{EventIdParts, event_id, sha256_hex};
@@ -260,9 +260,11 @@ pub(crate) async fn run_key(
         return Ok(KeyOutcome::Paused);
     }
     let live_due = options.force
-        || state
-            .as_ref()
-            .is_none_or(|s| schedule::is_due(&s.schedule, now));
+        || state.as_ref().is_none_or(|s| {
+            schedule::is_due(&s.schedule, now)
+                || reconcile_due(&rt.def, s, now)
+                || backfill_due(s, now)
+        });
     let has_consumer = rt.dispatcher.has_consumer();
     let drain_due = has_consumer && shared.store.count_pending(&key).await? > 0;
     if !live_due && !drain_due {
@@ -361,36 +363,120 @@ impl Run<'_> {
             Err(Error::LeaseLost { epoch, .. }) => return Ok(self.on_lease_lost(epoch).await),
             Err(error) => return Err(error),
         }
-        let now = self.now();
-        if force || schedule::is_due(&schedule, now) {
-            if schedule.circuit == crate::model::Circuit::Open {
-                schedule = schedule::begin_probe(&schedule);
+        let mut state = PollerState { schedule, ..state };
+        let def = &self.rt.def;
+        // Lanes run one after another within a key: live, then reconcile, then backfill.
+        if force || schedule::is_due(&state.schedule, self.now()) {
+            if state.schedule.circuit == crate::model::Circuit::Open {
+                state.schedule = schedule::begin_probe(&state.schedule);
             }
-            let span = tracing::info_span!(
-                "watukuy.poll",
-                poller = %self.key.poller,
-                partition = %self.key.partition,
-                lane = "live",
-                instance_id = %self.shared.instance_id,
-            );
-            match self
-                .live_cycle(state, schedule, &mut report)
-                .instrument(span)
-                .await
+            let spec = LaneSpec {
+                lane: Lane::Live,
+                strategy: Arc::clone(&def.strategy),
+                fetch: def.fetch.clone(),
+                full_scan: def.strategy.is_full_scan(),
+                cap: if def.strategy.is_full_scan() {
+                    def.full_scan_page_cap
+                } else {
+                    def.max_pages_per_cycle
+                },
+                force: false,
+                target: None,
+            };
+            state = match self.run_lane(spec, state, &mut report).await {
+                Ok(state) => state,
+                Err(outcome) => return Ok(outcome),
+            };
+        }
+        if let Some(reconcile) = def
+            .reconcile
+            .as_ref()
+            .filter(|_| reconcile_due(def, &state, self.now()))
+        {
+            let spec = LaneSpec {
+                lane: Lane::Reconcile,
+                strategy: crate::cursor::page(1).into_strategy(),
+                fetch: reconcile.fetch.clone(),
+                full_scan: true,
+                cap: def.full_scan_page_cap,
+                force: false,
+                target: None,
+            };
+            state = match self.run_lane(spec, state, &mut report).await {
+                Ok(state) => state,
+                Err(outcome) => return Ok(outcome),
+            };
+        }
+        if backfill_due(&state, self.now()) {
+            let lane = state.lanes.backfill.clone().unwrap_or_default();
+            let target = match lane
+                .target
+                .as_deref()
+                .map(|t| def.strategy.deserialize(t))
+                .transpose()
             {
-                Ok(()) => {}
-                Err(CycleError::LeaseLost(epoch)) => return Ok(self.on_lease_lost(epoch).await),
-                Err(CycleError::Aborted) => {
-                    return Ok(if self.lease_lost() {
-                        self.on_lease_lost(self.lease.epoch).await
-                    } else {
-                        KeyOutcome::Aborted
-                    });
+                Ok(target) => target,
+                Err(error) => return Err(error),
+            };
+            let spec = LaneSpec {
+                lane: Lane::Backfill,
+                strategy: Arc::clone(&def.strategy),
+                fetch: def.fetch.clone(),
+                full_scan: false,
+                cap: def.max_pages_per_cycle,
+                force: lane.force == Some(true),
+                target,
+            };
+            state = match self.run_lane(spec, state, &mut report).await {
+                Ok(state) => state,
+                Err(outcome) => return Ok(outcome),
+            };
+        }
+        let _ = state;
+        // Log retention is enforced once per run, while holding the key (SPEC §8.5).
+        if let Some(retention) = def.log_retention {
+            let cutoff = self
+                .now()
+                .saturating_sub(crate::clock::duration_ms(retention));
+            match self.shared.store.prune_log(&self.key, cutoff).await {
+                Ok(0) => {}
+                Ok(pruned) => tracing::debug!(key = %self.key, pruned, "replay log pruned"),
+                Err(error) => {
+                    tracing::warn!(key = %self.key, %error, "pruning the replay log failed")
                 }
-                Err(CycleError::Failed { error, .. }) => return Err(error),
             }
         }
         Ok(KeyOutcome::Ran(report))
+    }
+
+    /// Runs one lane with its span; a lost lease or a stop ends the whole run.
+    async fn run_lane(
+        &self,
+        spec: LaneSpec,
+        state: PollerState,
+        report: &mut RunReport,
+    ) -> Result<PollerState, KeyOutcome> {
+        let schedule = state.schedule.clone();
+        let span = tracing::info_span!(
+            "watukuy.poll",
+            poller = %self.key.poller,
+            partition = %self.key.partition,
+            lane = spec.lane.as_str(),
+            instance_id = %self.shared.instance_id,
+        );
+        match self
+            .lane_cycle(spec, state, schedule, report)
+            .instrument(span)
+            .await
+        {
+            Ok(state) => Ok(state),
+            Err(CycleError::LeaseLost(epoch)) => Err(self.on_lease_lost(epoch).await),
+            Err(CycleError::Aborted | CycleError::Failed { .. }) => Err(if self.lease_lost() {
+                self.on_lease_lost(self.lease.epoch).await
+            } else {
+                KeyOutcome::Aborted
+            }),
+        }
     }
 
     async fn on_lease_lost(&self, epoch: i64) -> KeyOutcome {
@@ -441,19 +527,26 @@ impl Run<'_> {
         Ok(change.state)
     }
 
-    /// The live lane: page by page, one commit per page, then deletes (full scans) and the
-    /// schedule.
-    async fn live_cycle(
+    /// One lane cycle: page by page, one commit per page, then deletes (full scans) and the
+    /// lane's bookkeeping: the live lane drives the schedule, reconcile and backfill record their
+    /// progress and back off on failure. Returns the state after the cycle (lanes and sequence),
+    /// which the next lane of the run continues from.
+    async fn lane_cycle(
         &self,
+        spec: LaneSpec,
         state: PollerState,
         schedule: ScheduleState,
         report: &mut RunReport,
-    ) -> Result<(), CycleError> {
+    ) -> Result<PollerState, CycleError> {
         let started = self.now();
-        self.shared.hooks.on_poll_start(&self.hook, started).await;
-        let mut cycle = Cycle::new(state, schedule);
-        let outcome = self.pages(&mut cycle).await;
-        let outcome = match outcome {
+        let hook = HookContext {
+            lane: spec.lane,
+            ..self.hook.clone()
+        };
+        self.shared.hooks.on_poll_start(&hook, started).await;
+        let lane = spec.lane;
+        let mut cycle = Cycle::new(state, schedule, spec, hook);
+        let outcome = match self.pages(&mut cycle).await {
             Ok(()) => self.full_scan_deletes(&mut cycle).await,
             Err(e) => Err(e),
         };
@@ -461,7 +554,7 @@ impl Run<'_> {
         report.next_retry_at = min_opt(report.next_retry_at, cycle.next_retry_at);
         let now = self.now();
         let summary = PollSummary {
-            lane: Lane::Live,
+            lane,
             started_at: started,
             duration_ms: now.saturating_sub(started),
             pages: cycle.pages,
@@ -473,17 +566,61 @@ impl Run<'_> {
         let mut result = PollResult {
             poller: self.key.poller.clone(),
             partition: self.key.partition.clone(),
-            lane: Lane::Live,
+            lane,
             items: cycle.items,
             events: cycle.counts.created + cycle.counts.updated + cycle.counts.deleted,
             delivered: cycle.delivered,
             duration_ms: summary.duration_ms,
             error: None,
         };
-        let change = match outcome {
-            Ok(()) => {
+        let failure = match outcome {
+            Ok(()) => None,
+            Err(CycleError::Failed {
+                error,
+                phase,
+                throttle,
+            }) => {
+                let serialized = error.to_serialized();
+                tracing::warn!(key = %self.key, %error, lane = lane.as_str(), phase = phase.as_str(), "cycle failed");
+                self.shared
+                    .hooks
+                    .on_error(&cycle.hook, &serialized, phase)
+                    .await;
+                result.error = Some(serialized.clone());
+                Some((serialized, throttle))
+            }
+            Err(other) => return Err(other),
+        };
+        if lane == Lane::Live {
+            self.live_bookkeeping(&mut cycle, &summary, result.events > 0, failure, now)
+                .await?;
+        } else {
+            self.lane_bookkeeping(&mut cycle, failure.is_some(), now)
+                .await?;
+        }
+        self.shared.hooks.on_poll_end(&cycle.hook, &summary).await;
+        report.polled.push(result);
+        let mut state = cycle.state;
+        state.sequence = cycle.sequence;
+        state.schedule = cycle.schedule;
+        Ok(state)
+    }
+
+    /// The live lane drives the schedule: AIMD after a success, backoff, throttle or the
+    /// circuit after a failure.
+    async fn live_bookkeeping(
+        &self,
+        cycle: &mut Cycle,
+        summary: &PollSummary,
+        had_events: bool,
+        failure: Option<(SerializedError, Option<Option<i64>>)>,
+        now: i64,
+    ) -> Result<(), CycleError> {
+        let (def, u) = (&self.rt.def, self.shared.rng.next_f64());
+        let change = match failure {
+            None => {
                 let success = SuccessOutcome {
-                    had_events: result.events > 0,
+                    had_events,
                     not_modified: summary.not_modified,
                     truncated: cycle.truncated,
                     rate_limit: cycle.rate_limit.clone(),
@@ -491,82 +628,120 @@ impl Run<'_> {
                 };
                 schedule::after_success(
                     &cycle.schedule,
-                    &self.rt.def.schedule,
-                    &self.rt.def.circuit,
+                    &def.schedule,
+                    &def.circuit,
                     &success,
                     now,
-                    self.shared.rng.next_f64(),
+                    u,
                 )
             }
-            Err(CycleError::Failed {
-                error,
-                phase,
-                throttle,
-            }) => {
-                let serialized = error.to_serialized();
-                tracing::warn!(key = %self.key, %error, phase = phase.as_str(), "poll cycle failed");
-                self.shared
-                    .hooks
-                    .on_error(&self.hook, &serialized, phase)
-                    .await;
+            Some((error, throttle)) => {
                 let failure = FailureOutcome {
-                    error: serialized.clone(),
+                    error,
                     retry_after_ms: throttle.flatten(),
                     is_throttle: throttle.is_some(),
                     rate_limit: cycle.rate_limit.clone(),
                 };
-                result.error = Some(serialized);
                 schedule::after_failure(
                     &cycle.schedule,
-                    &self.rt.def.schedule,
-                    &self.rt.def.circuit,
+                    &def.schedule,
+                    &def.circuit,
                     &failure,
                     now,
-                    self.shared.rng.next_f64(),
+                    u,
                 )
             }
-            Err(other) => return Err(other),
         };
         let patch = StatePatch {
             schedule: Some(change.state.clone()),
             updated_at: Some(now),
             ..StatePatch::default()
         };
-        match self
-            .shared
-            .store
-            .save_state(&self.key, &self.lease, &patch)
-            .await
-        {
-            Ok(()) => {}
-            Err(Error::LeaseLost { epoch, .. }) => return Err(CycleError::LeaseLost(epoch)),
-            Err(error) => {
-                tracing::warn!(key = %self.key, %error, "saving the schedule failed; the previous one stays");
-                self.shared
-                    .hooks
-                    .on_error(&self.hook, &error.to_serialized(), Phase::Schedule)
-                    .await;
-            }
-        }
+        self.save_bookkeeping(cycle, &patch).await?;
+        cycle.schedule = change.state.clone();
         if change.circuit_opened {
             let probe_at = change.state.next_due_at.unwrap_or(now);
             self.shared
                 .hooks
-                .on_circuit_open(&self.hook, change.state.consecutive_failures, probe_at)
+                .on_circuit_open(&cycle.hook, change.state.consecutive_failures, probe_at)
                 .await;
         }
         if change.circuit_closed {
-            self.shared.hooks.on_circuit_close(&self.hook).await;
+            self.shared.hooks.on_circuit_close(&cycle.hook).await;
         }
         let interval = change.state.interval_ms.unwrap_or(0);
         let next_due = change.state.next_due_at.unwrap_or(now);
         self.shared
             .hooks
-            .on_schedule_change(&self.hook, interval, next_due, change.reason)
+            .on_schedule_change(&cycle.hook, interval, next_due, change.reason)
             .await;
-        self.shared.hooks.on_poll_end(&self.hook, &summary).await;
-        report.polled.push(result);
         Ok(())
+    }
+
+    /// Reconcile and backfill record their progress; a failure backs the lane off (full
+    /// jitter on the poller's backoff) so a failing lane never runs hot (SPEC §8.6).
+    async fn lane_bookkeeping(
+        &self,
+        cycle: &mut Cycle,
+        failed: bool,
+        now: i64,
+    ) -> Result<(), CycleError> {
+        let lane = cycle.spec.lane;
+        let mut lanes = cycle.state.lanes.clone();
+        let slot = lanes.slot(lane).get_or_insert_with(LaneCursor::default);
+        if failed {
+            let failures = slot.failures.unwrap_or(0).saturating_add(1);
+            let delay = self
+                .rt
+                .def
+                .schedule
+                .backoff
+                .full_jitter_ms(failures, self.shared.rng.next_f64());
+            slot.failures = Some(failures);
+            slot.retry_at = Some(now.saturating_add(delay.max(1)));
+        } else {
+            slot.failures = None;
+            slot.retry_at = None;
+            let complete = cycle.done && !cycle.truncated;
+            slot.done = Some(complete);
+            if lane == Lane::Reconcile {
+                // A reconcile restarts from page 1 next time; only a complete listing counts.
+                slot.cursor = None;
+                if complete {
+                    slot.last_run_at = Some(now);
+                }
+            }
+        }
+        let patch = StatePatch {
+            lanes: Some(lanes.clone()),
+            updated_at: Some(now),
+            ..StatePatch::default()
+        };
+        self.save_bookkeeping(cycle, &patch).await?;
+        cycle.state.lanes = lanes;
+        Ok(())
+    }
+
+    /// Saves a cycle's bookkeeping (fenced); a failure other than a lost lease is reported and
+    /// the previous value stays.
+    async fn save_bookkeeping(&self, cycle: &Cycle, patch: &StatePatch) -> Result<(), CycleError> {
+        match self
+            .shared
+            .store
+            .save_state(&self.key, &self.lease, patch)
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(Error::LeaseLost { epoch, .. }) => Err(CycleError::LeaseLost(epoch)),
+            Err(error) => {
+                tracing::warn!(key = %self.key, %error, "saving the cycle's bookkeeping failed; the previous state stays");
+                self.shared
+                    .hooks
+                    .on_error(&cycle.hook, &error.to_serialized(), Phase::Schedule)
+                    .await;
+                Ok(())
+            }
+        }
     }
 
     fn check_running(&self) -> Result<(), CycleError> {
@@ -580,19 +755,13 @@ impl Run<'_> {
     }
 
     async fn pages(&self, cycle: &mut Cycle) -> Result<(), CycleError> {
-        let def = &self.rt.def;
-        let strategy = &def.strategy;
-        let full_scan = strategy.is_full_scan();
-        let cap = if full_scan {
-            def.full_scan_page_cap
-        } else {
-            def.max_pages_per_cycle
-        };
+        let strategy = Arc::clone(&cycle.spec.strategy);
+        let fetch = cycle.spec.fetch.clone();
+        let (lane, cap) = (cycle.spec.lane, cycle.spec.cap);
         let mut cursor = match cycle
             .state
             .lanes
-            .live
-            .as_ref()
+            .get(lane)
             .and_then(|l| l.cursor.as_deref())
         {
             Some(text) => strategy
@@ -617,14 +786,14 @@ impl Run<'_> {
                 cursor: strategy.for_fetch(&cursor, cycle.pages == 0),
                 page: page_index,
                 partition: self.partition.clone(),
-                lane: Lane::Live,
+                lane,
                 attempt: 1,
                 cancel: self.cancel.clone(),
             };
             let fetch_started = self.now();
             let span = tracing::info_span!("watukuy.fetch", page = page_index);
             let fetching = async {
-                match &def.fetch {
+                match &fetch {
                     FetchSource::Pages(fetch) => Some(fetch.fetch(ctx).await),
                     FetchSource::Stream(source) => {
                         stream.get_or_insert_with(|| source.pages(ctx)).next().await
@@ -654,7 +823,7 @@ impl Run<'_> {
                 items: page.items.len(),
                 not_modified: page.not_modified,
             };
-            self.shared.hooks.on_fetch(&self.hook, &info).await;
+            self.shared.hooks.on_fetch(&cycle.hook, &info).await;
             let processed = self.process(cycle, &cursor, page).await?;
             self.commit(cycle, processed).await?;
             let done = cycle.done;
@@ -682,14 +851,16 @@ impl Run<'_> {
             return Ok(());
         }
         cycle.done = true;
-        let strategy = &self.rt.def.strategy;
+        let strategy = Arc::clone(&cycle.spec.strategy);
         let complete = strategy.on_cycle_complete(cursor);
         if &complete == cursor {
             return Ok(());
         }
         let mut lanes = cycle.state.lanes.clone();
-        lanes.live.get_or_insert_with(LaneCursor::default).cursor =
-            Some(strategy.serialize(&complete));
+        lanes
+            .slot(cycle.spec.lane)
+            .get_or_insert_with(LaneCursor::default)
+            .cursor = Some(strategy.serialize(&complete));
         let patch = StatePatch {
             lanes: Some(lanes.clone()),
             updated_at: Some(self.now()),
@@ -722,8 +893,8 @@ impl Run<'_> {
             has_more: page.has_more,
             now_ms: now,
         };
-        let advance = def
-            .strategy
+        let strategy = Arc::clone(&cycle.spec.strategy);
+        let advance = strategy
             .advance(cursor, input)
             .map_err(|error| CycleError::Failed {
                 error,
@@ -782,7 +953,7 @@ impl Run<'_> {
             valid.into_iter().map(|c| (c.identity.clone(), c)).collect();
         let kept = dedupe_last_wins(kept);
         let identities: Vec<String> = kept.iter().map(|(id, _)| id.clone()).collect();
-        if def.strategy.is_full_scan() {
+        if cycle.spec.full_scan {
             cycle.seen.extend(identities.iter().cloned());
         }
         let stored = self
@@ -790,7 +961,7 @@ impl Run<'_> {
             .store
             .load_versions(&self.key, &identities)
             .await?;
-        let cursor_json = Json::parse(&def.strategy.serialize(&advance.cursor)).ok();
+        let cursor_json = Json::parse(&cycle.spec.strategy.serialize(&advance.cursor)).ok();
         let mut upserts = Vec::new();
         let mut events = Vec::new();
         let time = format_rfc3339_ms(now);
@@ -799,7 +970,9 @@ impl Run<'_> {
             let version = candidate.version.clone();
             // Unchanged rows are not rewritten, full scans included: a scan of a million items
             // must not rewrite a million rows (deletes use the cycle's seen set, not `seen_at`).
-            if unchanged_by_version(row, version.as_deref(), def.schema_version) {
+            if unchanged_by_version(row, version.as_deref(), def.schema_version)
+                && !cycle.spec.force
+            {
                 continue;
             }
             let value = candidate.value.clone();
@@ -813,7 +986,7 @@ impl Run<'_> {
                 phase: Phase::Fetch,
                 throttle: None,
             })?;
-            let decision = decide(
+            let mut decision = decide(
                 row,
                 &hash,
                 version.as_deref(),
@@ -821,6 +994,10 @@ impl Run<'_> {
                 def.on_schema_change,
                 false,
             );
+            // A forced backfill re-emits known, unchanged items as `updated`.
+            if cycle.spec.force && decision.event.is_none() && row.is_some() {
+                decision.event = Some(EventType::Updated);
+            }
             let data = Json::from_value(&value);
             if decision.upsert {
                 upserts.push(ItemRow {
@@ -850,9 +1027,15 @@ impl Run<'_> {
                 ));
             }
         }
-        cycle.done = advance.done;
+        // A backfill also stops once it reached its target.
+        let reached = cycle
+            .spec
+            .target
+            .as_ref()
+            .is_some_and(|t| strategy.reached(&advance.cursor, t));
+        cycle.done = advance.done || reached;
         let lane_cursor = if advance.done {
-            def.strategy.on_cycle_complete(&advance.cursor)
+            cycle.spec.strategy.on_cycle_complete(&advance.cursor)
         } else {
             advance.cursor.clone()
         };
@@ -867,7 +1050,7 @@ impl Run<'_> {
     }
 
     fn note_seen_invalid(&self, cycle: &mut Cycle, identity: Option<String>) {
-        if self.rt.def.strategy.is_full_scan() {
+        if cycle.spec.full_scan {
             match identity {
                 Some(identity) => {
                     cycle.seen.insert(identity);
@@ -911,7 +1094,7 @@ impl Run<'_> {
             time: time.to_owned(),
             poller: self.key.poller.clone(),
             partition: self.key.partition.clone(),
-            lane: Lane::Live,
+            lane: cycle.spec.lane,
             sequence: cycle.sequence,
             cursor,
             data,
@@ -925,9 +1108,11 @@ impl Run<'_> {
     async fn commit(&self, cycle: &mut Cycle, processed: Processed) -> Result<(), CycleError> {
         let now = self.now();
         let mut lanes = cycle.state.lanes.clone();
-        let live = lanes.live.get_or_insert_with(LaneCursor::default);
+        let slot = lanes
+            .slot(cycle.spec.lane)
+            .get_or_insert_with(LaneCursor::default);
         if let Some(cursor) = &cycle.cursor {
-            live.cursor = Some(self.rt.def.strategy.serialize(cursor));
+            slot.cursor = Some(cycle.spec.strategy.serialize(cursor));
         }
         let events = processed.events.len();
         let batch = CommitBatch {
@@ -982,12 +1167,15 @@ impl Run<'_> {
             deletes: batch.deletes.len(),
             duration_ms: self.now().saturating_sub(started),
         };
-        self.shared.hooks.on_commit(&self.hook, &info).await;
+        self.shared.hooks.on_commit(&cycle.hook, &info).await;
         for event in &processed.events {
-            self.shared.hooks.on_event(&self.hook, event).await;
+            self.shared.hooks.on_event(&cycle.hook, event).await;
         }
         for (item, issues) in &processed.quarantined {
-            self.shared.hooks.on_invalid(&self.hook, item, issues).await;
+            self.shared
+                .hooks
+                .on_invalid(&cycle.hook, item, issues)
+                .await;
         }
         if events > 0 {
             let drained = self.drain().await?;
@@ -1007,7 +1195,7 @@ impl Run<'_> {
     /// After a complete full listing: everything stored but not seen is deleted.
     async fn full_scan_deletes(&self, cycle: &mut Cycle) -> Result<(), CycleError> {
         let def = &self.rt.def;
-        if !(cycle.done && def.strategy.is_full_scan())
+        if !(cycle.done && cycle.spec.full_scan)
             || cycle.truncated
             || cycle.saw_not_modified
             || cycle.halted
@@ -1036,7 +1224,7 @@ impl Run<'_> {
         let cursor_json = cycle
             .cursor
             .as_ref()
-            .and_then(|c| Json::parse(&def.strategy.serialize(c)).ok());
+            .and_then(|c| Json::parse(&cycle.spec.strategy.serialize(c)).ok());
         for chunk in missing.chunks(DEFAULT_IDENTITY_BATCH) {
             self.check_running()?;
             let rows = self.shared.store.load_versions(&self.key, chunk).await?;
@@ -1074,6 +1262,38 @@ impl Run<'_> {
         }
         Ok(())
     }
+}
+
+/// Whether the reconcile lane is due: never ran, or `every` passed since its last complete
+/// listing, and not backing off.
+pub(crate) fn reconcile_due(def: &PollerDef, state: &PollerState, now: i64) -> bool {
+    reconcile_due_at(def, state).is_some_and(|at| at <= now)
+}
+
+/// When the reconcile lane is next due, if the poller has one.
+pub(crate) fn reconcile_due_at(def: &PollerDef, state: &PollerState) -> Option<i64> {
+    let every = crate::clock::duration_ms(def.reconcile.as_ref()?.every);
+    let lane = state.lanes.reconcile.as_ref();
+    let after_last = lane
+        .and_then(|l| l.last_run_at)
+        .map_or(i64::MIN, |t| t.saturating_add(every));
+    let retry = lane.and_then(|l| l.retry_at).unwrap_or(i64::MIN);
+    Some(after_last.max(retry))
+}
+
+/// Whether an unfinished backfill may run now (not backing off).
+pub(crate) fn backfill_due(state: &PollerState, now: i64) -> bool {
+    backfill_due_at(state).is_some_and(|at| at <= now)
+}
+
+/// When an unfinished backfill may run next.
+pub(crate) fn backfill_due_at(state: &PollerState) -> Option<i64> {
+    let lane = state
+        .lanes
+        .backfill
+        .as_ref()
+        .filter(|l| l.done != Some(true))?;
+    Some(lane.retry_at.unwrap_or(i64::MIN))
 }
 
 /// A fetch error as a cycle failure; 429, and 503 with Retry-After, are throttles.
@@ -1123,8 +1343,24 @@ struct Processed {
     quarantined: Vec<(Json, Vec<crate::model::ValidationIssue>)>,
 }
 
+/// What one lane cycle reads and how.
+pub(crate) struct LaneSpec {
+    pub(crate) lane: Lane,
+    pub(crate) strategy: SharedStrategy,
+    pub(crate) fetch: FetchSource,
+    /// Every cycle lists everything: unseen identities are deleted after a complete listing.
+    pub(crate) full_scan: bool,
+    pub(crate) cap: u32,
+    /// Backfill: re-emit known unchanged items as `updated`.
+    pub(crate) force: bool,
+    /// Backfill: stop once the cursor reached this.
+    pub(crate) target: Option<Cursor>,
+}
+
 /// The running totals of one cycle.
 struct Cycle {
+    spec: LaneSpec,
+    hook: HookContext,
     state: PollerState,
     schedule: ScheduleState,
     sequence: i64,
@@ -1144,8 +1380,10 @@ struct Cycle {
 }
 
 impl Cycle {
-    fn new(state: PollerState, schedule: ScheduleState) -> Self {
+    fn new(state: PollerState, schedule: ScheduleState, spec: LaneSpec, hook: HookContext) -> Self {
         Self {
+            spec,
+            hook,
             sequence: state.sequence,
             state,
             schedule,

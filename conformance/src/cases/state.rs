@@ -88,6 +88,8 @@ fn full_patch(updated_at: i64) -> StatePatch {
                 done: Some(false),
                 last_run_at: Some(T0 - 2_000),
                 force: Some(false),
+                failures: None,
+                retry_at: None,
             }),
             reconcile: Some(LaneCursor {
                 cursor: Some(r#"{"page":3,"nested":{"a":[1,2,{"b":null}],"c":true}}"#.to_owned()),
@@ -95,6 +97,8 @@ fn full_patch(updated_at: i64) -> StatePatch {
                 done: Some(true),
                 last_run_at: Some(T0 - 3_600_000),
                 force: None,
+                failures: Some(2),
+                retry_at: Some(T0 + 4_000),
             }),
             backfill: Some(LaneCursor {
                 cursor: Some(r#"{"since":"2025-01-01"}"#.to_owned()),
@@ -102,6 +106,8 @@ fn full_patch(updated_at: i64) -> StatePatch {
                 done: Some(false),
                 last_run_at: Some(T0 - 60_000),
                 force: Some(true),
+                failures: Some(0),
+                retry_at: Some(T0),
             }),
             replay: Some(LaneCursor {
                 cursor: Some("42".to_owned()),
@@ -109,6 +115,8 @@ fn full_patch(updated_at: i64) -> StatePatch {
                 done: None,
                 last_run_at: None,
                 force: None,
+                failures: None,
+                retry_at: None,
             }),
         }),
         schedule: Some(full_schedule()),
@@ -338,6 +346,8 @@ pub async fn patches_replace_top_level_fields(env: Env) -> CaseResult {
                 done: Some(false),
                 last_run_at: None,
                 force: Some(true),
+                failures: None,
+                retry_at: None,
             }),
             ..Lanes::default()
         }),
