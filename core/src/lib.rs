@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod backoff;
+pub mod budget;
 pub mod clock;
 pub mod cursor;
 pub mod decide;
