@@ -121,6 +121,7 @@ macro_rules! for_each_case {
                 g8_same_seed_same_trace,
                 g8_nothing_runs_after_stop,
                 hooks_fire_in_lifecycle_order,
+                g6_shared_budget_is_never_exceeded,
             }
         }
     };

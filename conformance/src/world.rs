@@ -73,8 +73,14 @@ impl World {
     /// A poller `items` over the API with the given strategy: identity `id`, schedule 5 s to
     /// 30 s without jitter, 3 delivery attempts with a 1 s to 4 s backoff.
     pub fn poller(&self, kind: StrategyKind) -> PollerBuilder<serde_json::Value> {
+        self.poller_named(POLLER, kind)
+    }
+
+    /// Like [`poller`](Self::poller) with another name (several pollers over one API). The
+    /// fetch charges the poller's rate budget, if it has one, before each request.
+    pub fn poller_named(&self, name: &str, kind: StrategyKind) -> PollerBuilder<serde_json::Value> {
         let api = self.api.clone();
-        let builder = Poller::builder::<serde_json::Value>(POLLER)
+        let builder = Poller::builder::<serde_json::Value>(name)
             .identity_field("id")
             .schedule(ScheduleOptions {
                 min: Duration::from_secs(5),
@@ -117,7 +123,10 @@ impl World {
         };
         builder.cursor(cursor).fetch(move |ctx: FetchContext| {
             let api = api.clone();
-            async move { fetch.run(&api, &ctx).await }
+            async move {
+                ctx.charge_budget().await?;
+                fetch.run(&api, &ctx).await
+            }
         })
     }
 

@@ -53,6 +53,7 @@ fn ctx(cursor: Cursor, page: u32) -> FetchContext {
         lane: Lane::Live,
         attempt: 1,
         cancel: CancellationToken::new(),
+        budget: None,
     }
 }
 

@@ -58,6 +58,8 @@ pub struct EngineBuilder {
     renew_every: Option<Duration>,
     source_prefix: String,
     dispatch_batch_size: usize,
+    budgets: Vec<(String, crate::budget::BudgetPolicy)>,
+    budget_store: Arc<dyn crate::budget::BudgetStore>,
 }
 
 impl std::fmt::Debug for EngineBuilder {
@@ -126,6 +128,21 @@ impl EngineBuilder {
         self
     }
 
+    /// Declares a named rate budget that pollers draw on (`PollerBuilder::budget`).
+    #[must_use]
+    pub fn budget(mut self, name: impl Into<String>, policy: crate::budget::BudgetPolicy) -> Self {
+        self.budgets.push((name.into(), policy));
+        self
+    }
+
+    /// Where budget buckets live (default: in memory, per process). A shared store (Redis)
+    /// makes budgets hold across processes.
+    #[must_use]
+    pub fn budget_store(mut self, store: Arc<dyn crate::budget::BudgetStore>) -> Self {
+        self.budget_store = store;
+        self
+    }
+
     /// Validates everything and builds the engine.
     pub fn build(self) -> Result<Engine> {
         let ttl_ms = duration_ms(self.lease_ttl);
@@ -153,9 +170,27 @@ impl EngineBuilder {
             1 => Arc::clone(&self.hooks[0]),
             _ => Arc::new(ComposedHooks(self.hooks)),
         };
+        let mut budgets = crate::budget::BudgetManager::new(
+            Arc::clone(&self.budget_store),
+            Arc::clone(&self.clock),
+        );
+        for (name, policy) in self.budgets {
+            budgets = budgets.with_budget(name, policy)?;
+        }
         let mut pollers = BTreeMap::new();
         for poller in self.pollers {
             let def = Arc::clone(&poller.inner);
+            if let Some(budget) = &def.budget {
+                if !budgets.contains(budget) {
+                    return Err(Error::config(
+                        "budget",
+                        format!(
+                            "poller '{}' uses budget '{budget}', which the engine does not declare",
+                            def.name
+                        ),
+                    ));
+                }
+            }
             if pollers.contains_key(&def.name) {
                 return Err(Error::config(
                     "pollers",
@@ -189,6 +224,7 @@ impl EngineBuilder {
             instance_id,
             lease_ttl_ms: ttl_ms,
             renew_every_ms: renew_ms,
+            budgets: Arc::new(budgets),
         };
         Ok(Engine {
             inner: Arc::new(Inner {
@@ -378,6 +414,8 @@ impl Engine {
             renew_every: None,
             source_prefix: DEFAULT_SOURCE_PREFIX.to_owned(),
             dispatch_batch_size: DEFAULT_DISPATCH_BATCH_SIZE,
+            budgets: Vec::new(),
+            budget_store: Arc::new(crate::budget::MemoryBudgetStore::new()),
         }
     }
 

@@ -1,6 +1,12 @@
 //! What a poller's `fetch` receives and returns.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use tokio_util::sync::CancellationToken;
+
+use crate::budget::{BudgetManager, Request};
+use crate::hooks::{HookContext, Hooks};
 
 use crate::cursor::Cursor;
 use crate::delivery::Partition;
@@ -22,6 +28,75 @@ pub struct FetchContext {
     pub attempt: u32,
     /// Fires when the cycle is abandoned (stop without drain, lease loss, deadline).
     pub cancel: CancellationToken,
+    /// The poller's rate budget, if it has one (see [`charge_budget`](Self::charge_budget)).
+    pub budget: Option<BudgetCharge>,
+}
+
+impl FetchContext {
+    /// Takes the poller's `budget_cost` tokens from its rate budget before a request, waiting
+    /// (behind higher lanes, fairly among pollers) until the budget allows it. Call it once per
+    /// HTTP request. A poller without a budget returns at once.
+    ///
+    /// A `BudgetTimeout` error (no token within `max_wait`) ends the cycle as a deferral: the key
+    /// runs again when the budget can serve it, without counting as a failure.
+    pub async fn charge_budget(&self) -> crate::error::Result<()> {
+        match &self.budget {
+            Some(budget) => budget.charge(budget.cost, &self.cancel).await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// A poller's share of a named rate budget, as handed to its fetch.
+#[derive(Clone)]
+pub struct BudgetCharge {
+    pub(crate) manager: Arc<BudgetManager>,
+    pub(crate) name: String,
+    pub(crate) requester: String,
+    pub(crate) weight: f64,
+    pub(crate) lane: Lane,
+    pub(crate) cost: u64,
+    pub(crate) max_wait: Option<Duration>,
+    pub(crate) hooks: Arc<dyn Hooks>,
+    pub(crate) hook: HookContext,
+}
+
+impl std::fmt::Debug for BudgetCharge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BudgetCharge")
+            .field("budget", &self.name)
+            .field("requester", &self.requester)
+            .field("lane", &self.lane)
+            .field("cost", &self.cost)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BudgetCharge {
+    /// The budget's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Takes `cost` tokens (0 passes at once), waiting as the budget requires.
+    pub async fn charge(&self, cost: u64, cancel: &CancellationToken) -> crate::error::Result<()> {
+        let request = Request::new(self.requester.clone())
+            .with_weight(self.weight)
+            .with_lane(self.lane)
+            .with_cost(cost)
+            .with_cancel(cancel.clone());
+        let request = match self.max_wait {
+            Some(max_wait) => request.with_max_wait(max_wait),
+            None => request,
+        };
+        let grant = self.manager.acquire(&self.name, request).await?;
+        if grant.waited_ms > 0 {
+            self.hooks
+                .on_budget_wait(&self.hook, &self.name, grant.waited_ms)
+                .await;
+        }
+        Ok(())
+    }
 }
 
 /// One page of items as the API returned them.

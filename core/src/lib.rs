@@ -21,6 +21,7 @@ pub mod schedule;
 pub mod store;
 
 pub use backoff::Backoff;
+pub use budget::{BudgetManager, BudgetPolicy, BudgetStore, Fairness, MemoryBudgetStore};
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use delivery::{
     AckMode, DeliveryOptions, Dispatcher, DrainContext, DrainReport, Handler, HandlerContext,
@@ -32,7 +33,7 @@ pub use engine::{
 };
 pub use error::{BoxError, Error, ErrorCode, Result, StoreErrorKind};
 pub use event::{CloudEvent, Event, EventType};
-pub use fetch::{FetchContext, Page};
+pub use fetch::{BudgetCharge, FetchContext, Page};
 pub use json::Json;
 pub use model::{
     Capabilities, Circuit, CommitBatch, EventCounts, ItemRow, Lane, LaneCursor, Lanes, Lease,

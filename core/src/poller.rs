@@ -166,6 +166,9 @@ pub(crate) struct PollerDef {
     pub(crate) full_scan_page_cap: u32,
     pub(crate) log_retention: Option<Duration>,
     pub(crate) reconcile: Option<Reconcile>,
+    pub(crate) budget: Option<String>,
+    pub(crate) budget_weight: f64,
+    pub(crate) budget_cost: u64,
     pub(crate) partitions: Option<Arc<dyn Partitions>>,
     pub(crate) partitions_refresh: Duration,
 }
@@ -228,6 +231,9 @@ pub struct PollerBuilder<T> {
     full_scan_page_cap: u32,
     log_retention: Option<Duration>,
     reconcile: Option<Reconcile>,
+    budget: Option<String>,
+    budget_weight: f64,
+    budget_cost: u64,
     source: Option<String>,
     partitions: Option<Arc<dyn Partitions>>,
     partitions_refresh: Duration,
@@ -267,6 +273,9 @@ where
             full_scan_page_cap: DEFAULT_FULL_SCAN_PAGE_CAP,
             log_retention: None,
             reconcile: None,
+            budget: None,
+            budget_weight: 1.0,
+            budget_cost: 1,
             source: None,
             partitions: None,
             partitions_refresh: Duration::from_secs(300),
@@ -426,6 +435,28 @@ where
         self
     }
 
+    /// Draws on the engine's rate budget `name` (declared with `EngineBuilder::budget`); the
+    /// fetch charges it with `ctx.charge_budget()` before each request.
+    #[must_use]
+    pub fn budget(mut self, name: impl Into<String>) -> Self {
+        self.budget = Some(name.into());
+        self
+    }
+
+    /// This poller's weight under `weighted` fairness (default 1, must be > 0).
+    #[must_use]
+    pub fn budget_weight(mut self, weight: f64) -> Self {
+        self.budget_weight = weight;
+        self
+    }
+
+    /// Tokens one request takes (default 1; 0 skips the budget).
+    #[must_use]
+    pub fn budget_cost(mut self, cost: u64) -> Self {
+        self.budget_cost = cost;
+        self
+    }
+
     /// Keeps a replay log of every event for `retention`.
     #[must_use]
     pub fn log(mut self, retention: Duration) -> Self {
@@ -504,6 +535,12 @@ where
                 ));
             }
         }
+        if !(self.budget_weight.is_finite() && self.budget_weight > 0.0) {
+            return Err(Error::config(
+                "budget_weight",
+                format!("must be a finite number > 0, got {}", self.budget_weight),
+            ));
+        }
         if self.log_retention.is_some_and(|r| r.is_zero()) {
             return Err(Error::config("log.retention", "must be greater than zero"));
         }
@@ -564,6 +601,9 @@ where
                 full_scan_page_cap: self.full_scan_page_cap,
                 log_retention: self.log_retention,
                 reconcile: self.reconcile,
+                budget: self.budget,
+                budget_weight: self.budget_weight,
+                budget_cost: self.budget_cost,
                 partitions: self.partitions,
                 partitions_refresh: self.partitions_refresh,
             }),

@@ -38,6 +38,7 @@ pub(crate) struct Shared {
     pub(crate) instance_id: String,
     pub(crate) lease_ttl_ms: i64,
     pub(crate) renew_every_ms: i64,
+    pub(crate) budgets: Arc<crate::budget::BudgetManager>,
 }
 
 /// A poller as the engine runs it.
@@ -449,6 +450,44 @@ impl Run<'_> {
         Ok(KeyOutcome::Ran(report))
     }
 
+    /// The poller's share of its rate budget for this cycle's lane, if it has one.
+    fn budget_charge(&self, cycle: &Cycle) -> Option<crate::fetch::BudgetCharge> {
+        let def = &self.rt.def;
+        let name = def.budget.as_ref()?;
+        let max_wait = self
+            .shared
+            .budgets
+            .policy(name)
+            .and_then(|p| p.max_wait)
+            .unwrap_or(def.schedule.max);
+        Some(crate::fetch::BudgetCharge {
+            manager: Arc::clone(&self.shared.budgets),
+            name: name.clone(),
+            requester: format!("{}/{}", self.key.poller, self.key.partition),
+            weight: def.budget_weight,
+            lane: cycle.spec.lane,
+            cost: def.budget_cost,
+            max_wait: Some(max_wait),
+            hooks: Arc::clone(&self.shared.hooks),
+            hook: cycle.hook.clone(),
+        })
+    }
+
+    /// When the poller's budget can serve its next request, for a deferral (SPEC §8.4).
+    async fn budget_ready_in(&self) -> i64 {
+        let def = &self.rt.def;
+        match &def.budget {
+            Some(name) => self
+                .shared
+                .budgets
+                .ready_in_ms(name, def.budget_cost)
+                .await
+                .unwrap_or(1_000)
+                .max(1),
+            None => 1_000,
+        }
+    }
+
     /// Runs one lane with its span; a lost lease or a stop ends the whole run.
     async fn run_lane(
         &self,
@@ -575,6 +614,22 @@ impl Run<'_> {
         };
         let failure = match outcome {
             Ok(()) => None,
+            Err(CycleError::Failed {
+                error: Error::BudgetTimeout { budget, waited_ms },
+                ..
+            }) => {
+                // A budget timeout is a deferral, not a failure (SPEC §8.4): no backoff, no
+                // circuit; the key is due again when the budget can serve it.
+                let ready_in = self.budget_ready_in().await;
+                tracing::info!(key = %self.key, budget, waited_ms, ready_in, lane = lane.as_str(), "cycle deferred by its rate budget");
+                self.defer(&mut cycle, ready_in, now).await?;
+                self.shared.hooks.on_poll_end(&cycle.hook, &summary).await;
+                report.polled.push(result);
+                let mut state = cycle.state;
+                state.sequence = cycle.sequence;
+                state.schedule = cycle.schedule;
+                return Ok(state);
+            }
             Err(CycleError::Failed {
                 error,
                 phase,
@@ -722,6 +777,32 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Defers the lane by `ready_in` ms without counting a failure.
+    async fn defer(&self, cycle: &mut Cycle, ready_in: i64, now: i64) -> Result<(), CycleError> {
+        let lane = cycle.spec.lane;
+        let patch = if lane == Lane::Live {
+            cycle.schedule = schedule::deferred(&cycle.schedule, ready_in, now);
+            StatePatch {
+                schedule: Some(cycle.schedule.clone()),
+                updated_at: Some(now),
+                ..StatePatch::default()
+            }
+        } else {
+            let mut lanes = cycle.state.lanes.clone();
+            lanes
+                .slot(lane)
+                .get_or_insert_with(LaneCursor::default)
+                .retry_at = Some(now.saturating_add(ready_in));
+            cycle.state.lanes = lanes.clone();
+            StatePatch {
+                lanes: Some(lanes),
+                updated_at: Some(now),
+                ..StatePatch::default()
+            }
+        };
+        self.save_bookkeeping(cycle, &patch).await
+    }
+
     /// Saves a cycle's bookkeeping (fenced); a failure other than a lost lease is reported and
     /// the previous value stays.
     async fn save_bookkeeping(&self, cycle: &Cycle, patch: &StatePatch) -> Result<(), CycleError> {
@@ -789,6 +870,7 @@ impl Run<'_> {
                 lane,
                 attempt: 1,
                 cancel: self.cancel.clone(),
+                budget: self.budget_charge(cycle),
             };
             let fetch_started = self.now();
             let span = tracing::info_span!("watukuy.fetch", page = page_index);
