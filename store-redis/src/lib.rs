@@ -1,3 +1,821 @@
-//! The Redis (one Lua script per fenced write) and the Redis budget store store for watukuy.
-//!
-//! This crate is a skeleton: the store arrives with issue 7. Until then it exports nothing.
+#![doc = include_str!("../README.md")]
+
+mod budget;
+mod codec;
+mod error;
+mod keys;
+mod options;
+mod scripts;
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use async_trait::async_trait;
+use futures::stream::{self, BoxStream, StreamExt};
+use redis::aio::{ConnectionManagerConfig, MultiplexedConnection};
+use redis::{AsyncConnectionConfig, Client, Value};
+use watukuy_core::{
+    Capabilities, CommitBatch, Error, ItemRow, Lease, LogQuery, LoggedEvent, OutboxRow,
+    OutboxStatus, PKey, ParkedKind, ParkedQuery, ParkedRow, PollerState, Result, SerializedError,
+    StatePatch, Store, StoreErrorKind, Validator,
+};
+
+pub use crate::budget::RedisBudgetStore;
+use crate::codec::{Attempt, count, decode, encode, int, outbox_row, state_args};
+use crate::error::classify;
+use crate::keys::{KeyKeys, KeySpace};
+pub use crate::options::RedisOptions;
+use crate::scripts::{Call, SCRIPTS, reply, run, run_many};
+
+/// The redis connection type [`RedisStore::from_manager`] takes, re-exported so callers can name
+/// it without matching this crate's redis version by hand.
+pub use redis::aio::ConnectionManager;
+
+/// How many identities one `HMGET` asks for.
+const HMGET_CHUNK: usize = 1000;
+
+/// The Redis [`Store`]: many engine instances share one Redis, fenced by leases; every fenced
+/// write is one Lua script.
+///
+/// Build it with [`connect`](Self::connect) (a URL) or [`from_manager`](Self::from_manager)
+/// (your connection manager) and hand it to the engine. [`migrate`](Store::migrate) only loads
+/// the scripts (there is no schema); [`close`](Store::close) does nothing (the connection
+/// closes when the last clone of the store is dropped). See the crate documentation for the key
+/// layout and the scripts.
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: ConnectionManager,
+    options: RedisOptions,
+    keys: KeySpace,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.options.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `host:port` (or the socket path) of a client, without credentials.
+fn describe_target(client: &Client) -> String {
+    client.get_connection_info().addr().to_string()
+}
+
+/// Prefixes a connection failure with where the store tried to connect.
+fn connect_error(target: &str, error: Error) -> Error {
+    match error {
+        Error::Store {
+            kind,
+            transient,
+            message,
+            source,
+        } => Error::Store {
+            kind,
+            transient,
+            message: format!("cannot connect to Redis at {target}: {message}"),
+            source,
+        },
+        other => other,
+    }
+}
+
+/// Connects once to `client`, to learn early and clearly whether the server is there.
+async fn probe(client: &Client, options: &RedisOptions) -> Result<MultiplexedConnection> {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(options.connect_timeout))
+        .set_response_timeout(Some(options.response_timeout));
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .map_err(classify)
+}
+
+impl RedisStore {
+    /// Connects to `url` (`redis://[user:password@]host:port[/db]`, `rediss://` is not compiled
+    /// in, `unix:///path/to/socket`) through a multiplexed connection that reconnects by itself
+    /// (see [`RedisOptions::reconnect_attempts`]).
+    ///
+    /// Fails with [`Error::Config`] for invalid options or an unusable URL, and with a transient
+    /// [`Error::Store`] of kind `Connection` when the server cannot be reached (refused, unknown
+    /// host, timed out).
+    pub async fn connect(url: &str, options: RedisOptions) -> Result<Self> {
+        options.validate()?;
+        let client = Client::open(url)
+            .map_err(|e| Error::config("redis.url", format!("not a usable Redis URL: {e}")))?;
+        let target = describe_target(&client);
+        // One direct connection first: its error says what went wrong, where the manager would
+        // retry a refused connection with backoff before reporting it.
+        drop(
+            probe(&client, &options)
+                .await
+                .map_err(|e| connect_error(&target, e))?,
+        );
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.response_timeout))
+            .set_number_of_retries(options.reconnect_attempts);
+        let conn = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(|e| connect_error(&target, classify(e)))?;
+        Self::from_manager(conn, options)
+    }
+
+    /// Uses a connection manager you built (with your TLS, timeouts and reconnection policy).
+    /// The store only clones it; nothing is sent until the first call.
+    ///
+    /// Fails with [`Error::Config`] naming the first invalid option. Connection settings of
+    /// `options` are ignored: the manager keeps its own.
+    pub fn from_manager(conn: ConnectionManager, options: RedisOptions) -> Result<Self> {
+        options.validate()?;
+        let keys = KeySpace::new(&options.prefix);
+        Ok(Self {
+            conn,
+            options,
+            keys,
+        })
+    }
+
+    /// The options this store was built with.
+    pub fn options(&self) -> &RedisOptions {
+        &self.options
+    }
+
+    /// A [`RedisBudgetStore`] on this store's connection and prefix: rate budgets shared by
+    /// every process that uses the same Redis and prefix.
+    pub fn budget_store(&self) -> RedisBudgetStore {
+        RedisBudgetStore::new(self.conn.clone(), self.keys.clone())
+    }
+
+    /// Deletes every key under the prefix (`SCAN MATCH <prefix>*` and `UNLINK`, in batches, not
+    /// atomically): data, leases, epoch counters and budgets. Meant for tests and teardown; a
+    /// running engine on the same prefix loses everything. Returns how many keys were deleted.
+    pub async fn purge(&self) -> Result<u64> {
+        let mut conn = self.conn.clone();
+        // The prefix holds no glob characters (validated), so it matches itself.
+        let pattern = format!("{}*", self.keys.prefix());
+        let mut cursor: u64 = 0;
+        let mut deleted = 0;
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(classify)?;
+            if !batch.is_empty() {
+                let n: i64 = redis::cmd("UNLINK")
+                    .arg(&batch)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(classify)?;
+                deleted += count(n);
+            }
+            if next == 0 {
+                return Ok(deleted);
+            }
+            cursor = next;
+        }
+    }
+
+    fn of(&self, key: &PKey) -> KeyKeys {
+        self.keys.of(key)
+    }
+
+    /// `register_key.lua` for `key`.
+    fn register(&self, key: &PKey) -> Call {
+        SCRIPTS
+            .register_key
+            .call(&[self.keys.pollers(), self.keys.partitions(&key.poller)])
+            .arg(&key.poller)
+            .arg(&key.partition)
+    }
+
+    /// Runs a fenced script, which answers `OK` or `LEASE_LOST`.
+    async fn fenced(&self, key: &PKey, lease: &Lease, call: Call) -> Result<()> {
+        let answer: String = run(&self.conn, call).await?;
+        fenced_answer(key, lease, &answer)
+    }
+
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
+        let mut conn = self.conn.clone();
+        cmd.query_async(&mut conn).await.map_err(classify)
+    }
+
+    /// `HMGET` of many fields, chunked, in one round trip.
+    async fn hmget(&self, hash: &str, fields: &[&String]) -> Result<Vec<Option<String>>> {
+        if fields.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for chunk in fields.chunks(HMGET_CHUNK) {
+            pipe.cmd("HMGET").arg(hash).arg(chunk);
+        }
+        let mut conn = self.conn.clone();
+        let chunks: Vec<Vec<Option<String>>> =
+            pipe.query_async(&mut conn).await.map_err(classify)?;
+        Ok(chunks.into_iter().flatten().collect())
+    }
+}
+
+fn fenced_answer(key: &PKey, lease: &Lease, answer: &str) -> Result<()> {
+    match answer {
+        "OK" => Ok(()),
+        "LEASE_LOST" => Err(Error::lease_lost(key, lease.epoch)),
+        other => Err(Error::store(
+            StoreErrorKind::Corrupt,
+            false,
+            format!("unexpected answer from a fenced script: {other:?}"),
+        )),
+    }
+}
+
+/// The distinct ids, in first-appearance order.
+fn unique(ids: &[String]) -> Vec<&String> {
+    let mut seen = HashSet::new();
+    ids.iter().filter(|id| seen.insert(id.as_str())).collect()
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            transactions: true,
+            log: true,
+            streaming: true,
+        }
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        // No schema: loading every script checks that the server runs Lua and warms its cache.
+        for script in SCRIPTS.all() {
+            scripts::load(&self.conn, script).await?;
+        }
+        Ok(())
+    }
+
+    async fn close(&self) -> Result<()> {
+        Ok(())
+    }
+
+    async fn acquire_lease(
+        &self,
+        key: &PKey,
+        owner: &str,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<Option<Lease>> {
+        let keys = self.of(key);
+        let expires_at = now_ms.saturating_add(ttl_ms);
+        let acquire = SCRIPTS
+            .acquire_lease
+            .call(&[&keys.meta])
+            .arg(owner)
+            .arg(now_ms.to_string())
+            .arg(expires_at.to_string());
+        // The key is listed first, then leased; both in one round trip.
+        let mut replies = run_many(&self.conn, vec![self.register(key), acquire]).await?;
+        let epoch: Option<String> = match replies.pop() {
+            Some(value) => reply(&SCRIPTS.acquire_lease, value)?,
+            None => None,
+        };
+        epoch
+            .map(|epoch| {
+                Ok(Lease {
+                    owner: owner.to_owned(),
+                    epoch: int("a lease epoch", &epoch)?,
+                    expires_at,
+                })
+            })
+            .transpose()
+    }
+
+    async fn renew_lease(
+        &self,
+        key: &PKey,
+        lease: &Lease,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<bool> {
+        let keys = self.of(key);
+        let call = SCRIPTS
+            .renew_lease
+            .call(&[&keys.meta])
+            .arg(&lease.owner)
+            .arg(lease.epoch.to_string())
+            .arg(now_ms.saturating_add(ttl_ms).to_string());
+        let renewed: i64 = run(&self.conn, call).await?;
+        Ok(renewed == 1)
+    }
+
+    async fn release_lease(&self, key: &PKey, lease: &Lease) -> Result<()> {
+        let keys = self.of(key);
+        let call = SCRIPTS
+            .release_lease
+            .call(&[&keys.meta])
+            .arg(&lease.owner)
+            .arg(lease.epoch.to_string());
+        let _: String = run(&self.conn, call).await?;
+        Ok(())
+    }
+
+    async fn get_lease(&self, key: &PKey) -> Result<Option<Lease>> {
+        let keys = self.of(key);
+        let (owner, epoch, expires_at): (Option<String>, Option<String>, Option<String>) = self
+            .query(
+                redis::cmd("HMGET")
+                    .arg(&keys.meta)
+                    .arg("owner")
+                    .arg("epoch")
+                    .arg("expires_at"),
+            )
+            .await?;
+        let Some(owner) = owner else {
+            return Ok(None);
+        };
+        let missing = || {
+            Error::store(
+                StoreErrorKind::Corrupt,
+                false,
+                format!("the lease of {key} has an owner but no epoch or expiry"),
+            )
+        };
+        Ok(Some(Lease {
+            owner,
+            epoch: int("a lease epoch", &epoch.ok_or_else(missing)?)?,
+            expires_at: int("a lease expiry", &expires_at.ok_or_else(missing)?)?,
+        }))
+    }
+
+    async fn load_state(&self, key: &PKey) -> Result<Option<PollerState>> {
+        let keys = self.of(key);
+        let fields: Vec<(String, String)> =
+            self.query(redis::cmd("HGETALL").arg(&keys.state)).await?;
+        codec::state_from_fields(fields)
+    }
+
+    async fn save_state(&self, key: &PKey, lease: &Lease, patch: &StatePatch) -> Result<()> {
+        let keys = self.of(key);
+        let call = SCRIPTS
+            .save_state
+            .call(&[&keys.meta, &keys.state])
+            .arg(&lease.owner)
+            .arg(lease.epoch.to_string())
+            .arg(state_args(patch)?);
+        self.fenced(key, lease, call).await
+    }
+
+    async fn save_state_unfenced(&self, key: &PKey, patch: &StatePatch) -> Result<()> {
+        let keys = self.of(key);
+        let save = SCRIPTS
+            .save_state_unfenced
+            .call(&[&keys.state])
+            .arg(state_args(patch)?);
+        run_many(&self.conn, vec![self.register(key), save]).await?;
+        Ok(())
+    }
+
+    async fn list_keys(&self, poller: Option<&str>) -> Result<Vec<PKey>> {
+        let pollers: Vec<String> = match poller {
+            Some(poller) => vec![poller.to_owned()],
+            None => {
+                self.query(redis::cmd("SMEMBERS").arg(self.keys.pollers()))
+                    .await?
+            }
+        };
+        if pollers.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for poller in &pollers {
+            pipe.cmd("SMEMBERS").arg(self.keys.partitions(poller));
+        }
+        let mut conn = self.conn.clone();
+        let partitions: Vec<Vec<String>> = pipe.query_async(&mut conn).await.map_err(classify)?;
+        let mut keys: Vec<PKey> = pollers
+            .iter()
+            .zip(partitions)
+            .flat_map(|(poller, partitions)| {
+                partitions
+                    .into_iter()
+                    .map(move |partition| PKey::new(poller.clone(), partition))
+            })
+            .collect();
+        keys.sort();
+        Ok(keys)
+    }
+
+    async fn delete_key(&self, key: &PKey) -> Result<()> {
+        let keys = self.of(key);
+        let unregister = SCRIPTS
+            .unregister_key
+            .call(&[self.keys.pollers(), self.keys.partitions(&key.poller)])
+            .arg(&key.poller)
+            .arg(&key.partition);
+        let mut names = vec![keys.meta.as_str()];
+        names.extend(keys.data());
+        let delete = SCRIPTS.delete_key.call(&names);
+        // Unlisted first: a delete racing an acquisition can leave a listed empty key, never an
+        // unlisted one with data.
+        run_many(&self.conn, vec![unregister, delete]).await?;
+        Ok(())
+    }
+
+    async fn clear_items(&self, key: &PKey) -> Result<()> {
+        let keys = self.of(key);
+        let _: i64 = self
+            .query(redis::cmd("DEL").arg(&keys.items).arg(&keys.ids))
+            .await?;
+        Ok(())
+    }
+
+    async fn load_versions(
+        &self,
+        key: &PKey,
+        identities: &[String],
+    ) -> Result<HashMap<String, ItemRow>> {
+        let keys = self.of(key);
+        let wanted = unique(identities);
+        let rows = self.hmget(&keys.items, &wanted).await?;
+        let mut out = HashMap::with_capacity(rows.len());
+        for (identity, row) in wanted.into_iter().zip(rows) {
+            if let Some(row) = row {
+                out.insert(identity.clone(), decode("a snapshot row", &row)?);
+            }
+        }
+        Ok(out)
+    }
+
+    fn stream_identities<'a>(
+        &'a self,
+        key: &'a PKey,
+        batch_size: usize,
+    ) -> BoxStream<'a, Result<Vec<String>>> {
+        // Keyset paging over a sorted set of the identities (byte order): every batch is exact,
+        // and identities that stay in the snapshot are seen exactly once.
+        let batch_size = batch_size.max(1);
+        let ids = self.of(key).ids;
+        stream::unfold(Some("-".to_owned()), move |min| {
+            let ids = ids.clone();
+            async move {
+                let min = min?;
+                let batch: Result<Vec<String>> = self
+                    .query(
+                        redis::cmd("ZRANGEBYLEX")
+                            .arg(&ids)
+                            .arg(&min)
+                            .arg("+")
+                            .arg("LIMIT")
+                            .arg(0)
+                            .arg(batch_size),
+                    )
+                    .await;
+                match batch {
+                    Err(e) => Some((Err(e), None)),
+                    Ok(batch) if batch.is_empty() => None,
+                    Ok(batch) => {
+                        let next = (batch.len() == batch_size)
+                            .then(|| batch.last().map(|last| format!("({last}")))
+                            .flatten();
+                        Some((Ok(batch), next))
+                    }
+                }
+            }
+        })
+        .boxed()
+    }
+
+    async fn count_items(&self, key: &PKey) -> Result<u64> {
+        let keys = self.of(key);
+        let n: i64 = self.query(redis::cmd("HLEN").arg(&keys.items)).await?;
+        Ok(count(n))
+    }
+
+    async fn commit_poll(&self, key: &PKey, lease: &Lease, batch: &CommitBatch) -> Result<()> {
+        let k = self.of(key);
+        let mut call = SCRIPTS.commit_poll.call(&[
+            &k.meta,
+            &k.state,
+            &k.items,
+            &k.ids,
+            &k.outbox,
+            &k.rows,
+            &k.attempts,
+            &k.errors,
+            &k.parked,
+            &k.hold,
+            &k.log,
+            &k.log_rows,
+            &k.log_at,
+        ]);
+        call.push(&lease.owner)
+            .push(lease.epoch.to_string())
+            .push(if batch.log { "1" } else { "0" });
+        call.push(batch.upserts.len());
+        for row in &batch.upserts {
+            call.push(&row.identity)
+                .push(encode("a snapshot row", row)?);
+        }
+        call.push(batch.deletes.len());
+        for identity in &batch.deletes {
+            call.push(identity);
+        }
+        call.push(batch.events.len());
+        for row in &batch.events {
+            let logged = if batch.log {
+                encode(
+                    "a log entry",
+                    &LoggedEvent {
+                        sequence: row.sequence,
+                        event: row.event.clone(),
+                        created_at: row.created_at,
+                    },
+                )?
+            } else {
+                String::new()
+            };
+            let pending = row.status == OutboxStatus::Pending;
+            call.push(&row.event_id)
+                .push(row.sequence.to_string())
+                .push(if pending { "1" } else { "0" })
+                .push(if pending {
+                    encode("an outbox row", row)?
+                } else {
+                    String::new()
+                })
+                .push(row.created_at.to_string())
+                .push(logged);
+        }
+        call.push(batch.parked.len());
+        for row in &batch.parked {
+            call.push(&row.id)
+                .push(encode("a parked row", row)?)
+                .push(if row.hold_key.is_some() { "1" } else { "0" })
+                .push(row.hold_key.as_deref().unwrap_or(""));
+        }
+        call.push(state_args(&batch.state_patch)?);
+        self.fenced(key, lease, call).await
+    }
+
+    async fn load_pending(&self, key: &PKey, limit: usize) -> Result<Vec<OutboxRow>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let k = self.of(key);
+        let stop = i64::try_from(limit - 1).unwrap_or(i64::MAX);
+        let call = SCRIPTS
+            .load_pending
+            .call(&[&k.outbox, &k.rows, &k.attempts, &k.errors])
+            .arg(stop.to_string());
+        let flat: Vec<Option<String>> = run(&self.conn, call).await?;
+        let mut rows = Vec::with_capacity(flat.len() / 4);
+        for quad in flat.chunks(4) {
+            let [_, Some(row), attempts, attempt] = quad else {
+                return Err(Error::store(
+                    StoreErrorKind::Corrupt,
+                    false,
+                    "unexpected reply from script load_pending",
+                ));
+            };
+            rows.push(outbox_row(row, attempts.as_deref(), attempt.as_deref())?);
+        }
+        Ok(rows)
+    }
+
+    async fn count_pending(&self, key: &PKey) -> Result<u64> {
+        let keys = self.of(key);
+        let n: i64 = self.query(redis::cmd("ZCARD").arg(&keys.outbox)).await?;
+        Ok(count(n))
+    }
+
+    async fn ack_events(&self, key: &PKey, lease: &Lease, ids: &[String]) -> Result<()> {
+        let k = self.of(key);
+        let call = SCRIPTS
+            .ack_events
+            .call(&[&k.meta, &k.outbox, &k.rows, &k.attempts, &k.errors])
+            .arg(&lease.owner)
+            .arg(lease.epoch.to_string())
+            .arg(ids);
+        self.fenced(key, lease, call).await
+    }
+
+    async fn record_attempt(
+        &self,
+        key: &PKey,
+        lease: &Lease,
+        id: &str,
+        error: &SerializedError,
+        next_attempt_at: Option<i64>,
+    ) -> Result<()> {
+        let k = self.of(key);
+        let attempt = encode(
+            "a delivery error",
+            &Attempt {
+                last_error: error.clone(),
+                next_attempt_at,
+            },
+        )?;
+        let call = SCRIPTS
+            .record_attempt
+            .call(&[&k.meta, &k.rows, &k.attempts, &k.errors])
+            .arg(&lease.owner)
+            .arg(lease.epoch.to_string())
+            .arg(id)
+            .arg(attempt);
+        self.fenced(key, lease, call).await
+    }
+
+    async fn park_event(&self, key: &PKey, lease: &Lease, row: &ParkedRow) -> Result<()> {
+        let k = self.of(key);
+        let call = SCRIPTS
+            .park_event
+            .call(&[
+                &k.meta,
+                &k.outbox,
+                &k.rows,
+                &k.attempts,
+                &k.errors,
+                &k.parked,
+                &k.hold,
+            ])
+            .arg(&lease.owner)
+            .arg(lease.epoch.to_string())
+            .arg(&row.id)
+            .arg(encode("a parked row", row)?)
+            .arg(if row.hold_key.is_some() { "1" } else { "0" })
+            .arg(row.hold_key.as_deref().unwrap_or(""))
+            .arg(if row.event.is_some() { "1" } else { "0" })
+            .arg(row.event.as_ref().map_or("", |event| event.id.as_str()));
+        self.fenced(key, lease, call).await
+    }
+
+    async fn list_parked(&self, key: &PKey, query: ParkedQuery) -> Result<Vec<ParkedRow>> {
+        let keys = self.of(key);
+        let texts: Vec<String> = self.query(redis::cmd("HVALS").arg(&keys.parked)).await?;
+        let mut rows = Vec::with_capacity(texts.len());
+        for text in &texts {
+            let row: ParkedRow = decode("a parked row", text)?;
+            if query.kind.is_none_or(|kind| row.kind == kind) {
+                rows.push(row);
+            }
+        }
+        rows.sort_by(|a, b| (a.parked_at, &a.id).cmp(&(b.parked_at, &b.id)));
+        rows.truncate(query.limit.unwrap_or(usize::MAX));
+        Ok(rows)
+    }
+
+    async fn count_parked(&self, key: &PKey) -> Result<u64> {
+        let keys = self.of(key);
+        let n: i64 = self.query(redis::cmd("HLEN").arg(&keys.parked)).await?;
+        Ok(count(n))
+    }
+
+    async fn retry_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
+        let k = self.of(key);
+        let mut pending: Vec<&String> = unique(ids);
+        let mut moved = 0;
+        // A row that changed between the read and the script (re-parked meanwhile) is read again;
+        // three rounds are plenty for an admin operation racing the engine.
+        for _ in 0..3 {
+            if pending.is_empty() {
+                break;
+            }
+            let texts = self.hmget(&k.parked, &pending).await?;
+            let mut call = SCRIPTS.retry_parked.call(&[
+                &k.parked,
+                &k.hold,
+                &k.outbox,
+                &k.rows,
+                &k.attempts,
+                &k.errors,
+            ]);
+            let mut any = false;
+            for (id, text) in pending.iter().zip(texts) {
+                let Some(text) = text else { continue };
+                let row: ParkedRow = decode("a parked row", &text)?;
+                let ParkedRow {
+                    kind: ParkedKind::Poison,
+                    event: Some(event),
+                    parked_at,
+                    ..
+                } = row
+                else {
+                    continue;
+                };
+                let mut outbox = OutboxRow::pending(event, parked_at);
+                outbox.event_id = (*id).clone();
+                call.push(*id)
+                    .push(&text)
+                    .push(outbox.sequence.to_string())
+                    .push(encode("an outbox row", &outbox)?);
+                any = true;
+            }
+            if !any {
+                break;
+            }
+            let answer: Vec<Value> = run(&self.conn, call).await?;
+            let mut answer = answer.into_iter();
+            let n: i64 = answer
+                .next()
+                .map(|v| reply(&SCRIPTS.retry_parked, v))
+                .transpose()?
+                .unwrap_or(0);
+            moved += count(n);
+            let changed: Vec<String> = answer
+                .map(|v| reply(&SCRIPTS.retry_parked, v))
+                .collect::<Result<_>>()?;
+            pending.retain(|id| changed.contains(id));
+        }
+        Ok(moved)
+    }
+
+    async fn discard_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
+        let wanted = unique(ids);
+        if wanted.is_empty() {
+            return Ok(0);
+        }
+        let k = self.of(key);
+        let call = SCRIPTS
+            .discard_parked
+            .call(&[&k.parked, &k.hold])
+            .arg(wanted);
+        let n: i64 = run(&self.conn, call).await?;
+        Ok(count(n))
+    }
+
+    async fn held_keys(&self, key: &PKey) -> Result<Vec<String>> {
+        let keys = self.of(key);
+        let held: Vec<String> = self.query(redis::cmd("HVALS").arg(&keys.hold)).await?;
+        Ok(held
+            .into_iter()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect())
+    }
+
+    async fn get_validator(&self, key: &PKey, url_hash: &str) -> Result<Option<Validator>> {
+        let keys = self.of(key);
+        let text: Option<String> = self
+            .query(redis::cmd("HGET").arg(&keys.validators).arg(url_hash))
+            .await?;
+        text.map(|text| decode("a validator", &text)).transpose()
+    }
+
+    async fn set_validator(
+        &self,
+        key: &PKey,
+        lease: &Lease,
+        url_hash: &str,
+        validator: &Validator,
+    ) -> Result<()> {
+        let k = self.of(key);
+        let call = SCRIPTS
+            .set_validator
+            .call(&[&k.meta, &k.validators])
+            .arg(&lease.owner)
+            .arg(lease.epoch.to_string())
+            .arg(url_hash)
+            .arg(encode("a validator", validator)?);
+        self.fenced(key, lease, call).await
+    }
+
+    async fn read_log(
+        &self,
+        key: &PKey,
+        query: LogQuery,
+        limit: usize,
+    ) -> Result<Vec<LoggedEvent>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let k = self.of(key);
+        let call = SCRIPTS
+            .read_log
+            .call(&[&k.log, &k.log_rows, &k.log_at])
+            .arg(
+                query
+                    .after_sequence
+                    .map_or_else(|| "-inf".to_owned(), |s| format!("({s}")),
+            )
+            .arg(query.from_time.map(|t| t.to_string()).unwrap_or_default())
+            .arg(query.to_time.map(|t| t.to_string()).unwrap_or_default())
+            .arg(limit.to_string());
+        let texts: Vec<String> = run(&self.conn, call).await?;
+        texts
+            .iter()
+            .map(|text| decode("a log entry", text))
+            .collect()
+    }
+
+    async fn prune_log(&self, key: &PKey, older_than: i64) -> Result<u64> {
+        let k = self.of(key);
+        let call = SCRIPTS
+            .prune_log
+            .call(&[&k.log, &k.log_rows, &k.log_at])
+            .arg(format!("({older_than}"));
+        let n: i64 = run(&self.conn, call).await?;
+        Ok(count(n))
+    }
+}

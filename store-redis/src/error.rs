@@ -1,0 +1,161 @@
+//! The one mapping from driver errors to watukuy's [`Error`] (ARCHITECTURE.md, invariant 5).
+
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+use watukuy_core::{Error, StoreErrorKind};
+
+/// Maps a redis error to [`Error::Store`] (or [`Error::Config`] for an unusable URL), deciding
+/// whether retrying may help:
+///
+/// | redis error | kind | transient |
+/// |---|---|---|
+/// | I/O: refused, reset, broken pipe, end of stream, unreachable | `Connection` | yes |
+/// | I/O: timed out (connect or response timeout) | `Timeout` | yes |
+/// | `LOADING` (restarting with a dataset), `BUSY` (a script runs too long), `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `OOM` | `Busy` | yes |
+/// | `READONLY` (a replica promoted away during failover) | `Connection` | yes |
+/// | authentication failed | `Connection` | no |
+/// | `WRONGTYPE` (a key of the store holds another type: foreign data under the prefix) | `Corrupt` | no |
+/// | a reply of an unexpected shape, or a parse error | `Corrupt` | no |
+/// | `NOPERM` (ACL), `CROSSSLOT`, `MOVED`/`ASK` (a cluster behind a plain connection) | `Rejected` | no |
+/// | script errors (`ERR ... user_script ...`), `NOSCRIPT` after the reload, `EXECABORT`, anything else | `Other` | no |
+/// | an invalid URL or client configuration | [`Error::Config`] (`redis.url`) | no |
+pub(crate) fn classify(error: RedisError) -> Error {
+    use StoreErrorKind::{Busy, Connection, Corrupt, Other, Rejected, Timeout};
+    let (kind, transient, hint) = match error.kind() {
+        ErrorKind::InvalidClientConfig => {
+            return Error::config(
+                "redis.url",
+                format!("unusable Redis URL or client configuration: {error}"),
+            );
+        }
+        ErrorKind::Io if error.is_timeout() => (Timeout, true, "Redis did not answer in time"),
+        ErrorKind::Io => (Connection, true, "cannot reach Redis"),
+        ErrorKind::AuthenticationFailed => (Connection, false, "Redis refused the credentials"),
+        ErrorKind::Server(server) => match server {
+            ServerErrorKind::BusyLoading
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown => (Busy, true, "Redis is busy"),
+            ServerErrorKind::ReadOnly => (
+                Connection,
+                true,
+                "Redis is a read-only replica (failover in progress?)",
+            ),
+            ServerErrorKind::NoPerm => (Rejected, false, "Redis ACLs refuse the command"),
+            ServerErrorKind::CrossSlot | ServerErrorKind::Moved | ServerErrorKind::Ask => (
+                Rejected,
+                false,
+                "Redis Cluster redirected the command: connect through a cluster-aware client",
+            ),
+            ServerErrorKind::ResponseError
+            | ServerErrorKind::ExecAbort
+            | ServerErrorKind::NoScript
+            | ServerErrorKind::NotBusy
+            | ServerErrorKind::NoSub => (Other, false, "Redis refused the command"),
+            _ => (Other, false, "Redis refused the command"),
+        },
+        ErrorKind::Extension => match error.code().unwrap_or_default() {
+            "BUSY" | "OOM" => (Busy, true, "Redis is busy"),
+            "WRONGTYPE" => (
+                Corrupt,
+                false,
+                "a key of the store holds a value of another type (foreign data under the prefix?)",
+            ),
+            _ => (Other, false, "Redis refused the command"),
+        },
+        ErrorKind::UnexpectedReturnType | ErrorKind::Parse => {
+            (Corrupt, false, "cannot read a Redis reply")
+        }
+        _ if error.is_connection_dropped() || error.is_connection_refusal() => {
+            (Connection, true, "cannot reach Redis")
+        }
+        _ => (Other, false, "Redis client error"),
+    };
+    Error::store_with(kind, transient, format!("{hint}: {error}"), error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind_of(err: &Error) -> (StoreErrorKind, bool) {
+        match err {
+            Error::Store {
+                kind, transient, ..
+            } => (*kind, *transient),
+            other => panic!("expected a Store error, got {other}"),
+        }
+    }
+
+    fn io(kind: std::io::ErrorKind) -> RedisError {
+        RedisError::from(std::io::Error::from(kind))
+    }
+
+    fn server(code: &str, detail: &str) -> RedisError {
+        redis::make_extension_error(code.to_owned(), Some(detail.to_owned()))
+    }
+
+    #[test]
+    fn connection_failures_are_transient() {
+        for kind in [
+            std::io::ErrorKind::ConnectionRefused,
+            std::io::ErrorKind::ConnectionReset,
+            std::io::ErrorKind::BrokenPipe,
+            std::io::ErrorKind::UnexpectedEof,
+        ] {
+            assert_eq!(
+                kind_of(&classify(io(kind))),
+                (StoreErrorKind::Connection, true),
+                "{kind:?}"
+            );
+        }
+        assert_eq!(
+            kind_of(&classify(io(std::io::ErrorKind::TimedOut))),
+            (StoreErrorKind::Timeout, true)
+        );
+    }
+
+    #[test]
+    fn busy_servers_are_transient() {
+        for code in ["BUSY", "OOM"] {
+            assert_eq!(
+                kind_of(&classify(server(code, "try later"))),
+                (StoreErrorKind::Busy, true),
+                "{code}"
+            );
+        }
+        let loading =
+            RedisError::from((ErrorKind::Server(ServerErrorKind::BusyLoading), "loading"));
+        assert_eq!(kind_of(&classify(loading)), (StoreErrorKind::Busy, true));
+        let again = RedisError::from((ErrorKind::Server(ServerErrorKind::TryAgain), "again"));
+        assert_eq!(kind_of(&classify(again)), (StoreErrorKind::Busy, true));
+    }
+
+    #[test]
+    fn script_and_type_errors_are_permanent() {
+        assert_eq!(
+            kind_of(&classify(server(
+                "WRONGTYPE",
+                "Operation against a key holding the wrong kind of value"
+            ))),
+            (StoreErrorKind::Corrupt, false)
+        );
+        let script = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            "user_script:1: Script attempted to access nonexistent global variable",
+        ));
+        assert_eq!(kind_of(&classify(script)), (StoreErrorKind::Other, false));
+        let noscript = RedisError::from((ErrorKind::Server(ServerErrorKind::NoScript), "gone"));
+        assert_eq!(kind_of(&classify(noscript)), (StoreErrorKind::Other, false));
+        let shape = RedisError::from((ErrorKind::UnexpectedReturnType, "not a string"));
+        assert_eq!(kind_of(&classify(shape)), (StoreErrorKind::Corrupt, false));
+    }
+
+    #[test]
+    fn a_bad_client_configuration_is_a_config_error() {
+        let err = classify(RedisError::from((
+            ErrorKind::InvalidClientConfig,
+            "bad url",
+        )));
+        assert!(matches!(err, Error::Config { ref option, .. } if option == "redis.url"));
+    }
+}

@@ -1,0 +1,143 @@
+//! The Redis test harness shared by the test files: where the server is, and a fresh store under
+//! its own key prefix per case.
+//!
+//! The server is `WATUKUY_TEST_REDIS_URL` (CI: the local server). When it is unset and the
+//! crate's `testcontainers` feature is on, a throwaway Redis 7 starts in Docker; otherwise the
+//! case is skipped loudly, or fails when `WATUKUY_REQUIRE_BACKENDS` names `redis`.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use watukuy_conformance::{CaseContext, CaseError, Fresh, Harness, backend_url};
+use watukuy_store_redis::{RedisOptions, RedisStore};
+
+/// The variable naming the test server.
+pub const URL_ENV: &str = "WATUKUY_TEST_REDIS_URL";
+
+/// A reachable test server, and the container serving it when one was started for it.
+pub struct Server {
+    /// Its connection URL.
+    pub url: String,
+    /// Keeps a testcontainers Redis alive (and removes it when dropped).
+    _container: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+/// The test server: the URL from the environment, else (with the `testcontainers` feature) a
+/// fresh container, else a loud skip or, when required, a failure.
+pub async fn server() -> Result<Server, CaseError> {
+    if let Ok(url) = std::env::var(URL_ENV)
+        && !url.trim().is_empty()
+    {
+        return Ok(Server {
+            url,
+            _container: None,
+        });
+    }
+    #[cfg(feature = "testcontainers")]
+    match container::start().await {
+        Ok(server) => return Ok(server),
+        Err(reason) => eprintln!("testcontainers could not start Redis: {reason}"),
+    }
+    // Unset and no container: skip loudly, or fail when the backend is required.
+    let url = backend_url("redis", URL_ENV)?;
+    Ok(Server {
+        url,
+        _container: None,
+    })
+}
+
+#[cfg(feature = "testcontainers")]
+mod container {
+    use testcontainers_modules::redis::{REDIS_PORT, Redis};
+    use testcontainers_modules::testcontainers::ImageExt;
+    use testcontainers_modules::testcontainers::runners::AsyncRunner;
+
+    use super::Server;
+
+    /// Starts Redis 7 in Docker (needs a running Docker daemon).
+    pub(super) async fn start() -> Result<Server, String> {
+        let container = Redis::default()
+            .with_tag("7-alpine")
+            .start()
+            .await
+            .map_err(|e| e.to_string())?;
+        let host = container.get_host().await.map_err(|e| e.to_string())?;
+        let port = container
+            .get_host_port_ipv4(REDIS_PORT)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Server {
+            url: format!("redis://{host}:{port}"),
+            _container: Some(Box::new(container)),
+        })
+    }
+}
+
+/// A key prefix unique to this process and call, readable in `redis-cli`
+/// (`wk:<pid>:<n>:<what>:`). No randomness: the process id and a counter; the counter is
+/// followed by `:`, so no prefix is the start of another.
+pub fn unique_prefix(what: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut what = what.to_owned();
+    what.retain(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
+    format!("wk:{}:{n}:{what}:", std::process::id())
+}
+
+/// A store under a fresh prefix (purged first, in case a process with the same id left keys
+/// behind), scripts loaded.
+pub async fn store_at(url: &str, options: RedisOptions) -> Result<RedisStore, CaseError> {
+    let store = RedisStore::connect(url, options).await?;
+    store.purge().await?;
+    watukuy_core::Store::migrate(&store).await?;
+    Ok(store)
+}
+
+/// Hands every conformance case a store under its own prefix, purged when the case passes.
+pub struct RedisHarness;
+
+#[async_trait::async_trait]
+impl Harness for RedisHarness {
+    fn name(&self) -> String {
+        "redis".to_owned()
+    }
+
+    async fn fresh(&self, ctx: CaseContext) -> Result<Fresh, CaseError> {
+        let server = server().await?;
+        let prefix = unique_prefix(&format!("{}.{}", ctx.module, ctx.name));
+        let store = store_at(&server.url, RedisOptions::default().prefix(&prefix)).await?;
+        let cleanup = store.clone();
+        Ok(Fresh::new(Arc::new(store)).with_cleanup(async move {
+            if let Err(e) = cleanup.purge().await {
+                eprintln!(
+                    "[redis] could not delete the keys of {prefix} after a passing case: {e}"
+                );
+            }
+            drop(server);
+        }))
+    }
+}
+
+/// Runs a test body that needs the server: a skip is printed loudly and passes, a failure
+/// panics (as the conformance runner does).
+pub async fn with_server<F, Fut>(name: &str, body: F)
+where
+    F: FnOnce(Server) -> Fut,
+    Fut: std::future::Future<Output = Result<(), CaseError>>,
+{
+    let server = match server().await {
+        Ok(server) => server,
+        Err(CaseError::Skipped(reason)) => {
+            eprintln!("[redis] {name} SKIPPED: {reason}");
+            return;
+        }
+        Err(CaseError::Failed(message)) => panic!("[redis] {name} FAILED: {message}"),
+    };
+    match body(server).await {
+        Ok(()) => {}
+        Err(CaseError::Skipped(reason)) => eprintln!("[redis] {name} SKIPPED: {reason}"),
+        Err(CaseError::Failed(message)) => panic!("[redis] {name} FAILED: {message}"),
+    }
+}

@@ -1,0 +1,8 @@
+//! The whole watukuy conformance suite on Redis: every case under its own key prefix (see
+//! `common::RedisHarness`), against `WATUKUY_TEST_REDIS_URL`.
+
+mod common;
+
+use common::RedisHarness;
+
+watukuy_conformance::store_tests!(RedisHarness);
