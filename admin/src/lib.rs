@@ -1,0 +1,1 @@
+//! The watukuy admin page (issue 11; not implemented yet).

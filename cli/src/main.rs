@@ -1,0 +1,3 @@
+//! The watukuy command line (issue 11; not implemented yet).
+
+fn main() {}

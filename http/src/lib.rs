@@ -1,0 +1,1 @@
+//! The HTTP helper for watukuy pollers (issue 10; not implemented yet).

@@ -1,0 +1,1 @@
+//! Sinks for watukuy events (issue 10; not implemented yet).
