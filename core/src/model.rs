@@ -104,7 +104,8 @@ pub struct LaneCursor {
     /// Reconcile and backfill: whether the lane finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub done: Option<bool>,
-    /// Reconcile: when the last complete listing finished (epoch ms).
+    /// Reconcile: when the last complete listing (or one cut short by the page cap) finished
+    /// (epoch ms).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_run_at: Option<i64>,
     /// Backfill: re-emit known unchanged items as `updated`.

@@ -760,10 +760,17 @@ impl Run<'_> {
             let complete = cycle.done && !cycle.truncated;
             slot.done = Some(complete);
             if lane == Lane::Reconcile {
-                // A reconcile restarts from page 1 next time; only a complete listing counts.
+                // A reconcile restarts from page 1 next time. A complete listing counts as a run,
+                // and so does one the page cap cut short (it emitted no deletes): run again at
+                // once, it would only be cut short again, and the daemon would re-list it in a
+                // hot loop (a listing cut short by a tick deadline still runs on the next run).
                 slot.cursor = None;
-                if complete {
+                let capped = cycle.truncated && cycle.pages >= u64::from(cycle.spec.cap);
+                if complete || capped {
                     slot.last_run_at = Some(now);
+                }
+                if capped {
+                    tracing::warn!(key = %self.key, cap = cycle.spec.cap, "the reconcile listing reached full_scan_page_cap: no deletes; next listing after `every`");
                 }
             }
         }
@@ -1346,8 +1353,8 @@ impl Run<'_> {
     }
 }
 
-/// Whether the reconcile lane is due: never ran, or `every` passed since its last complete
-/// listing, and not backing off.
+/// Whether the reconcile lane is due: never ran, or `every` passed since its last complete (or
+/// page-capped) listing, and not backing off.
 pub(crate) fn reconcile_due(def: &PollerDef, state: &PollerState, now: i64) -> bool {
     reconcile_due_at(def, state).is_some_and(|at| at <= now)
 }
