@@ -12,6 +12,9 @@
 local meta, state, items, ids = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local outbox, rows, attempts, errors = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local parked, hold, log, log_rows, log_at = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
+local wrong = check_types(KEYS, 'hash', 'hash', 'hash', 'zset', 'zset', 'hash', 'hash', 'hash',
+  'hash', 'hash', 'zset', 'hash', 'zset')
+if wrong then return wrong end
 if not holds(meta, ARGV[1], ARGV[2]) then
   return 'LEASE_LOST'
 end

@@ -2,6 +2,8 @@
 -- KEYS: meta, outbox, rows, attempts, errors, parked, hold.
 -- ARGV: owner, epoch, id, row JSON, has hold ('1' or '0'), hold key, has event ('1' or '0'),
 --       event id.
+local wrong = check_types(KEYS, 'hash', 'zset', 'hash', 'hash', 'hash', 'hash', 'hash')
+if wrong then return wrong end
 if not holds(KEYS[1], ARGV[1], ARGV[2]) then
   return 'LEASE_LOST'
 end

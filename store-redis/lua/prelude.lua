@@ -69,3 +69,18 @@ local function put_parked(parked, hold, id, row, has_hold, hold_key)
   end
 end
 
+-- Redis does not roll a script back when it fails half-way, so a script that writes several
+-- keys first checks that none of them holds a foreign type (the only way a write of the store
+-- can fail): `check_types(KEYS, 'hash', 'zset', ...)` names the type of each key, in order.
+-- Returns an error reply (code WRONGTYPE) to return before writing anything, or nil.
+local function check_types(keys, ...)
+  local expected = {...}
+  for i, want in ipairs(expected) do
+    local have = redis.call('TYPE', keys[i])['ok']
+    if have ~= 'none' and have ~= want then
+      return redis.error_reply('WRONGTYPE ' .. keys[i] .. ' holds a ' .. have .. ', not a ' .. want)
+    end
+  end
+  return nil
+end
+

@@ -2,6 +2,8 @@
 -- counted beside it and the last error (with the next attempt time) replaces the one beside it;
 -- the store adds both to the row when it reads it. An unknown id is a no-op.
 -- KEYS: meta, rows, attempts, errors. ARGV: owner, epoch, event id, error JSON.
+local wrong = check_types(KEYS, 'hash', 'hash', 'hash', 'hash')
+if wrong then return wrong end
 if not holds(KEYS[1], ARGV[1], ARGV[2]) then
   return 'LEASE_LOST'
 end

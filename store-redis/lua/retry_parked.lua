@@ -3,6 +3,8 @@
 -- KEYS: parked, hold, outbox, rows, attempts, errors.
 -- ARGV: for each row: id, parked row JSON as read, sequence, new outbox row JSON.
 -- Returns the number moved, then the ids whose parked row changed since it was read.
+local wrong = check_types(KEYS, 'hash', 'hash', 'zset', 'hash', 'hash', 'hash')
+if wrong then return wrong end
 local moved = 0
 local changed = {}
 for i = 1, #ARGV, 4 do

@@ -1,0 +1,779 @@
+//! Redis-specific behaviour beyond the conformance suite: bad input (a 5 MB payload, names with
+//! `:`, `{`, `}` and unicode, foreign data under the prefix), JSON kept byte for byte, two
+//! instances fencing each other, connection failures, and a Redis restart in the middle of a run
+//! (on a private `redis-server` this test starts, never the shared one).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{Server, store_at, unique_prefix, with_server};
+use futures::TryStreamExt;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use watukuy_conformance::CaseError;
+use watukuy_core::{
+    CommitBatch, Error, ErrorCode, Event, EventType, ItemRow, Json, Lane, LaneCursor, Lanes, Lease,
+    LogQuery, OutboxRow, PKey, ParkedError, ParkedKind, ParkedQuery, ParkedRow, SerializedError,
+    StatePatch, Store, StoreErrorKind, Validator,
+};
+use watukuy_store_redis::{RedisOptions, RedisStore};
+
+const T0: i64 = 1_767_225_600_000;
+const TTL: i64 = 30_000;
+
+fn fail(message: impl Into<String>) -> CaseError {
+    CaseError::failed(message)
+}
+
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(fail(format!($($msg)+)));
+        }
+    };
+}
+
+fn json(text: &str) -> Result<Json, CaseError> {
+    Json::parse(text).map_err(|e| fail(format!("bad test JSON: {e}")))
+}
+
+fn event(key: &PKey, id: &str, sequence: i64, data: Json) -> Event {
+    Event {
+        id: id.to_owned(),
+        event_type: EventType::Created,
+        source: format!("urn:watukuy:{}", key.poller),
+        subject: format!("s{sequence}"),
+        time: "2026-01-01T00:00:00.000Z".to_owned(),
+        poller: key.poller.clone(),
+        partition: key.partition.clone(),
+        lane: Lane::Live,
+        sequence,
+        cursor: None,
+        data: Some(data),
+        previous: None,
+        attempt: 0,
+    }
+}
+
+fn item(identity: &str, payload: Option<Json>) -> ItemRow {
+    ItemRow {
+        identity: identity.to_owned(),
+        version: Some("v1".to_owned()),
+        hash: format!("hash-{identity}"),
+        schema_version: 1,
+        payload,
+        seen_at: T0,
+    }
+}
+
+fn parked(id: &str, item: Json, hold: Option<&str>) -> ParkedRow {
+    ParkedRow {
+        id: id.to_owned(),
+        kind: ParkedKind::Invalid,
+        event: None,
+        item: Some(item),
+        error: ParkedError {
+            error: SerializedError::new("ValidationError", "bad item"),
+            history: None,
+            issues: None,
+        },
+        attempts: 0,
+        parked_at: T0,
+        hold_key: hold.map(str::to_owned),
+    }
+}
+
+/// A commit of one item (with `payload`), its event (data `payload`, logged) and a quarantined
+/// row holding `payload` as its raw item.
+fn page(key: &PKey, identity: &str, sequence: i64, payload: &Json) -> CommitBatch {
+    CommitBatch {
+        state_patch: StatePatch {
+            sequence: Some(sequence),
+            updated_at: Some(T0),
+            ..StatePatch::default()
+        },
+        upserts: vec![item(identity, Some(payload.clone()))],
+        deletes: Vec::new(),
+        events: vec![OutboxRow::pending(
+            event(key, &format!("evt-{identity}"), sequence, payload.clone()),
+            T0,
+        )],
+        log: true,
+        parked: vec![parked(
+            &format!("invalid:{identity}"),
+            payload.clone(),
+            Some(identity),
+        )],
+    }
+}
+
+async fn acquire(store: &dyn Store, key: &PKey, owner: &str, now: i64) -> Result<Lease, CaseError> {
+    store
+        .acquire_lease(key, owner, TTL, now)
+        .await?
+        .ok_or_else(|| fail(format!("{owner} could not acquire {key} at {now}")))
+}
+
+/// Commits `page(key, identity, 1, payload)` and checks that every path reads `payload` back
+/// byte for byte: the snapshot, the outbox, the log and the parked row.
+async fn round_trip(store: &RedisStore, key: &PKey, payload: &Json) -> Result<(), CaseError> {
+    let lease = acquire(store, key, "node-a", T0).await?;
+    let identity = "o-1";
+    store
+        .commit_poll(key, &lease, &page(key, identity, 1, payload))
+        .await?;
+    let rows = store.load_versions(key, &[identity.to_owned()]).await?;
+    let stored = rows
+        .get(identity)
+        .and_then(|row| row.payload.as_ref())
+        .ok_or_else(|| fail("the item's payload is missing"))?;
+    ensure!(
+        stored.as_str() == payload.as_str(),
+        "item payload changed ({} -> {} bytes)",
+        payload.as_str().len(),
+        stored.as_str().len()
+    );
+    let pending = store.load_pending(key, 10).await?;
+    let data = pending
+        .first()
+        .and_then(|row| row.event.data.as_ref())
+        .ok_or_else(|| fail("the outbox row is missing"))?;
+    ensure!(
+        data.as_str() == payload.as_str(),
+        "event data changed in the outbox"
+    );
+    let log = store.read_log(key, LogQuery::default(), 10).await?;
+    let logged = log
+        .first()
+        .and_then(|entry| entry.event.data.as_ref())
+        .ok_or_else(|| fail("the log entry is missing"))?;
+    ensure!(
+        logged.as_str() == payload.as_str(),
+        "event data changed in the log"
+    );
+    let parked = store.list_parked(key, ParkedQuery::default()).await?;
+    let raw = parked
+        .first()
+        .and_then(|row| row.item.as_ref())
+        .ok_or_else(|| fail("the parked row is missing"))?;
+    ensure!(raw.as_str() == payload.as_str(), "parked raw item changed");
+    ensure!(
+        store.held_keys(key).await? == vec![identity.to_owned()],
+        "hold key missing"
+    );
+    Ok(())
+}
+
+/// A store under a fresh prefix on the test server.
+async fn fresh(server: &Server, what: &str) -> Result<RedisStore, CaseError> {
+    store_at(
+        &server.url,
+        RedisOptions::default().prefix(unique_prefix(what)),
+    )
+    .await
+}
+
+/// A 5 MB payload goes through every path of the store intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_megabyte_payload_round_trips() {
+    with_server("five_megabyte_payload", |server| async move {
+        let store = fresh(&server, "big").await?;
+        let key = PKey::new("orders", "");
+        let mut text = String::with_capacity(5 * 1024 * 1024 + 64);
+        text.push_str(r#"{"blob":""#);
+        while text.len() < 5 * 1024 * 1024 {
+            text.push_str("0123456789abcdef\u{e9}\u{1F600}");
+        }
+        text.push_str(r#"","n":123456789012345678901234567890}"#);
+        let payload = json(&text)?;
+        round_trip(&store, &key, &payload).await?;
+        store.purge().await?;
+        Ok(())
+    })
+    .await;
+}
+
+/// Big integers, escapes, unicode, empty containers, odd numbers and key order come back
+/// exactly as written, in payloads and in lane cursors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_round_trips_byte_for_byte() {
+    with_server("json_byte_for_byte", |server| async move {
+        let store = fresh(&server, "json").await?;
+        let texts = [
+            r#"{"z":1,"a":[],"m":{},"big":123456789012345678901234567890,"neg":-0.5e-7}"#,
+            r#"{"escaped":"\u00e9\u0000\n\"","raw":"é😀","nested":[[[]],{"":null}]}"#,
+            r#"[]"#,
+            r#"null"#,
+            r#"  {"spaced" : [ 1 , 2 ] }  "#,
+            r#"18446744073709551616"#,
+        ];
+        for (i, text) in texts.iter().enumerate() {
+            let key = PKey::new("json", format!("p{i}"));
+            round_trip(&store, &key, &json(text)?).await?;
+        }
+        // Lane cursors are strings holding JSON: they survive too.
+        let key = PKey::new("json", "cursor");
+        let lease = acquire(&store, &key, "node-a", T0).await?;
+        let cursor = r#"{"value":"2026-01-01T00:00:00Z","id":12345678901234567890123}"#.to_owned();
+        let lanes = Lanes {
+            live: Some(LaneCursor {
+                cursor: Some(cursor.clone()),
+                ..LaneCursor::default()
+            }),
+            ..Lanes::default()
+        };
+        store
+            .save_state(
+                &key,
+                &lease,
+                &StatePatch {
+                    lanes: Some(lanes.clone()),
+                    updated_at: Some(T0),
+                    ..StatePatch::default()
+                },
+            )
+            .await?;
+        let state = store
+            .load_state(&key)
+            .await?
+            .ok_or_else(|| fail("state missing"))?;
+        ensure!(state.lanes == lanes, "lanes changed: {:?}", state.lanes);
+        store.purge().await?;
+        Ok(())
+    })
+    .await;
+}
+
+/// Names with `:`, `{`, `}`, `%`, unicode and empty strings are stored and listed exactly; all
+/// keys of one `(poller, partition)` share one cluster slot; `a:b`/`c` and `a`/`b:c` do not
+/// collide.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weird_names_keep_one_slot_and_never_collide() {
+    with_server("weird_names", |server| async move {
+        let weird = [
+            PKey::new("a:b", "c"),
+            PKey::new("a", "b:c"),
+            PKey::new("{orders}", "}tenant{"),
+            PKey::new("ord}ers", "{"),
+            PKey::new("100%", "%3A"),
+            PKey::new("заказы", "租户-β 😀"),
+            PKey::new("", ""),
+            PKey::new(":", ":"),
+        ];
+        // One store per key, so that every key under a prefix but the lists belongs to it.
+        for key in &weird {
+            let store = fresh(&server, "slot").await?;
+            let lease = acquire(&store, key, "node-a", T0).await?;
+            store
+                .commit_poll(key, &lease, &page(key, "o{1}:x", 1, &json("{}")?))
+                .await?;
+            store
+                .record_attempt(
+                    key,
+                    &lease,
+                    "evt-o{1}:x",
+                    &SerializedError::new("HandlerError", "once"),
+                    Some(T0 + 1),
+                )
+                .await?;
+            store
+                .set_validator(
+                    key,
+                    &lease,
+                    "url:{hash}",
+                    &Validator {
+                        etag: Some("\"e\"".to_owned()),
+                        last_modified: None,
+                        stored_at: T0,
+                    },
+                )
+                .await?;
+            let names = scan(&server, store.options().get_prefix()).await?;
+            let mut slots = BTreeSet::new();
+            let mut data_keys = 0;
+            for name in &names {
+                let tag = hash_tag(name);
+                if tag == b"keys" {
+                    continue;
+                }
+                data_keys += 1;
+                slots.insert(slot(tag));
+            }
+            ensure!(
+                data_keys == 14 && slots.len() == 1,
+                "{key:?}: {data_keys} keys in slots {slots:?}: {names:?}"
+            );
+            ensure!(
+                store.list_keys(None).await? == vec![key.clone()],
+                "{key:?} is not listed exactly"
+            );
+            ensure!(
+                store.list_keys(Some(&key.poller)).await? == vec![key.clone()],
+                "{key:?} is not listed under its poller"
+            );
+            store.purge().await?;
+        }
+
+        // All of them in one store: each sees only its own data.
+        let store = fresh(&server, "weird").await?;
+        for (i, key) in weird.iter().enumerate() {
+            let lease = acquire(&store, key, "node-a", T0).await?;
+            let payload = json(&format!(r#"{{"owner":{i}}}"#))?;
+            store
+                .commit_poll(key, &lease, &page(key, &format!("id-{i}"), 1, &payload))
+                .await?;
+        }
+        let mut expected = weird.to_vec();
+        expected.sort();
+        ensure!(
+            store.list_keys(None).await? == expected,
+            "list_keys differs: {:?}",
+            store.list_keys(None).await?
+        );
+        for (i, key) in weird.iter().enumerate() {
+            let ids: Vec<Vec<String>> = store.stream_identities(key, 10).try_collect().await?;
+            ensure!(ids == vec![vec![format!("id-{i}")]], "{key:?} sees {ids:?}");
+            ensure!(store.count_pending(key).await? == 1, "{key:?} outbox");
+            ensure!(
+                store.held_keys(key).await? == vec![format!("id-{i}")],
+                "{key:?} holds"
+            );
+        }
+        // Deleting `a:b`/`c` leaves `a`/`b:c` alone.
+        store.delete_key(&weird[0]).await?;
+        ensure!(
+            store.count_items(&weird[0]).await? == 0,
+            "a:b/c not deleted"
+        );
+        ensure!(store.count_items(&weird[1]).await? == 1, "a/b:c was hit");
+        ensure!(
+            store.list_keys(Some("a")).await? == vec![weird[1].clone()],
+            "a/b:c unlisted"
+        );
+        ensure!(
+            store.list_keys(Some("a:b")).await?.is_empty(),
+            "a:b still listed"
+        );
+        store.purge().await?;
+        Ok(())
+    })
+    .await;
+}
+
+/// Identities that are special in `ZRANGEBYLEX` (`-`, `+`, `(`, `[`, the empty string) and
+/// unicode page exactly, in byte order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_identities_pages_special_identities_exactly() {
+    with_server("special_identities", |server| async move {
+        let store = fresh(&server, "identities").await?;
+        let key = PKey::new("orders", "");
+        let lease = acquire(&store, &key, "node-a", T0).await?;
+        let identities = ["", "-", "+", "(", "[", "((", "a", "é", "😀", "z\u{0}"];
+        let batch = CommitBatch {
+            upserts: identities.iter().map(|id| item(id, None)).collect(),
+            ..CommitBatch::default()
+        };
+        store.commit_poll(&key, &lease, &batch).await?;
+        let batches: Vec<Vec<String>> = store.stream_identities(&key, 3).try_collect().await?;
+        let sizes: Vec<usize> = batches.iter().map(Vec::len).collect();
+        ensure!(sizes == vec![3, 3, 3, 1], "batch sizes {sizes:?}");
+        let all: Vec<String> = batches.into_iter().flatten().collect();
+        let mut expected: Vec<String> = identities.iter().map(|s| (*s).to_owned()).collect();
+        expected.sort();
+        ensure!(all == expected, "identities {all:?}");
+        store.purge().await?;
+        Ok(())
+    })
+    .await;
+}
+
+/// Two stores on two connections and one prefix share data, and a lease taken over by one
+/// fences every write of the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_data_and_fence_each_other() {
+    with_server("two_instances", |server| async move {
+        let prefix = unique_prefix("two");
+        let a = store_at(&server.url, RedisOptions::default().prefix(&prefix)).await?;
+        let b = RedisStore::connect(&server.url, RedisOptions::default().prefix(&prefix)).await?;
+        let key = PKey::new("orders", "");
+        let lease_a = acquire(&a, &key, "node-a", T0).await?;
+        ensure!(
+            b.acquire_lease(&key, "node-b", TTL, T0 + 1)
+                .await?
+                .is_none(),
+            "b took a's valid lease"
+        );
+        a.commit_poll(&key, &lease_a, &page(&key, "o1", 1, &json("{}")?))
+            .await?;
+        ensure!(b.count_items(&key).await? == 1, "b does not see a's commit");
+        let lease_b = acquire(&b, &key, "node-b", T0 + TTL).await?;
+        ensure!(lease_b.epoch == lease_a.epoch + 1, "epoch did not advance");
+        match a
+            .commit_poll(&key, &lease_a, &page(&key, "o2", 2, &json("{}")?))
+            .await
+        {
+            Err(Error::LeaseLost { epoch, .. }) if epoch == lease_a.epoch => {}
+            other => return Err(fail(format!("a's stale commit: {other:?}"))),
+        }
+        ensure!(b.count_items(&key).await? == 1, "a's stale commit landed");
+        // Both race for an expired lease: exactly one wins each round.
+        let mut now = T0 + TTL;
+        for round in 0..20 {
+            now += TTL;
+            let (x, y) = tokio::join!(
+                a.acquire_lease(&key, "node-a", TTL, now),
+                b.acquire_lease(&key, "node-b", TTL, now)
+            );
+            let winners = usize::from(x?.is_some()) + usize::from(y?.is_some());
+            ensure!(winners == 1, "round {round}: {winners} winners");
+        }
+        a.purge().await?;
+        Ok(())
+    })
+    .await;
+}
+
+/// Values of other types or unreadable rows under the store's keys are permanent errors, never
+/// panics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_data_is_a_permanent_error() {
+    with_server("foreign_data", |server| async move {
+        let store = fresh(&server, "foreign").await?;
+        let prefix = store.options().get_prefix().to_owned();
+        let key = PKey::new("orders", "");
+        let base = format!("{prefix}p:{{orders:}}");
+        let mut conn = raw(&server).await?;
+        let _: () = redis::cmd("SET")
+            .arg(format!("{base}:state"))
+            .arg("not a hash")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let _: () = redis::cmd("HSET")
+            .arg(format!("{base}:items"))
+            .arg("o1")
+            .arg("{not json")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let err = store.load_state(&key).await.err();
+        ensure!(
+            matches!(
+                err,
+                Some(Error::Store {
+                    kind: StoreErrorKind::Corrupt,
+                    transient: false,
+                    ..
+                })
+            ),
+            "WRONGTYPE: {err:?}"
+        );
+        // The fenced write fails inside its script (the state is not a hash): permanent, and
+        // nothing else of the batch lands.
+        let lease = acquire(&store, &key, "node-a", T0).await?;
+        let err = store
+            .commit_poll(&key, &lease, &page(&key, "o2", 1, &json("{}")?))
+            .await
+            .err();
+        ensure!(
+            err.as_ref().is_some_and(|e| !e.is_transient()),
+            "commit over foreign data: {err:?}"
+        );
+        ensure!(
+            store.count_pending(&key).await? == 0 && store.count_parked(&key).await? == 0,
+            "a commit that failed on foreign data left part of its writes"
+        );
+        let err = store.load_versions(&key, &["o1".to_owned()]).await.err();
+        ensure!(
+            matches!(
+                err,
+                Some(Error::Store {
+                    kind: StoreErrorKind::Corrupt,
+                    ..
+                })
+            ),
+            "bad row: {err:?}"
+        );
+        store.purge().await?;
+        Ok(())
+    })
+    .await;
+}
+
+/// Bad URLs are `Config` errors naming `redis.url`; a refused connection is a transient
+/// `Connection` error that says where; bad options fail before any connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_failures_are_clear() {
+    let err = RedisStore::connect("http://example.com", RedisOptions::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Config { ref option, .. } if option == "redis.url"),
+        "{err}"
+    );
+    let port = free_port();
+    let err = RedisStore::connect(
+        &format!("redis://127.0.0.1:{port}"),
+        RedisOptions::default(),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Store {
+                kind: StoreErrorKind::Connection,
+                transient: true,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains(&format!("127.0.0.1:{port}")),
+        "{err}"
+    );
+    let err = RedisStore::connect("redis://127.0.0.1:1", RedisOptions::default().prefix("a b"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Config);
+    assert!(err.to_string().contains("redis.prefix"), "{err}");
+}
+
+/// A Redis restart in the middle of a run: calls fail with transient errors while the server
+/// is down, the store recovers by itself when it is back (reloading its scripts), and — the
+/// server has no persistence — everything stored before is gone, as the README warns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restart_mid_run_is_transient_then_recovers() {
+    let port = free_port();
+    let mut server = RedisChild::start(port).await;
+    let url = format!("redis://127.0.0.1:{port}");
+    let options = RedisOptions::default()
+        .prefix("restart:")
+        .reconnect_attempts(0)
+        .connect_timeout(Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(2));
+    let store = RedisStore::connect(&url, options)
+        .await
+        .expect("connect to the private redis-server");
+    store.migrate().await.expect("migrate");
+    let key = PKey::new("orders", "tenant:{1}");
+    let lease = store
+        .acquire_lease(&key, "node-a", TTL, T0)
+        .await
+        .expect("acquire")
+        .expect("free lease");
+    let payload = Json::parse(r#"{"n":1}"#).expect("json");
+    store
+        .commit_poll(&key, &lease, &page(&key, "o1", 1, &payload))
+        .await
+        .expect("first commit");
+
+    // The script cache is emptied (as a failover would): the next fenced write reloads it.
+    let mut admin = redis::Client::open(url.as_str())
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("admin connection");
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut admin)
+        .await
+        .expect("SCRIPT FLUSH");
+    store
+        .commit_poll(&key, &lease, &page(&key, "o2", 2, &payload))
+        .await
+        .expect("commit after SCRIPT FLUSH");
+    assert_eq!(store.count_items(&key).await.expect("count"), 2);
+
+    // The server dies in the middle of the run.
+    server.kill().await;
+    let errors = [
+        store.load_state(&key).await.err(),
+        store
+            .commit_poll(&key, &lease, &page(&key, "o3", 3, &payload))
+            .await
+            .err(),
+        store.acquire_lease(&key, "node-a", TTL, T0 + 1).await.err(),
+        store.count_pending(&key).await.err(),
+    ];
+    for error in errors {
+        let error = error.expect("a call succeeded while Redis was down");
+        assert!(
+            error.is_transient() && error.code() == ErrorCode::Store,
+            "not a transient store error: {error}"
+        );
+    }
+
+    // It comes back (empty: no persistence); the store recovers within a few calls.
+    let _server = RedisChild::start(port).await;
+    let mut recovered = None;
+    for _ in 0..10 {
+        match store.count_items(&key).await {
+            Ok(n) => {
+                recovered = Some(n);
+                break;
+            }
+            Err(error) => assert!(error.is_transient(), "permanent error: {error}"),
+        }
+    }
+    assert_eq!(
+        recovered,
+        Some(0),
+        "the store did not recover, or kept data"
+    );
+    assert_eq!(store.load_state(&key).await.expect("state"), None);
+    assert_eq!(store.get_lease(&key).await.expect("lease"), None);
+    assert!(store.list_keys(None).await.expect("keys").is_empty());
+    // Epochs start over on an empty server; the stale lease of node-a is fenced by owner.
+    let fresh = store
+        .acquire_lease(&key, "node-b", TTL, T0 + 2)
+        .await
+        .expect("acquire after restart")
+        .expect("free lease");
+    assert_eq!(fresh.epoch, 1);
+    assert!(matches!(
+        store
+            .commit_poll(&key, &lease, &page(&key, "o4", 4, &payload))
+            .await,
+        Err(Error::LeaseLost { .. })
+    ));
+    store
+        .commit_poll(&key, &fresh, &page(&key, "o4", 4, &payload))
+        .await
+        .expect("commit after restart (scripts reloaded)");
+    assert_eq!(store.count_pending(&key).await.expect("pending"), 1);
+}
+
+/// A port nothing listens on right now.
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("local address").port()
+}
+
+/// A private `redis-server` (no persistence) on `port`, killed when dropped.
+struct RedisChild {
+    child: Child,
+}
+
+impl RedisChild {
+    /// Starts it and waits until it logs that it accepts connections. Fails loudly when
+    /// `redis-server` is not on `PATH`: CI has it, so a missing one is a broken setup, not a skip.
+    async fn start(port: u16) -> Self {
+        let mut child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start redis-server (install it; CI has it on PATH): {e}")
+            });
+        let stdout = child.stdout.take().expect("redis-server stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let ready = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.contains("Ready to accept connections") {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        assert!(
+            matches!(ready, Ok(true)),
+            "redis-server on port {port} did not become ready"
+        );
+        // Keep reading its log so it never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Self { child }
+    }
+
+    /// Kills it (SIGKILL: a crash, nothing flushed) and waits for it to exit.
+    async fn kill(&mut self) {
+        self.child.kill().await.expect("kill redis-server");
+    }
+}
+
+/// A plain connection for writing foreign data.
+async fn raw(server: &Server) -> Result<redis::aio::MultiplexedConnection, CaseError> {
+    redis::Client::open(server.url.as_str())
+        .map_err(|e| fail(e.to_string()))?
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| fail(e.to_string()))
+}
+
+/// Every key under `prefix`.
+async fn scan(server: &Server, prefix: &str) -> Result<Vec<Vec<u8>>, CaseError> {
+    let mut conn = raw(server).await?;
+    let mut cursor: u64 = 0;
+    let mut out = Vec::new();
+    loop {
+        let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        out.extend(batch);
+        if next == 0 {
+            return Ok(out);
+        }
+        cursor = next;
+    }
+}
+
+/// The part of a key Redis Cluster hashes: between the first `{` and the next `}` if non-empty,
+/// else the whole key.
+fn hash_tag(key: &[u8]) -> &[u8] {
+    if let Some(open) = key.iter().position(|b| *b == b'{')
+        && let Some(len) = key[open + 1..].iter().position(|b| *b == b'}')
+        && len > 0
+    {
+        return &key[open + 1..open + 1 + len];
+    }
+    key
+}
+
+/// Redis Cluster's slot: CRC16-XMODEM of the hash tag, modulo 16384.
+fn slot(tag: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for byte in tag {
+        crc ^= u16::from(*byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+#[test]
+fn slot_matches_the_redis_cluster_spec() {
+    // The reference value from the Redis Cluster specification.
+    // CRC16-XMODEM("123456789") is 0x31C3, below 16384.
+    assert_eq!(slot(b"123456789"), 0x31C3);
+    assert_eq!(hash_tag(b"user:{1000}:following"), b"1000");
+    assert_eq!(hash_tag(b"foo{}{bar}"), b"foo{}{bar}");
+}
