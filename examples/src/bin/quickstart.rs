@@ -103,7 +103,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             key.items,
             key.outbox_pending,
             key.parked,
-            key.cursors.live
+            key.cursors
+                .live
                 .as_ref()
                 .map_or_else(|| "-".to_owned(), ToString::to_string)
         );
