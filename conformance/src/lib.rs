@@ -123,6 +123,16 @@ macro_rules! for_each_case {
                 hooks_fire_in_lifecycle_order,
                 g6_shared_budget_is_never_exceeded,
             }
+            lanes {
+                aimd_sequence,
+                throttle_waits_exactly_retry_after,
+                circuit_opens_probes_and_closes,
+                reconcile_finds_deletes,
+                backfill_force_reemits_and_finishes,
+                failing_backfill_backs_off,
+                replay_redelivers_with_same_ids,
+                log_retention_prunes,
+            }
         }
     };
 }

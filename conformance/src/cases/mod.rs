@@ -9,6 +9,7 @@ pub mod fencing;
 pub mod guarantees;
 pub mod isolation;
 pub mod items;
+pub mod lanes;
 pub mod leases;
 pub mod log;
 pub mod outbox;
