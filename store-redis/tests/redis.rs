@@ -79,6 +79,7 @@ fn parked(id: &str, item: Json, hold: Option<&str>) -> ParkedRow {
             error: SerializedError::new("ValidationError", "bad item"),
             history: None,
             issues: None,
+            details: Default::default(),
         },
         attempts: 0,
         parked_at: T0,
