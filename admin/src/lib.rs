@@ -1,1 +1,505 @@
-//! The watukuy admin page (issue 11; not implemented yet).
+#![doc = include_str!("../README.md")]
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use watukuy_core::engine::LaneCursors;
+use watukuy_core::model::LaneCursor;
+use watukuy_core::{
+    Clock, Engine, Lease, PKey, ParkedKind, ParkedQuery, PollSummary, PollerState, ScheduleState,
+    Store, SystemClock,
+};
+
+/// The page: plain HTML with a small inline script, served as is (no build step).
+pub const PAGE_HTML: &str = include_str!("page.html");
+
+/// The page's Content-Security-Policy: nothing is loaded from anywhere; the inline script and
+/// style run, and the script talks to this router only.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'unsafe-inline'; \
+     style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; \
+     form-action 'none'; frame-ancestors 'none'";
+
+/// Whether the page may change anything.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Look only: the retry and discard endpoints answer 403 (the default).
+    #[default]
+    ReadOnly,
+    /// Parked rows may be retried and discarded.
+    ReadWrite,
+}
+
+/// What the router serves: a store, optionally the engine running on it, the mode and an
+/// optional bearer token.
+///
+/// With an [`Engine`], the page shows what [`Engine::inspect`] reports (lag computed by the
+/// pollers' cursor strategies, only active partitions) and retries and discards go through the
+/// engine (which validates the partition and wakes its daemon). With a store alone, the page
+/// shows every key of the store, the way the `watukuy` command line does, and operations write
+/// to the store directly (a daemon in another process picks them up on the key's next run).
+#[derive(Clone)]
+pub struct AdminState {
+    store: Arc<dyn Store>,
+    engine: Option<Engine>,
+    clock: Arc<dyn Clock>,
+    mode: Mode,
+    token: Option<String>,
+}
+
+impl std::fmt::Debug for AdminState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminState")
+            .field("engine", &self.engine)
+            .field("mode", &self.mode)
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .finish_non_exhaustive()
+    }
+}
+
+impl AdminState {
+    /// The page of `engine`, which runs on `store` (the same store the engine was built with).
+    /// Read-only, no token.
+    pub fn new(engine: Engine, store: Arc<dyn Store>) -> Self {
+        Self {
+            store,
+            engine: Some(engine),
+            clock: Arc::new(SystemClock),
+            mode: Mode::ReadOnly,
+            token: None,
+        }
+    }
+
+    /// The page of a store alone, without the pollers' code. Read-only, no token.
+    pub fn from_store(store: Arc<dyn Store>) -> Self {
+        Self {
+            store,
+            engine: None,
+            clock: Arc::new(SystemClock),
+            mode: Mode::ReadOnly,
+            token: None,
+        }
+    }
+
+    /// Sets the mode (default [`Mode::ReadOnly`]).
+    #[must_use]
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Requires `Authorization: Bearer <token>` on every API call (the page asks for it once
+    /// and keeps it for the browser tab). An empty token is ignored.
+    #[must_use]
+    pub fn bearer_token(mut self, token: impl Into<String>) -> Self {
+        let token = token.into();
+        self.token = (!token.is_empty()).then_some(token);
+        self
+    }
+
+    /// The clock for "now" of store-only reports (default: the system clock; with an engine
+    /// the engine's clock is used).
+    #[must_use]
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+}
+
+/// The admin router. Mount it anywhere (`Router::new().nest("/admin", router(state))`):
+///
+/// | route | |
+/// |---|---|
+/// | `GET /` | the page |
+/// | `GET /api/info` | `{ mode, source, version }` |
+/// | `GET /api/pollers` | the inspect report: `{ generatedAt, pollers: [PollerInspect] }` |
+/// | `GET /api/pollers/{poller}/parked?partition=&kind=&limit=` | parked rows, oldest first |
+/// | `POST /api/pollers/{poller}/parked/retry` | body `{ "partition"?: "…", "ids": ["…"] }` → `{ "retried": n }` |
+/// | `POST /api/pollers/{poller}/parked/discard` | same body → `{ "discarded": n }` |
+///
+/// API calls answer 401 without the right bearer token (when one is set); the POST routes
+/// answer 403 in [`Mode::ReadOnly`] and take `application/json` only (415 otherwise), so a
+/// cross-site form cannot post to them. Errors are `{ "error": { "code", "message" } }`.
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/", get(page))
+        .route("/api/info", get(info))
+        .route("/api/pollers", get(pollers))
+        .route("/api/pollers/{poller}/parked", get(parked))
+        .route("/api/pollers/{poller}/parked/retry", post(retry))
+        .route("/api/pollers/{poller}/parked/discard", post(discard))
+        .with_state(Arc::new(state))
+}
+
+type Shared = Arc<AdminState>;
+
+/// An API error: a status, a stable code and a message.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    code: String,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code: code.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+impl From<watukuy_core::Error> for ApiError {
+    fn from(error: watukuy_core::Error) -> Self {
+        use watukuy_core::ErrorCode;
+        let status = match error.code() {
+            ErrorCode::UnknownPoller => StatusCode::NOT_FOUND,
+            ErrorCode::Config => StatusCode::BAD_REQUEST,
+            ErrorCode::LeaseLost => StatusCode::CONFLICT,
+            ErrorCode::Store if error.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        Self::new(status, error.code().as_str(), error.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({ "error": { "code": self.code, "message": self.message } });
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"watukuy\""),
+            );
+        }
+        no_store(&mut response);
+        response
+    }
+}
+
+fn no_store(response: &mut Response) {
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+}
+
+fn json_ok<T: Serialize>(value: &T) -> Response {
+    let mut response = axum::Json(value).into_response();
+    no_store(&mut response);
+    response
+}
+
+/// Byte comparison whose time does not depend on where the inputs differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = u8::from(a.len() != b.len());
+    for (i, x) in a.iter().enumerate() {
+        diff |= x ^ b.get(i).copied().unwrap_or(!x);
+    }
+    diff == 0
+}
+
+impl AdminState {
+    fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let Some(token) = &self.token else {
+            return Ok(());
+        };
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        match given {
+            Some(given) if same(given.as_bytes(), token.as_bytes()) => Ok(()),
+            Some(_) => Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "UNAUTHORIZED",
+                "the bearer token is not the one this admin page was configured with",
+            )),
+            None => Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "UNAUTHORIZED",
+                "this admin page needs `Authorization: Bearer <token>`",
+            )),
+        }
+    }
+
+    fn writable(&self) -> Result<(), ApiError> {
+        match self.mode {
+            Mode::ReadWrite => Ok(()),
+            Mode::ReadOnly => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "READ_ONLY",
+                "this admin page is read-only (AdminState::mode(Mode::ReadWrite) allows retry and discard)",
+            )),
+        }
+    }
+
+    fn now(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// The key of `poller`/`partition`, checked against the engine's pollers or the store's
+    /// keys.
+    async fn key(&self, poller: &str, partition: Option<&str>) -> Result<PKey, ApiError> {
+        if let Some(engine) = &self.engine {
+            // The engine checks the name and the partitioning; listing nothing is cheap.
+            engine
+                .list_parked(
+                    poller,
+                    partition,
+                    ParkedQuery {
+                        kind: None,
+                        limit: Some(0),
+                    },
+                )
+                .await?;
+            return Ok(PKey::new(poller, partition.unwrap_or_default()));
+        }
+        let keys = self.store.list_keys(Some(poller)).await?;
+        if keys.is_empty() {
+            return Err(watukuy_core::Error::UnknownPoller {
+                name: poller.to_owned(),
+            }
+            .into());
+        }
+        let partition = partition.unwrap_or_default();
+        if keys.iter().any(|k| k.partition == partition) {
+            Ok(PKey::new(poller, partition))
+        } else {
+            Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "UNKNOWN_PARTITION",
+                format!("poller '{poller}' has no partition '{partition}' in the store"),
+            ))
+        }
+    }
+
+    async fn store_report(&self) -> Result<serde_json::Value, ApiError> {
+        let now = self.now();
+        let mut keys = self.store.list_keys(None).await?;
+        keys.sort();
+        let mut pollers = Vec::with_capacity(keys.len());
+        for key in keys {
+            pollers.push(inspect_key(&*self.store, &key, now).await?);
+        }
+        Ok(serde_json::json!({ "generatedAt": now, "pollers": pollers }))
+    }
+}
+
+/// One key as the store holds it: the stored fields of [`watukuy_core::PollerInspect`], same
+/// names and JSON shape.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct KeyInspect {
+    poller: String,
+    partition: String,
+    paused: bool,
+    lease: Option<Lease>,
+    cursors: LaneCursors,
+    schedule: ScheduleState,
+    last_poll: Option<PollSummary>,
+    outbox_pending: u64,
+    parked: u64,
+    items: u64,
+    lag_ms: Option<i64>,
+}
+
+/// One key read from the store alone (lag for cursors of the timestamp strategy's shape only).
+async fn inspect_key(
+    store: &dyn Store,
+    key: &PKey,
+    now: i64,
+) -> Result<KeyInspect, watukuy_core::Error> {
+    let state = store
+        .load_state(key)
+        .await?
+        .unwrap_or_else(|| PollerState::zero(now));
+    let cursor = |lane: Option<&LaneCursor>| {
+        lane.and_then(|l| l.cursor.clone())
+            .map(|text| serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
+    };
+    let cursors = LaneCursors {
+        live: cursor(state.lanes.live.as_ref()),
+        reconcile: cursor(state.lanes.reconcile.as_ref()),
+        backfill: cursor(state.lanes.backfill.as_ref()),
+        replay: cursor(state.lanes.replay.as_ref()),
+    };
+    let lag_ms = cursors
+        .live
+        .as_ref()
+        .and_then(serde_json::Value::as_object)
+        .filter(|o| o.len() == 2 && o.contains_key("tieBreak"))
+        .and_then(|o| o.get("value")?.as_str())
+        .and_then(watukuy_core::cursor::parse_timestamp)
+        .map(|at| now.saturating_sub(at));
+    Ok(KeyInspect {
+        poller: key.poller.clone(),
+        partition: key.partition.clone(),
+        paused: state.paused,
+        lease: store.get_lease(key).await?,
+        cursors,
+        last_poll: state.schedule.last_poll.clone(),
+        schedule: state.schedule,
+        outbox_pending: store.count_pending(key).await?,
+        parked: store.count_parked(key).await?,
+        items: store.count_items(key).await?,
+        lag_ms,
+    })
+}
+
+async fn page() -> Response {
+    let mut response = axum::response::Html(PAGE_HTML).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    no_store(&mut response);
+    response
+}
+
+async fn info(State(state): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
+    state.authorize(&headers)?;
+    Ok(json_ok(&serde_json::json!({
+        "mode": state.mode,
+        "source": if state.engine.is_some() { "engine" } else { "store" },
+        "version": env!("CARGO_PKG_VERSION"),
+    })))
+}
+
+async fn pollers(State(state): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
+    state.authorize(&headers)?;
+    match &state.engine {
+        Some(engine) => Ok(json_ok(&engine.inspect().await?)),
+        None => Ok(json_ok(&state.store_report().await?)),
+    }
+}
+
+/// `?partition=&kind=&limit=` of the parked list.
+#[derive(Debug, Deserialize)]
+struct ParkedParams {
+    partition: Option<String>,
+    kind: Option<ParkedKind>,
+    limit: Option<usize>,
+}
+
+async fn parked(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path(poller): Path<String>,
+    params: Result<Query<ParkedParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    state.authorize(&headers)?;
+    let Query(params) =
+        params.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "BAD_REQUEST", e.body_text()))?;
+    let key = state.key(&poller, params.partition.as_deref()).await?;
+    let query = ParkedQuery {
+        kind: params.kind,
+        limit: Some(params.limit.unwrap_or(500).min(5_000)),
+    };
+    let rows = state.store.list_parked(&key, query).await?;
+    Ok(json_ok(&rows))
+}
+
+/// The body of retry and discard.
+#[derive(Debug, Deserialize)]
+struct IdsBody {
+    #[serde(default)]
+    partition: Option<String>,
+    ids: Vec<String>,
+}
+
+enum Operation {
+    Retry,
+    Discard,
+}
+
+async fn operate(
+    state: &AdminState,
+    headers: &HeaderMap,
+    poller: &str,
+    body: Result<axum::Json<IdsBody>, JsonRejection>,
+    operation: Operation,
+) -> Result<u64, ApiError> {
+    state.authorize(headers)?;
+    state.writable()?;
+    let axum::Json(body) =
+        body.map_err(|e| ApiError::new(e.status(), "BAD_REQUEST", e.body_text()))?;
+    if body.ids.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "BAD_REQUEST",
+            "`ids` must name at least one parked row",
+        ));
+    }
+    let partition = body.partition.as_deref();
+    let key = state.key(poller, partition).await?;
+    let count = match (&state.engine, operation) {
+        (Some(engine), Operation::Retry) => {
+            engine.retry_parked(poller, partition, &body.ids).await?
+        }
+        (Some(engine), Operation::Discard) => {
+            engine.discard_parked(poller, partition, &body.ids).await?
+        }
+        (None, Operation::Retry) => state.store.retry_parked(&key, &body.ids).await?,
+        (None, Operation::Discard) => state.store.discard_parked(&key, &body.ids).await?,
+    };
+    Ok(count)
+}
+
+async fn retry(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path(poller): Path<String>,
+    body: Result<axum::Json<IdsBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let retried = operate(&state, &headers, &poller, body, Operation::Retry).await?;
+    Ok(json_ok(&serde_json::json!({ "retried": retried })))
+}
+
+async fn discard(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path(poller): Path<String>,
+    body: Result<axum::Json<IdsBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let discarded = operate(&state, &headers, &poller, body, Operation::Discard).await?;
+    Ok(json_ok(&serde_json::json!({ "discarded": discarded })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_comparison() {
+        assert!(same(b"secret", b"secret"));
+        assert!(!same(b"secret", b"secreT"));
+        assert!(!same(b"secret", b"secret2"));
+        assert!(!same(b"", b"x"));
+        assert!(same(b"", b""));
+    }
+
+    #[test]
+    fn default_mode_is_read_only() {
+        assert_eq!(Mode::default(), Mode::ReadOnly);
+        assert_eq!(serde_json::to_value(Mode::ReadWrite).unwrap(), "read-write");
+    }
+}

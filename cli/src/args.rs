@@ -1,0 +1,168 @@
+//! The command line, as clap parses it.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Inspect and operate watukuy pollers from their store, without the pollers' code.
+#[derive(Clone, Debug, Parser)]
+#[command(name = "watukuy", version, about, long_about = None)]
+#[command(after_help = "\
+Store URLs: sqlite:<path>, postgres://user[:password]@host[:port]/database, redis://host:port[/db].
+Exit codes: 0 ok, 1 error (printed as `error (<CODE>): message`), 2 usage.")]
+pub struct Cli {
+    /// The store URL (or set WATUKUY_STORE).
+    #[arg(
+        long,
+        short = 's',
+        env = "WATUKUY_STORE",
+        global = true,
+        hide_env_values = true
+    )]
+    pub store: Option<String>,
+    /// PostgreSQL: the schema holding watukuy's tables (default `public`).
+    #[arg(long, global = true)]
+    pub schema: Option<String>,
+    /// The table prefix (SQLite, PostgreSQL; default `watukuy_`) or key prefix (Redis; default
+    /// `watukuy:`) the application's store uses.
+    #[arg(long, global = true)]
+    pub prefix: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+#[derive(Clone, Debug, Subcommand)]
+pub enum Command {
+    /// Create or upgrade the store's schema (idempotent).
+    Migrate,
+    /// Show every (poller, partition): state, circuit, lag, outbox, parked, items, last error.
+    Inspect(Select),
+    /// List the (poller, partition) keys the store holds.
+    Keys(PollerFilter),
+    /// Parked events (poison) and quarantined items (invalid).
+    Parked {
+        /// What to do with them.
+        #[command(subcommand)]
+        action: ParkedAction,
+    },
+    /// Pause a key: it is not polled and its outbox is not delivered until resumed.
+    Pause(Target),
+    /// Resume a paused key and make it due now.
+    Resume(Target),
+    /// Make a key due now (an open circuit stays open: the run is a probe).
+    Trigger(Target),
+    /// Move the live cursor and make the key due.
+    ResetCursor(ResetCursor),
+    /// Copy logged events into the outbox; the next run of the key delivers them again.
+    Replay(Replay),
+}
+
+/// `--poller` and an optional `--partition`, to narrow `inspect`.
+#[derive(Clone, Debug, Default, Args)]
+pub struct Select {
+    /// Only this poller.
+    #[arg(long)]
+    pub poller: Option<String>,
+    /// Only this partition (with `--poller`).
+    #[arg(long, requires = "poller")]
+    pub partition: Option<String>,
+}
+
+/// An optional `--poller`.
+#[derive(Clone, Debug, Default, Args)]
+pub struct PollerFilter {
+    /// Only this poller.
+    #[arg(long)]
+    pub poller: Option<String>,
+}
+
+/// The key a command works on.
+#[derive(Clone, Debug, Args)]
+pub struct Target {
+    /// The poller.
+    #[arg(long)]
+    pub poller: String,
+    /// The partition (required for a partitioned poller).
+    #[arg(long)]
+    pub partition: Option<String>,
+}
+
+/// A parked row's kind, as the command line writes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum KindArg {
+    /// Events whose handler failed every attempt.
+    Poison,
+    /// Items that failed validation.
+    Invalid,
+}
+
+impl From<KindArg> for watukuy_core::ParkedKind {
+    fn from(kind: KindArg) -> Self {
+        match kind {
+            KindArg::Poison => watukuy_core::ParkedKind::Poison,
+            KindArg::Invalid => watukuy_core::ParkedKind::Invalid,
+        }
+    }
+}
+
+/// `parked ls|retry|discard`.
+#[derive(Clone, Debug, Subcommand)]
+pub enum ParkedAction {
+    /// List parked rows, oldest first.
+    Ls(ParkedArgs),
+    /// Move poison events back to the outbox; the key's next run delivers them (quarantined
+    /// items cannot be retried: fix the data or the check, then discard them).
+    Retry(ParkedArgs),
+    /// Delete parked rows for good (their ordering key is released).
+    Discard(ParkedArgs),
+}
+
+/// The rows a `parked` command works on.
+#[derive(Clone, Debug, Args)]
+pub struct ParkedArgs {
+    /// The key.
+    #[command(flatten)]
+    pub target: Target,
+    /// Only these row ids (comma separated); default every row (of `--kind`).
+    #[arg(long, value_delimiter = ',')]
+    pub ids: Option<Vec<String>>,
+    /// Only rows of this kind.
+    #[arg(long, value_enum)]
+    pub kind: Option<KindArg>,
+    /// `ls`: at most this many rows.
+    #[arg(long)]
+    pub limit: Option<usize>,
+}
+
+/// `reset-cursor`.
+#[derive(Clone, Debug, Args)]
+pub struct ResetCursor {
+    /// The key.
+    #[command(flatten)]
+    pub target: Target,
+    /// The new live cursor: the strategy's cursor as JSON text, as `inspect --json` shows it
+    /// (e.g. '{"value":"2026-01-01T00:00:00Z","tieBreak":null}'), or `null` for the strategy's
+    /// initial cursor.
+    #[arg(long, allow_hyphen_values = true)]
+    pub to: String,
+    /// Also drop the item snapshot: every item is emitted again as `created`, with the same ids.
+    #[arg(long)]
+    pub clear_snapshot: bool,
+}
+
+/// `replay`.
+#[derive(Clone, Debug, Args)]
+pub struct Replay {
+    /// The key.
+    #[command(flatten)]
+    pub target: Target,
+    /// Replay events logged at or after this time (RFC 3339, or epoch milliseconds).
+    #[arg(long)]
+    pub from: String,
+    /// ...and at or before this time (default: now).
+    #[arg(long)]
+    pub to: Option<String>,
+}

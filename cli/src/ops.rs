@@ -1,0 +1,672 @@
+//! The operations, on a store alone: what each command does, without rendering.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use watukuy_core::engine::LaneCursors;
+use watukuy_core::model::{CommitBatch, LaneCursor, LogQuery, OutboxRow};
+use watukuy_core::{
+    Clock, Error, Event, Lane, Lease, PKey, ParkedKind, ParkedQuery, ParkedRow, PollSummary,
+    PollerState, ScheduleState, StatePatch, Store, StoreErrorKind, SystemClock, schedule,
+};
+
+use crate::CliError;
+
+/// The lease owner the command line uses for `replay`.
+pub const CLI_OWNER: &str = "watukuy-cli";
+
+/// How long the command line's lease lasts (renewed after every page of a replay).
+pub const CLI_LEASE_TTL_MS: i64 = 60_000;
+
+/// Log entries copied per commit by `replay` (as the engine does).
+pub const REPLAY_PAGE: usize = 500;
+
+/// What `inspect` reports: one entry per key the store holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    /// The store, password redacted.
+    pub store: String,
+    /// When the report was made (epoch ms).
+    pub generated_at: i64,
+    /// One entry per `(poller, partition)` in the store, sorted.
+    pub pollers: Vec<KeyInspect>,
+}
+
+/// The state of one `(poller, partition)` as the store holds it: the fields of
+/// [`watukuy_core::PollerInspect`] that live in the store, with the same names and JSON shape
+/// (the engine's in-memory counters are not in the store, so not here).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyInspect {
+    /// The poller.
+    pub poller: String,
+    /// The partition (`""` for an unpartitioned poller).
+    pub partition: String,
+    /// Paused by an operator.
+    pub paused: bool,
+    /// The current lease holder, expired or not, if any.
+    pub lease: Option<Lease>,
+    /// The lane cursors (parsed JSON, or the raw text if it does not parse).
+    pub cursors: LaneCursors,
+    /// The schedule (the default, due-now one for a key whose state was never saved).
+    pub schedule: ScheduleState,
+    /// What the last cycle did.
+    pub last_poll: Option<PollSummary>,
+    /// Events waiting in the outbox.
+    pub outbox_pending: u64,
+    /// Parked rows (poison and invalid).
+    pub parked: u64,
+    /// Items in the snapshot.
+    pub items: u64,
+    /// How far behind now the live cursor is (timestamp-shaped cursors only).
+    pub lag_ms: Option<i64>,
+}
+
+/// A store, a clock and how patiently to wait for a lease: everything the commands need.
+#[derive(Clone)]
+pub struct Session {
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    label: String,
+    lease_tries: u32,
+    lease_retry: Duration,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("store", &self.label)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// Commands on `store`, with the system clock; `label` names the store in reports.
+    pub fn new(store: Arc<dyn Store>, label: impl Into<String>) -> Self {
+        Self {
+            store,
+            clock: Arc::new(SystemClock),
+            label: label.into(),
+            lease_tries: 20,
+            lease_retry: Duration::from_millis(250),
+        }
+    }
+
+    /// Uses another clock (tests drive it by hand).
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// How often `replay` tries to take a key held by a running engine, and how long it waits
+    /// between tries (default 20 × 250 ms, like the engine).
+    #[must_use]
+    pub fn with_lease_retry(mut self, tries: u32, every: Duration) -> Self {
+        self.lease_tries = tries.max(1);
+        self.lease_retry = every;
+        self
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Now, on the session's clock.
+    pub fn now(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// Creates or upgrades the schema.
+    pub async fn migrate(&self) -> Result<(), CliError> {
+        Ok(self.store.migrate().await?)
+    }
+
+    /// The keys of the store (of one poller), sorted.
+    pub async fn keys(&self, poller: Option<&str>) -> Result<Vec<PKey>, CliError> {
+        let mut keys = self.store.list_keys(poller).await?;
+        keys.sort();
+        if let Some(name) = poller
+            && keys.is_empty()
+        {
+            return Err(self.unknown_poller(name).await);
+        }
+        Ok(keys)
+    }
+
+    /// The key a command works on: the poller must have keys in the store; a partitioned
+    /// poller needs `partition`, and the partition must exist.
+    pub async fn key(&self, poller: &str, partition: Option<&str>) -> Result<PKey, CliError> {
+        let keys = self.keys(Some(poller)).await?;
+        let known = || {
+            keys.iter()
+                .map(|k| format!("'{}'", k.partition))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let partition = partition.unwrap_or("");
+        if keys.iter().any(|k| k.partition == partition) {
+            return Ok(PKey::new(poller, partition));
+        }
+        if partition.is_empty() {
+            return Err(CliError::config(format!(
+                "poller '{poller}' is partitioned; pass --partition (partitions in the store: {})",
+                known()
+            )));
+        }
+        Err(CliError::new(
+            "UNKNOWN_PARTITION",
+            format!(
+                "poller '{poller}' has no partition '{partition}' in the store (partitions: {})",
+                known()
+            ),
+        ))
+    }
+
+    async fn unknown_poller(&self, name: &str) -> CliError {
+        let known: BTreeSet<String> = match self.store.list_keys(None).await {
+            Ok(keys) => keys.into_iter().map(|k| k.poller).collect(),
+            Err(error) => return error.into(),
+        };
+        let known = if known.is_empty() {
+            "the store holds no poller yet".to_owned()
+        } else {
+            format!(
+                "pollers in the store: {}",
+                known.into_iter().collect::<Vec<_>>().join(", ")
+            )
+        };
+        CliError::new(
+            "UNKNOWN_POLLER",
+            format!("unknown poller '{name}': the store has no key for it ({known})"),
+        )
+    }
+
+    /// What the store holds about every key (of one poller, of one partition).
+    ///
+    /// Every field is read from the store as [`watukuy_core::Engine::inspect`] reads it, with two
+    /// differences that come from not having the pollers' code: a key whose state was never
+    /// saved shows the default schedule (due now), and `lagMs` is computed for cursors of the
+    /// timestamp strategy's shape (`{"value", "tieBreak"}`) whose value the default timestamp
+    /// parser reads.
+    pub async fn inspect(
+        &self,
+        poller: Option<&str>,
+        partition: Option<&str>,
+    ) -> Result<Report, CliError> {
+        let keys = match (poller, partition) {
+            (Some(name), Some(_)) => vec![self.key(name, partition).await?],
+            _ => self.keys(poller).await?,
+        };
+        let now = self.now();
+        let mut pollers = Vec::with_capacity(keys.len());
+        for key in keys {
+            pollers.push(self.inspect_key(&key, now).await?);
+        }
+        Ok(Report {
+            store: self.label.clone(),
+            generated_at: now,
+            pollers,
+        })
+    }
+
+    async fn inspect_key(&self, key: &PKey, now: i64) -> Result<KeyInspect, CliError> {
+        let store = &self.store;
+        let state = store
+            .load_state(key)
+            .await?
+            .unwrap_or_else(|| PollerState::zero(now));
+        let cursor = |lane: Option<&LaneCursor>| parsed(lane.and_then(|l| l.cursor.clone()));
+        let cursors = LaneCursors {
+            live: cursor(state.lanes.live.as_ref()),
+            reconcile: cursor(state.lanes.reconcile.as_ref()),
+            backfill: cursor(state.lanes.backfill.as_ref()),
+            replay: cursor(state.lanes.replay.as_ref()),
+        };
+        let lag_ms = cursors.live.as_ref().and_then(|c| timestamp_lag(c, now));
+        Ok(KeyInspect {
+            poller: key.poller.clone(),
+            partition: key.partition.clone(),
+            paused: state.paused,
+            lease: store.get_lease(key).await?,
+            cursors,
+            last_poll: state.schedule.last_poll.clone(),
+            schedule: state.schedule,
+            outbox_pending: store.count_pending(key).await?,
+            parked: store.count_parked(key).await?,
+            items: store.count_items(key).await?,
+            lag_ms,
+        })
+    }
+
+    /// Parked rows of a key, oldest first (filtered by id and kind).
+    pub async fn parked(
+        &self,
+        key: &PKey,
+        ids: Option<&[String]>,
+        kind: Option<ParkedKind>,
+        limit: Option<usize>,
+    ) -> Result<Vec<ParkedRow>, CliError> {
+        let query = ParkedQuery {
+            kind,
+            limit: if ids.is_some() { None } else { limit },
+        };
+        let mut rows = self.store.list_parked(key, query).await?;
+        if let Some(ids) = ids {
+            rows.retain(|row| ids.contains(&row.id));
+            if let Some(limit) = limit {
+                rows.truncate(limit);
+            }
+        }
+        Ok(rows)
+    }
+
+    /// Moves poison rows back to the outbox (every poison row of the key when `ids` is
+    /// `None`). Returns the ids that moved. The key's next run delivers them.
+    pub async fn retry_parked(
+        &self,
+        key: &PKey,
+        ids: Option<&[String]>,
+        kind: Option<ParkedKind>,
+    ) -> Result<Vec<String>, CliError> {
+        if kind == Some(ParkedKind::Invalid) {
+            return Err(CliError::config(
+                "quarantined (invalid) items cannot be retried: they never became events; fix \
+                 the data or the poller's check (the next poll sees the item again), then \
+                 discard the rows",
+            ));
+        }
+        let rows = self
+            .parked(key, ids, Some(ParkedKind::Poison), None)
+            .await?;
+        self.check_ids(key, ids, &rows, "retried").await?;
+        let ids: Vec<String> = rows.into_iter().map(|r| r.id).collect();
+        if ids.is_empty() {
+            return Ok(ids);
+        }
+        self.store.retry_parked(key, &ids).await?;
+        Ok(ids)
+    }
+
+    /// Deletes parked rows (every row of the key, of `kind`, when `ids` is `None`). Returns the
+    /// ids removed.
+    pub async fn discard_parked(
+        &self,
+        key: &PKey,
+        ids: Option<&[String]>,
+        kind: Option<ParkedKind>,
+    ) -> Result<Vec<String>, CliError> {
+        let rows = self.parked(key, ids, kind, None).await?;
+        self.check_ids(key, ids, &rows, "discarded").await?;
+        let ids: Vec<String> = rows.into_iter().map(|r| r.id).collect();
+        if ids.is_empty() {
+            return Ok(ids);
+        }
+        self.store.discard_parked(key, &ids).await?;
+        Ok(ids)
+    }
+
+    /// Every asked id must name a row that the operation applies to.
+    async fn check_ids(
+        &self,
+        key: &PKey,
+        ids: Option<&[String]>,
+        rows: &[ParkedRow],
+        what: &str,
+    ) -> Result<(), CliError> {
+        let Some(ids) = ids else { return Ok(()) };
+        let missing: Vec<&String> = ids
+            .iter()
+            .filter(|id| !rows.iter().any(|r| &&r.id == id))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let all = self.store.list_parked(key, ParkedQuery::default()).await?;
+        let explain = |id: &String| match all.iter().find(|r| &r.id == id) {
+            Some(row) => format!("{id} (kind {})", row.kind.as_str()),
+            None => format!("{id} (no such parked row)"),
+        };
+        Err(CliError::new(
+            "NOT_FOUND",
+            format!(
+                "nothing was {what}: {} on {key}: {}",
+                if missing.len() == 1 {
+                    "this id does not apply"
+                } else {
+                    "these ids do not apply"
+                },
+                missing
+                    .into_iter()
+                    .map(explain)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ))
+    }
+
+    async fn state(&self, key: &PKey) -> Result<PollerState, CliError> {
+        Ok(self
+            .store
+            .load_state(key)
+            .await?
+            .unwrap_or_else(|| PollerState::zero(self.now())))
+    }
+
+    async fn save(&self, key: &PKey, patch: StatePatch) -> Result<(), CliError> {
+        Ok(self.store.save_state_unfenced(key, &patch).await?)
+    }
+
+    /// Pauses a key (unfenced write of `paused: true`).
+    pub async fn pause(&self, key: &PKey) -> Result<(), CliError> {
+        self.save(
+            key,
+            StatePatch {
+                paused: Some(true),
+                updated_at: Some(self.now()),
+                ..StatePatch::default()
+            },
+        )
+        .await
+    }
+
+    /// Resumes a key and makes it due now.
+    pub async fn resume(&self, key: &PKey) -> Result<(), CliError> {
+        let state = self.state(key).await?;
+        let now = self.now();
+        self.save(
+            key,
+            StatePatch {
+                paused: Some(false),
+                schedule: Some(schedule::make_due(&state.schedule, now)),
+                updated_at: Some(now),
+                ..StatePatch::default()
+            },
+        )
+        .await
+    }
+
+    /// Makes a key due now (`next_due_at = now`, throttle cleared; an open circuit stays open).
+    pub async fn trigger(&self, key: &PKey) -> Result<(), CliError> {
+        let state = self.state(key).await?;
+        let now = self.now();
+        self.save(
+            key,
+            StatePatch {
+                schedule: Some(schedule::make_due(&state.schedule, now)),
+                updated_at: Some(now),
+                ..StatePatch::default()
+            },
+        )
+        .await
+    }
+
+    /// Sets the live cursor to `cursor` (the strategy's cursor as JSON text; `None` for its
+    /// initial cursor) and makes the key due; with `clear_snapshot` the item snapshot is
+    /// dropped first.
+    ///
+    /// The text must be JSON, and when the key already has a live cursor, of the same shape
+    /// (same JSON type, same object keys): the poller's strategy would reject anything else
+    /// on its next run.
+    pub async fn reset_cursor(
+        &self,
+        key: &PKey,
+        cursor: Option<&str>,
+        clear_snapshot: bool,
+    ) -> Result<(), CliError> {
+        let state = self.state(key).await?;
+        let current = state.lanes.live.as_ref().and_then(|l| l.cursor.clone());
+        let cursor = match cursor {
+            None => None,
+            Some(text) => Some(check_cursor(text.trim(), current.as_deref())?),
+        };
+        if clear_snapshot {
+            self.store.clear_items(key).await?;
+        }
+        let mut lanes = state.lanes.clone();
+        lanes.live.get_or_insert_with(LaneCursor::default).cursor = cursor;
+        let now = self.now();
+        self.save(
+            key,
+            StatePatch {
+                lanes: Some(lanes),
+                schedule: Some(schedule::make_due(&state.schedule, now)),
+                updated_at: Some(now),
+                ..StatePatch::default()
+            },
+        )
+        .await
+    }
+
+    /// Copies the events logged on `key` between `from_ms` and `to_ms` (inclusive; `None`: up
+    /// to now) into the outbox, as [`watukuy_core::Engine::replay`] does: under the key's lease
+    /// (owner [`CLI_OWNER`]), in pages of [`REPLAY_PAGE`], with their original ids, lane
+    /// `replay`, fresh sequences continuing the key's, attempt 0, and not logged again. The
+    /// key's next run delivers them. Returns how many were queued.
+    ///
+    /// The poller must keep a log (`PollerBuilder::log`); the command line cannot see the
+    /// poller's configuration, so a poller without one simply replays nothing.
+    pub async fn replay(
+        &self,
+        key: &PKey,
+        from_ms: i64,
+        to_ms: Option<i64>,
+    ) -> Result<u64, CliError> {
+        if !self.store.capabilities().log {
+            return Err(CliError::new(
+                "REPLAY_UNAVAILABLE",
+                "this store keeps no replay log",
+            ));
+        }
+        let lease = self.acquire(key).await?;
+        let outcome = self.copy_log(key, &lease, from_ms, to_ms).await;
+        // Released whatever happened; a failed release only means the lease expires by itself.
+        let released = self.store.release_lease(key, &lease).await;
+        let replayed = outcome?;
+        released?;
+        Ok(replayed)
+    }
+
+    async fn acquire(&self, key: &PKey) -> Result<Lease, CliError> {
+        for attempt in 0..self.lease_tries {
+            if attempt > 0 {
+                self.clock.sleep(self.lease_retry).await;
+            }
+            let now = self.now();
+            if let Some(lease) = self
+                .store
+                .acquire_lease(key, CLI_OWNER, CLI_LEASE_TTL_MS, now)
+                .await?
+            {
+                return Ok(lease);
+            }
+        }
+        let holder = match self.store.get_lease(key).await? {
+            Some(lease) => format!(
+                "{} (epoch {}, expires {})",
+                lease.owner,
+                lease.epoch,
+                crate::render::time(lease.expires_at)
+            ),
+            None => "another instance".to_owned(),
+        };
+        Err(Error::store(
+            StoreErrorKind::Busy,
+            true,
+            format!(
+                "{key} stayed leased by {holder} for {} tries; try again when its run is over",
+                self.lease_tries
+            ),
+        )
+        .into())
+    }
+
+    async fn copy_log(
+        &self,
+        key: &PKey,
+        lease: &Lease,
+        from_ms: i64,
+        to_ms: Option<i64>,
+    ) -> Result<u64, CliError> {
+        let to_ms = to_ms.unwrap_or_else(|| self.now());
+        let mut sequence = self.state(key).await?.sequence;
+        let mut after = None;
+        let mut replayed = 0_u64;
+        loop {
+            let query = LogQuery {
+                after_sequence: after,
+                from_time: Some(from_ms),
+                to_time: Some(to_ms),
+            };
+            let page = self.store.read_log(key, query, REPLAY_PAGE).await?;
+            let Some(last) = page.last() else { break };
+            after = Some(last.sequence);
+            let now = self.now();
+            let events: Vec<OutboxRow> = page
+                .iter()
+                .map(|logged| {
+                    sequence += 1;
+                    let event = Event {
+                        lane: Lane::Replay,
+                        sequence,
+                        attempt: 0,
+                        ..logged.event.clone()
+                    };
+                    OutboxRow::pending(event, now)
+                })
+                .collect();
+            replayed += u64::try_from(events.len()).unwrap_or(u64::MAX);
+            let batch = CommitBatch {
+                state_patch: StatePatch {
+                    sequence: Some(sequence),
+                    updated_at: Some(now),
+                    ..StatePatch::default()
+                },
+                events,
+                log: false,
+                ..CommitBatch::default()
+            };
+            self.store.commit_poll(key, lease, &batch).await?;
+            if page.len() < REPLAY_PAGE {
+                break;
+            }
+            if !self
+                .store
+                .renew_lease(key, lease, CLI_LEASE_TTL_MS, self.now())
+                .await?
+            {
+                return Err(Error::lease_lost(key, lease.epoch).into());
+            }
+        }
+        Ok(replayed)
+    }
+}
+
+/// A persisted cursor as JSON, or as its raw text when it does not parse (as `inspect` does).
+fn parsed(text: Option<String>) -> Option<serde_json::Value> {
+    text.map(|text| serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
+}
+
+/// `now − value` for a cursor shaped like the timestamp strategy's.
+fn timestamp_lag(cursor: &serde_json::Value, now: i64) -> Option<i64> {
+    let object = cursor.as_object()?;
+    if object.len() != 2 || !object.contains_key("tieBreak") {
+        return None;
+    }
+    let value = object.get("value")?.as_str()?;
+    watukuy_core::cursor::parse_timestamp(value).map(|at| now.saturating_sub(at))
+}
+
+/// The JSON kind and, for objects, the sorted keys: what must not change across a reset.
+fn shape(value: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match value {
+        Value::Null => "null".to_owned(),
+        Value::Bool(_) => "a boolean".to_owned(),
+        Value::Number(_) => "a number".to_owned(),
+        Value::String(_) => "a string".to_owned(),
+        Value::Array(_) => "an array".to_owned(),
+        Value::Object(map) => {
+            let mut keys: Vec<&str> = map.keys().map(String::as_str).collect();
+            keys.sort_unstable();
+            format!("an object with keys {keys:?}")
+        }
+    }
+}
+
+/// Checks a new cursor's text against the current one; returns the text to store.
+fn check_cursor(text: &str, current: Option<&str>) -> Result<String, CliError> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+        CliError::config(format!(
+            "--to must be the cursor as JSON text (as `inspect --json` shows it) or `null`; \
+             '{text}' is not JSON: {e}"
+        ))
+    })?;
+    if let Some(current) = current
+        && let Ok(existing) = serde_json::from_str::<serde_json::Value>(current)
+        && !existing.is_null()
+        && shape(&existing) != shape(&value)
+    {
+        return Err(CliError::config(format!(
+            "--to is {}, but the poller's cursor is {} (currently {current}); the poller would \
+             reject it on its next run",
+            shape(&value),
+            shape(&existing)
+        )));
+    }
+    Ok(text.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn lag_only_for_timestamp_shaped_cursors() {
+        let t0 = 1_767_225_600_000;
+        let ts = json!({ "value": "2026-01-01T00:00:00Z", "tieBreak": null });
+        assert_eq!(timestamp_lag(&ts, t0 + 42), Some(42));
+        assert_eq!(
+            timestamp_lag(&json!({ "value": "1767225600", "tieBreak": "x" }), t0),
+            Some(0)
+        );
+        assert_eq!(
+            timestamp_lag(&json!({ "value": null, "tieBreak": null }), t0),
+            None
+        );
+        assert_eq!(
+            timestamp_lag(&json!({ "value": "garbage", "tieBreak": null }), t0),
+            None
+        );
+        assert_eq!(timestamp_lag(&json!({ "page": 3 }), t0), None);
+        assert_eq!(timestamp_lag(&json!("2026-01-01T00:00:00Z"), t0), None);
+    }
+
+    #[test]
+    fn cursor_checks_keep_the_shape() {
+        let current = r#"{"value":"2026-01-01T00:00:00Z","tieBreak":"a"}"#;
+        assert_eq!(
+            check_cursor(
+                r#"{"tieBreak":null,"value":"2025-01-01T00:00:00Z"}"#,
+                Some(current)
+            )
+            .unwrap(),
+            r#"{"tieBreak":null,"value":"2025-01-01T00:00:00Z"}"#
+        );
+        let error = check_cursor(r#"{"page":1}"#, Some(current)).unwrap_err();
+        assert!(
+            error.message.contains("\"tieBreak\", \"value\""),
+            "{}",
+            error.message
+        );
+        assert!(check_cursor("2025-01-01", Some(current)).is_err());
+        assert!(check_cursor("not json", None).is_err());
+        assert_eq!(check_cursor("7", None).unwrap(), "7");
+        assert_eq!(check_cursor("7", Some("null")).unwrap(), "7");
+    }
+}

@@ -1,0 +1,221 @@
+//! Store URLs: `sqlite:<path>`, `postgres://…` and `redis://…`, parsed and opened.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use watukuy_core::Store;
+use watukuy_store_postgres::{PostgresOptions, PostgresStore};
+use watukuy_store_redis::{RedisOptions, RedisStore};
+use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
+
+use crate::CliError;
+
+/// Where the store is, parsed from a URL.
+///
+/// ```
+/// use watukuy_cli::StoreUrl;
+///
+/// assert_eq!(
+///     StoreUrl::parse("sqlite:watukuy.db").unwrap(),
+///     StoreUrl::Sqlite("watukuy.db".into())
+/// );
+/// assert_eq!(
+///     StoreUrl::parse("sqlite:///var/lib/app/watukuy.db").unwrap(),
+///     StoreUrl::Sqlite("/var/lib/app/watukuy.db".into())
+/// );
+/// let pg = StoreUrl::parse("postgres://app:secret@db.internal/app").unwrap();
+/// assert_eq!(pg.to_string(), "postgres://app:***@db.internal/app");
+/// assert!(StoreUrl::parse("mysql://db/app").is_err());
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    /// A SQLite database file (`sqlite:<path>`, `sqlite://<path>`).
+    Sqlite(PathBuf),
+    /// A PostgreSQL database (`postgres://…` or `postgresql://…`, passed to the driver as is).
+    Postgres(String),
+    /// A Redis server (`redis://…`, passed to the driver as is).
+    Redis(String),
+}
+
+impl std::fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print a password, not even in debug output.
+        write!(f, "StoreUrl({self})")
+    }
+}
+
+impl std::fmt::Display for StoreUrl {
+    /// The URL with any password replaced by `***`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreUrl::Sqlite(path) => write!(f, "sqlite:{}", path.display()),
+            StoreUrl::Postgres(url) | StoreUrl::Redis(url) => f.write_str(&redact(url)),
+        }
+    }
+}
+
+/// Which backend-specific options apply, checked against the URL.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// PostgreSQL only: the schema holding the tables (default `public`).
+    pub schema: Option<String>,
+    /// SQLite and PostgreSQL: the table prefix (default `watukuy_`); Redis: the key prefix
+    /// (default `watukuy:`).
+    pub prefix: Option<String>,
+}
+
+impl StoreUrl {
+    /// Parses a store URL. Anything but `sqlite:`, `postgres://`, `postgresql://` and
+    /// `redis://` is a `CONFIG` error (exit code 1) saying what is accepted.
+    pub fn parse(url: &str) -> Result<Self, CliError> {
+        let url = url.trim();
+        let accepted = "expected sqlite:<path>, postgres://user@host/database or redis://host:port";
+        if let Some(rest) = url.strip_prefix("sqlite:") {
+            let path = rest.strip_prefix("//").unwrap_or(rest);
+            if path.is_empty() {
+                return Err(CliError::config(format!(
+                    "store URL '{url}' names no file; {accepted}"
+                )));
+            }
+            if path == ":memory:" {
+                return Err(CliError::config(
+                    "store URL 'sqlite::memory:' is a private in-memory database: it holds \
+                     nothing another process wrote; name the database file instead",
+                ));
+            }
+            return Ok(StoreUrl::Sqlite(PathBuf::from(path)));
+        }
+        let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+        match scheme {
+            Some("postgres" | "postgresql") => Ok(StoreUrl::Postgres(url.to_owned())),
+            Some("redis") => Ok(StoreUrl::Redis(url.to_owned())),
+            _ => Err(CliError::config(format!(
+                "unsupported store URL '{}'; {accepted}",
+                redact(url)
+            ))),
+        }
+    }
+
+    /// Opens the store. `create` allows a SQLite file that does not exist yet (for `migrate`);
+    /// otherwise a missing file is an error instead of an empty new database.
+    pub async fn open(
+        &self,
+        options: &StoreOptions,
+        create: bool,
+    ) -> Result<Arc<dyn Store>, CliError> {
+        let wrong = |option: &str, backend: &str| {
+            CliError::usage(format!("--{option} does not apply to a {backend} store"))
+        };
+        match self {
+            StoreUrl::Sqlite(path) => {
+                if options.schema.is_some() {
+                    return Err(wrong("schema", "SQLite"));
+                }
+                if !create && !path.is_file() {
+                    return Err(CliError::new(
+                        "STORE",
+                        format!(
+                            "no SQLite database at {} (run `watukuy migrate` to create one)",
+                            path.display()
+                        ),
+                    ));
+                }
+                let mut sqlite = SqliteOptions::file(path.clone());
+                if let Some(prefix) = &options.prefix {
+                    sqlite = sqlite.table_prefix(prefix.clone());
+                }
+                Ok(Arc::new(SqliteStore::open(sqlite)?))
+            }
+            StoreUrl::Postgres(url) => {
+                let mut pg = PostgresOptions::default().max_connections(2);
+                if let Some(schema) = &options.schema {
+                    pg = pg.schema(schema.clone());
+                }
+                if let Some(prefix) = &options.prefix {
+                    pg = pg.table_prefix(prefix.clone());
+                }
+                Ok(Arc::new(PostgresStore::connect(url, pg).await?))
+            }
+            StoreUrl::Redis(url) => {
+                if options.schema.is_some() {
+                    return Err(wrong("schema", "Redis"));
+                }
+                let mut redis = RedisOptions::default();
+                if let Some(prefix) = &options.prefix {
+                    redis = redis.prefix(prefix.clone());
+                }
+                Ok(Arc::new(RedisStore::connect(url, redis).await?))
+            }
+        }
+    }
+}
+
+/// `scheme://user:password@host…` → `scheme://user:***@host…`; anything else unchanged.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let Some((userinfo, host)) = authority.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_scheme() {
+        assert_eq!(
+            StoreUrl::parse("sqlite:./a.db").unwrap(),
+            StoreUrl::Sqlite("./a.db".into())
+        );
+        assert_eq!(
+            StoreUrl::parse("sqlite://rel/a.db").unwrap(),
+            StoreUrl::Sqlite("rel/a.db".into())
+        );
+        assert!(matches!(
+            StoreUrl::parse("postgresql://h/db").unwrap(),
+            StoreUrl::Postgres(_)
+        ));
+        assert!(matches!(
+            StoreUrl::parse(" redis://127.0.0.1:6379/2 ").unwrap(),
+            StoreUrl::Redis(u) if u == "redis://127.0.0.1:6379/2"
+        ));
+    }
+
+    #[test]
+    fn rejects_what_it_cannot_open() {
+        for bad in [
+            "",
+            "sqlite:",
+            "sqlite::memory:",
+            "mysql://h/db",
+            "watukuy.db",
+            "http://x",
+        ] {
+            let error = StoreUrl::parse(bad).unwrap_err();
+            assert_eq!(
+                (error.code.as_str(), error.exit_code),
+                ("CONFIG", 1),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn redacts_passwords_only() {
+        assert_eq!(redact("redis://:pw@h:1/0"), "redis://:***@h:1/0");
+        assert_eq!(redact("postgres://u:p@ss@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact("postgres://u@h/db?x=1"), "postgres://u@h/db?x=1");
+        assert_eq!(redact("postgres://h/db"), "postgres://h/db");
+        let error = StoreUrl::parse("mysql://root:hunter2@h/db").unwrap_err();
+        assert!(!error.message.contains("hunter2"), "{}", error.message);
+    }
+}

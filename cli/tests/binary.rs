@@ -1,0 +1,168 @@
+//! The built `watukuy` binary: exit codes, stdout and stderr, on every store.
+
+mod common;
+
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use common::{Backend, Consumer, Kind, engine, on};
+use watukuy_conformance::world::{POLLER, World};
+
+fn watukuy(args: &[String]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_watukuy"))
+        .args(args)
+        .env_remove("WATUKUY_STORE")
+        .output()
+        .expect("run the watukuy binary")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|a| (*a).to_owned()).collect()
+}
+
+/// Seeds a store through an engine, then runs the binary on it: inspect (exit 0, JSON and
+/// table), parked retry (the store changes), an unknown poller (exit 1).
+async fn binary_on(b: Arc<Backend>) {
+    let world = World::new(3, 10).unwrap();
+    let consumer = Consumer::failing(&["item-002"]);
+    let engine = engine(&world, &b.store, &consumer);
+    world.tick(&engine).await.unwrap();
+    let key = common::key();
+
+    let out = watukuy(&b.argv(&["inspect", "--json"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["pollers"][0]["poller"], POLLER);
+    assert_eq!(report["pollers"][0]["parked"], 1);
+    assert_eq!(report["pollers"][0]["items"], 3);
+
+    let out = watukuy(&b.argv(&["inspect"]));
+    assert_eq!(out.status.code(), Some(0));
+    let table = text(&out.stdout);
+    assert!(
+        table.contains("POLLER") && table.contains("LAST ERROR"),
+        "{table}"
+    );
+
+    let out = watukuy(&b.argv(&["parked", "retry", "--poller", POLLER]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("1 parked event(s)"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(b.store.count_parked(&key).await.unwrap(), 0);
+    assert_eq!(b.store.count_pending(&key).await.unwrap(), 1);
+
+    let out = watukuy(&b.argv(&["parked", "discard", "--poller", "nope"]));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.starts_with("error (UNKNOWN_POLLER): unknown poller 'nope'"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty());
+}
+
+#[tokio::test]
+async fn sqlite() {
+    on(Kind::Sqlite, "binary", binary_on).await;
+}
+
+#[tokio::test]
+async fn postgres() {
+    on(Kind::Postgres, "binary", binary_on).await;
+}
+
+#[tokio::test]
+async fn redis() {
+    on(Kind::Redis, "binary", binary_on).await;
+}
+
+#[test]
+fn bad_store_urls_exit_1_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = format!("sqlite:{}", dir.path().join("missing.db").display());
+    let not_a_db = dir.path().join("notes.txt");
+    std::fs::write(&not_a_db, "these are not the tables you are looking for").unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            args(&["--store", "mysql://root:hunter2@db/app", "inspect"]),
+            "error (CONFIG): unsupported store URL 'mysql://root:***@db/app'",
+        ),
+        (
+            args(&["--store", "watukuy.db", "inspect"]),
+            "error (CONFIG): unsupported store URL",
+        ),
+        (
+            args(&["--store", &missing, "inspect"]),
+            "error (STORE): no SQLite database at",
+        ),
+        (
+            args(&["--store", &format!("sqlite:{}", not_a_db.display()), "keys"]),
+            "is not a SQLite database",
+        ),
+        (
+            args(&[
+                "--store",
+                "postgres://nobody:secret@127.0.0.1:1/none",
+                "inspect",
+            ]),
+            "cannot connect to PostgreSQL at 127.0.0.1:1",
+        ),
+        (
+            args(&["--store", "redis://127.0.0.1:1", "inspect"]),
+            "cannot connect to Redis at 127.0.0.1:1",
+        ),
+    ];
+    for (argv, expected) in cases {
+        let out = watukuy(&argv);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{argv:?}: {stderr}");
+        assert!(stderr.contains(expected), "{argv:?}: {stderr}");
+        assert!(
+            !stderr.contains("hunter2") && !stderr.contains("secret"),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    for argv in [
+        args(&[]),
+        args(&["frobnicate"]),
+        args(&["--store", "sqlite:x.db", "pause"]),
+        args(&[
+            "--store",
+            "sqlite:x.db",
+            "parked",
+            "ls",
+            "--poller",
+            "a",
+            "--kind",
+            "weird",
+        ]),
+        args(&["inspect"]),
+        args(&["--store", "redis://127.0.0.1:1", "--schema", "s", "keys"]),
+    ] {
+        let out = watukuy(&argv);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{argv:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(text(&out.stderr).starts_with("error"), "{argv:?}");
+    }
+    let out = watukuy(&args(&["--help"]));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(text(&out.stdout).contains("Exit codes: 0 ok, 1 error"));
+    let out = watukuy(&args(&["--version"]));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(text(&out.stdout).starts_with("watukuy "));
+}
