@@ -1,1 +1,24 @@
-//! Sinks for watukuy events (issue 10; not implemented yet).
+#![doc = include_str!("../README.md")]
+
+mod format;
+mod nats;
+mod rabbit;
+mod signature;
+mod webhook;
+
+pub use format::{
+    CLOUDEVENTS_CONTENT_TYPE, EventFormat, JSON_CONTENT_TYPE, KeyFn, SerializedEvent, default_key,
+    serialize_event,
+};
+pub use nats::{DEFAULT_NATS_ACK_TIMEOUT, NatsSink};
+pub use rabbit::{DEFAULT_RABBIT_TIMEOUT, RabbitSink};
+pub use signature::{
+    DEFAULT_WEBHOOK_TOLERANCE, WEBHOOK_SECRET_PREFIX, WebhookSecret, WebhookSecretError,
+    WebhookVerifyError, decode_webhook_secret, sign_webhook, verify_webhook_signature,
+    verify_webhook_signature_with_tolerance,
+};
+pub use webhook::{
+    DEFAULT_WEBHOOK_TIMEOUT, MAX_WEBHOOK_ERROR_BODY_CHARS, WEBHOOK_ID_HEADER,
+    WEBHOOK_SIGNATURE_HEADER, WEBHOOK_TIMESTAMP_HEADER, WebhookConfigError, WebhookDeliveryError,
+    WebhookOptions, WebhookSink,
+};

@@ -1,0 +1,40 @@
+//! Shared test helpers: sample events, handler contexts, free ports.
+#![allow(dead_code, unreachable_pub)]
+
+use tokio_util::sync::CancellationToken;
+use watukuy_core::{Event, EventType, HandlerContext, Json, Lane, Partition};
+
+/// An event of poller `poller` with the given id suffix (ids are 64 hex characters).
+pub fn event(poller: &str, n: u32, event_type: EventType) -> Event {
+    Event {
+        id: format!("{n:064x}"),
+        event_type,
+        source: format!("urn:watukuy:{poller}"),
+        subject: format!("item-{n}"),
+        time: "2026-01-01T00:00:00.000Z".into(),
+        poller: poller.into(),
+        partition: String::new(),
+        lane: Lane::Live,
+        sequence: i64::from(n),
+        cursor: None,
+        data: Some(Json::parse(&format!(r#"{{"id":"item-{n}","total":{n}}}"#)).unwrap()),
+        previous: None,
+        attempt: 1,
+    }
+}
+
+/// A fresh context for attempt 1 (not cancelled).
+pub fn ctx() -> HandlerContext {
+    HandlerContext::new(1, Partition::new(""), CancellationToken::new())
+}
+
+/// A TCP port on 127.0.0.1 that nothing listens on right now.
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// A name unique to this test process (brokers are shared with other developers and runs).
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", std::process::id())
+}
