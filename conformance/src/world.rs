@@ -71,7 +71,7 @@ impl World {
     }
 
     /// A poller `items` over the API with the given strategy: identity `id`, schedule 5 s to
-    /// 30 s without jitter, 3 delivery attempts with a 1 s to 4 s backoff.
+    /// 30 s without jitter, 3 delivery attempts with a 1 s to 4 s backoff, no handler timeout.
     pub fn poller(&self, kind: StrategyKind) -> PollerBuilder<serde_json::Value> {
         self.poller_named(POLLER, kind)
     }
@@ -88,11 +88,18 @@ impl World {
                 jitter: 0.0,
                 ..ScheduleOptions::default()
             })
-            .delivery(DeliveryOptions::default().attempts(3).backoff(Backoff::new(
-                Duration::from_secs(1),
-                2.0,
-                Duration::from_secs(4),
-            )));
+            // No handler timeout: world tests hold handlers open on purpose (stops, lost
+            // leases); the timeout is tested on its own in `tests/handlers.rs`.
+            .delivery(
+                DeliveryOptions::default()
+                    .attempts(3)
+                    .backoff(Backoff::new(
+                        Duration::from_secs(1),
+                        2.0,
+                        Duration::from_secs(4),
+                    ))
+                    .handler_timeout(None),
+            );
         let (cursor, fetch): (CursorConfig, Fetcher) = match kind {
             StrategyKind::Timestamp => (
                 cursor::timestamp("updatedAt").tie_break("id").into(),

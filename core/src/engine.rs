@@ -398,6 +398,9 @@ pub struct PollerInspect {
     pub items: u64,
     /// How far behind now the cursor is (timestamp strategy only).
     pub lag_ms: Option<i64>,
+    /// This engine's delivery counters for the key (received, applied, deduplicated, skipped,
+    /// failed), in memory since the engine was built.
+    pub delivery: crate::delivery::DeliveryCounters,
 }
 
 impl Engine {
@@ -985,6 +988,7 @@ impl Engine {
                     parked: store.count_parked(&key).await?,
                     items: store.count_items(&key).await?,
                     lag_ms,
+                    delivery: rt.dispatcher.counters(&partition.key),
                 });
             }
         }
@@ -1131,11 +1135,18 @@ async fn daemon_loop(inner: Arc<Inner>, stop: CancellationToken, runs: Cancellat
     let mut due: HashMap<(String, String), i64> = HashMap::new();
     let mut in_flight: tokio::task::JoinSet<((String, String), i64)> = tokio::task::JoinSet::new();
     let mut running: HashSet<(String, String)> = HashSet::new();
+    let mut reread_at = inner.now();
     loop {
         if stop.is_cancelled() {
             break;
         }
         let now = inner.now();
+        if now >= reread_at {
+            // Other processes change keys too (a CLI trigger, another engine's resume): re-read
+            // every key's state at least every MAX_SLEEP instead of trusting cached due times.
+            due.clear();
+            reread_at = now.saturating_add(duration_ms(MAX_SLEEP));
+        }
         let mut active = HashSet::new();
         for (name, rt) in &inner.pollers {
             if let Err(error) = inner.refresh_partitions(rt, false).await {

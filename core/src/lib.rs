@@ -19,6 +19,7 @@ pub mod rng;
 pub mod runner;
 pub mod schedule;
 pub mod store;
+pub mod telemetry;
 
 pub use backoff::Backoff;
 pub use budget::{BudgetManager, BudgetPolicy, BudgetStore, Fairness, MemoryBudgetStore};

@@ -570,6 +570,90 @@ pub struct ParkedError {
     /// Validation issues, for quarantined items.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub issues: Option<Vec<ValidationIssue>>,
+    /// What the dispatcher recorded about a poison event (classification, timed attempt log,
+    /// handler version, correlation id, redactions). Flattened: each part is an optional
+    /// top-level key, absent for quarantined items and for rows parked before it existed.
+    #[serde(flatten)]
+    pub details: FailureDetails,
+}
+
+/// How a delivery failure was classified (see `delivery::HandlerErrorKind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum FailureClass {
+    /// Worth retrying with backoff: unclassified errors and handler timeouts.
+    Transient,
+    /// Retry no earlier than a given delay.
+    RetryAfter,
+    /// Retrying cannot help.
+    Permanent,
+}
+
+/// Why a poison event was parked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ParkReason {
+    /// The handler classified the failure as permanent: parked at once, without using the
+    /// remaining attempts.
+    Permanent,
+    /// Every allowed attempt failed.
+    AttemptsExhausted,
+}
+
+/// One failed delivery attempt of a poison event.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptRecord {
+    /// The attempt, 1-based.
+    pub attempt: u32,
+    /// When the attempt started (epoch ms); `None` when only its error is known (an attempt
+    /// made before a restart or by another instance).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<i64>,
+    /// When the attempt failed (epoch ms); `None` when unknown, as for `started_at`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_at: Option<i64>,
+    /// How the failure was classified; `None` when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub classification: Option<FailureClass>,
+    /// When the next attempt was allowed (epoch ms), for a failure that was retried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_at: Option<i64>,
+    /// The error.
+    pub error: SerializedError,
+}
+
+/// The delivery details of a parked poison event. Every part is optional, so records written
+/// before these existed (and quarantined items) read back with all of them `None`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct FailureDetails {
+    /// How the last failure was classified.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub classification: Option<FailureClass>,
+    /// Why the event was parked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub park_reason: Option<ParkReason>,
+    /// The failed attempts, oldest first, with their timestamps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempt_log: Option<Vec<AttemptRecord>>,
+    /// The handler version configured on the poller's delivery options.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handler_version: Option<String>,
+    /// The correlation id the handler (or the delivery options) attached.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
+    /// What was kept out of the parked event: `"data"`/`"previous"` for whole payloads, or
+    /// JSON pointers such as `"/data/card/number"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redacted: Option<Vec<String>>,
+}
+
+impl FailureDetails {
+    /// True when nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// A parked event (poison) or a quarantined item (invalid).

@@ -1028,6 +1028,7 @@ impl Run<'_> {
                                     .with_code("VALIDATION"),
                                 history: None,
                                 issues: Some(issues.clone()),
+                                details: Default::default(),
                             },
                             attempts: 0,
                             parked_at: now,

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod codec;
+mod consumer;
 mod error;
 mod options;
 mod sql;
@@ -20,6 +21,9 @@ use watukuy_core::{
 
 use crate::codec::{
     ItemParams, LogParams, OutboxParams, ParkedParams, StateParams, count, last_wins, limit,
+};
+pub use crate::consumer::{
+    DEFAULT_PROCESSED_EVENTS_TABLE, PROCESSED_EVENTS_VERSION, ProcessedEvents, apply_once,
 };
 pub use crate::options::PostgresOptions;
 use crate::sql::Statements;

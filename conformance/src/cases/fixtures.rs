@@ -80,6 +80,7 @@ pub fn poison(event: Event, hold_key: Option<&str>, parked_at: i64) -> ParkedRow
             error: last.clone(),
             history: Some(vec![first, last]),
             issues: None,
+            details: Default::default(),
         },
         attempts: 3,
         parked_at,
@@ -97,6 +98,7 @@ pub fn invalid(id: &str, raw_item: &str, parked_at: i64) -> ParkedRow {
         error: ParkedError {
             error: SerializedError::new("ValidationError", "total: expected a number"),
             history: None,
+            details: Default::default(),
             issues: Some(vec![ValidationIssue {
                 message: "expected a number".to_owned(),
                 path: Some(vec!["total".to_owned()]),

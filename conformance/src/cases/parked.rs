@@ -264,6 +264,7 @@ pub async fn count_parked_counts_every_kind(env: Env) -> CaseResult {
             error: SerializedError::new("HandlerError", "fifth failure"),
             history: Some(vec![SerializedError::new("HandlerError", "fifth failure")]),
             issues: None,
+            details: Default::default(),
         },
         ..p1
     };

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -60,6 +61,16 @@ impl HandlerError {
         }
     }
 
+    /// A failure with the given classification, e.g. from
+    /// [`classify_http_status`](super::classify_http_status) or
+    /// [`classify_network_error`](super::classify_network_error).
+    pub fn new(kind: HandlerErrorKind, error: impl Into<BoxError>) -> Self {
+        Self {
+            kind,
+            source: error.into(),
+        }
+    }
+
     /// The classification.
     pub fn kind(&self) -> &HandlerErrorKind {
         &self.kind
@@ -70,9 +81,13 @@ impl HandlerError {
         &*self.source
     }
 
-    /// This failure as plain data (name `HandlerError`, the message and its cause chain).
+    /// This failure as plain data: name `HandlerError` (`Timeout` for a handler timeout), the
+    /// message and its cause chain.
     pub fn to_serialized(&self) -> SerializedError {
         let source: &(dyn std::error::Error + 'static) = &*self.source;
+        if source.is::<Timeout>() {
+            return SerializedError::from_error("Timeout", source).with_code("TIMEOUT");
+        }
         SerializedError::from_error("HandlerError", source)
     }
 }
@@ -100,6 +115,74 @@ impl fmt::Display for HandlerError {
 
 /// The result a handler returns.
 pub type HandlerResult = Result<(), HandlerError>;
+
+/// The error of an attempt whose handler ran past the poller's
+/// [`handler_timeout`](super::DeliveryOptions::handler_timeout): a transient failure, serialized
+/// with name `Timeout` and code `TIMEOUT`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeout {
+    /// The configured timeout that expired.
+    pub after: Duration,
+}
+
+impl fmt::Display for Timeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "handler timed out after {} ms", self.after.as_millis())
+    }
+}
+
+impl std::error::Error for Timeout {}
+
+/// What a successful delivery did, as the handler reports it with
+/// [`HandlerContext::report`]; it feeds the poller's counters in `inspect()`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum DeliveryOutcome {
+    /// The event changed something (the default when a handler reports nothing).
+    #[default]
+    Applied,
+    /// The event had been applied before (e.g. `apply_once` found its marker): nothing changed.
+    Deduplicated,
+    /// The handler chose not to act (e.g. a side effect suppressed on a replay lane).
+    Skipped,
+}
+
+impl DeliveryOutcome {
+    fn to_u8(self) -> u8 {
+        match self {
+            DeliveryOutcome::Applied => 0,
+            DeliveryOutcome::Deduplicated => 1,
+            DeliveryOutcome::Skipped => 2,
+        }
+    }
+
+    fn from_u8(value: u8) -> Self {
+        match value {
+            1 => DeliveryOutcome::Deduplicated,
+            2 => DeliveryOutcome::Skipped,
+            _ => DeliveryOutcome::Applied,
+        }
+    }
+}
+
+/// What a handler reported during one attempt: its outcome and a correlation id.
+#[derive(Debug, Default)]
+pub(crate) struct AttemptNotes {
+    outcome: AtomicU8,
+    correlation_id: Mutex<Option<String>>,
+}
+
+impl AttemptNotes {
+    pub(crate) fn outcome(&self) -> DeliveryOutcome {
+        DeliveryOutcome::from_u8(self.outcome.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn correlation_id(&self) -> Option<String> {
+        self.correlation_id
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
 
 /// The partition an event belongs to, with its transient data (never stored).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -154,6 +237,7 @@ pub struct HandlerContext {
     /// result is then ignored and the event delivered again later.
     pub cancel: CancellationToken,
     ack: AckHandle,
+    notes: Arc<AttemptNotes>,
 }
 
 impl HandlerContext {
@@ -164,6 +248,7 @@ impl HandlerContext {
             partition,
             cancel,
             ack: AckHandle::default(),
+            notes: Arc::default(),
         }
     }
 
@@ -176,6 +261,38 @@ impl HandlerContext {
 
     pub(crate) fn ack_handle(&self) -> &AckHandle {
         &self.ack
+    }
+
+    /// Reports what a successful attempt did (default [`DeliveryOutcome::Applied`]); the
+    /// dispatcher counts it in the poller's `applied`/`deduplicated`/`skipped` counters when the
+    /// attempt succeeds, and ignores it when the attempt fails. The last report wins.
+    pub fn report(&self, outcome: DeliveryOutcome) {
+        self.notes.outcome.store(outcome.to_u8(), Ordering::Release);
+    }
+
+    /// Shorthand for `report(DeliveryOutcome::Deduplicated)`.
+    pub fn mark_deduplicated(&self) {
+        self.report(DeliveryOutcome::Deduplicated);
+    }
+
+    /// The outcome reported so far in this attempt.
+    pub fn outcome(&self) -> DeliveryOutcome {
+        self.notes.outcome()
+    }
+
+    /// Attaches a correlation id (e.g. the downstream request id) to this attempt; if the event
+    /// is parked, its record carries the last one set (over the poller's
+    /// [`correlation_id`](super::DeliveryOptions::correlation_id) function).
+    pub fn set_correlation_id(&self, id: impl Into<String>) {
+        *self
+            .notes
+            .correlation_id
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(id.into());
+    }
+
+    pub(crate) fn notes(&self) -> &Arc<AttemptNotes> {
+        &self.notes
     }
 }
 

@@ -1,7 +1,7 @@
 //! The dispatcher: drains a key's outbox to the poller's consumer with per-key ordering,
 //! concurrency across keys, retries, parking and hold-key.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -12,14 +12,18 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::consumer::{
-    Consumer, Delivery, Handler, HandlerContext, HandlerError, Partition, Subscription,
+    Consumer, Delivery, DeliveryOutcome, Handler, HandlerContext, HandlerError, HandlerErrorKind,
+    Partition, Subscription, Timeout,
 };
 use super::options::{AckMode, DeliveryOptions};
 use super::policy::{self, FailureDecision, Group};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::hooks::{HookContext, Hooks, NoHooks};
-use crate::model::{Lease, OutboxRow, PKey, ParkedKind, ParkedQuery, ParkedRow};
+use crate::model::{
+    AttemptRecord, FailureClass, FailureDetails, Lease, OutboxRow, PKey, ParkReason, ParkedKind,
+    ParkedQuery, ParkedRow,
+};
 use crate::rng::Rng;
 use crate::store::Store;
 
@@ -115,12 +119,108 @@ impl Slot {
     }
 }
 
+/// Delivery counters of one `(poller, partition)` since this engine started (in memory, per
+/// engine instance; they restart at zero with the process).
+///
+/// `received` counts every delivery handed to the consumer (each attempt). A successful attempt
+/// counts as `applied`, `deduplicated` or `skipped` according to what the handler reported with
+/// [`HandlerContext::report`] (an unreported success is `applied`; `apply_once`'s outcome reports
+/// itself with `ApplyOutcome::report`). `failed` counts failed attempts (errors, panics,
+/// timeouts, missing manual acks), whether retried or parked. Attempts cut short by cancellation
+/// or a vanished subscriber count only as received.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeliveryCounters {
+    /// Deliveries handed to the consumer.
+    pub received: u64,
+    /// Successful deliveries that changed something (or reported nothing).
+    pub applied: u64,
+    /// Successful deliveries the handler reported as duplicates.
+    pub deduplicated: u64,
+    /// Successful deliveries the handler reported as skipped.
+    pub skipped: u64,
+    /// Failed attempts.
+    pub failed: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    received: AtomicU64,
+    applied: AtomicU64,
+    deduplicated: AtomicU64,
+    skipped: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Counters {
+    fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> DeliveryCounters {
+        DeliveryCounters {
+            received: self.received.load(Ordering::Relaxed),
+            applied: self.applied.load(Ordering::Relaxed),
+            deduplicated: self.deduplicated.load(Ordering::Relaxed),
+            skipped: self.skipped.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The most events whose failed attempts are remembered at once, and the most attempts kept per
+/// event: the in-memory attempt log stays bounded whatever happens to the events.
+const ATTEMPT_LOG_EVENTS: usize = 10_000;
+const ATTEMPT_LOG_PER_EVENT: usize = 50;
+
+/// Failed attempts of events still being retried, by `(partition, event id)`, so a parked row
+/// can carry its timed attempt history. In memory: attempts made before a restart or by another
+/// instance are known only through the outbox row's last error.
+#[derive(Default)]
+struct AttemptLog {
+    entries: Mutex<HashMap<(String, String), Vec<AttemptRecord>>>,
+}
+
+impl AttemptLog {
+    fn push(&self, partition: &str, event_id: &str, record: AttemptRecord) {
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = (partition.to_owned(), event_id.to_owned());
+        if !entries.contains_key(&key) && entries.len() >= ATTEMPT_LOG_EVENTS {
+            return;
+        }
+        let log = entries.entry(key).or_default();
+        if log.len() >= ATTEMPT_LOG_PER_EVENT {
+            log.remove(0);
+        }
+        log.push(record);
+    }
+
+    fn take(&self, partition: &str, event_id: &str) -> Vec<AttemptRecord> {
+        self.entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&(partition.to_owned(), event_id.to_owned()))
+            .unwrap_or_default()
+    }
+}
+
 /// How one attempt ended.
 enum Attempt {
-    Delivered,
-    Failed(HandlerError),
+    Delivered(DeliveryOutcome),
+    Failed {
+        error: HandlerError,
+        correlation_id: Option<String>,
+    },
     /// Cancelled, or the subscriber went away: not acknowledged, no attempt recorded.
     Aborted,
+}
+
+fn failure_class(kind: &HandlerErrorKind) -> FailureClass {
+    match kind {
+        HandlerErrorKind::Transient => FailureClass::Transient,
+        HandlerErrorKind::Permanent => FailureClass::Permanent,
+        HandlerErrorKind::RetryAfter(_) => FailureClass::RetryAfter,
+    }
 }
 
 /// What one group's run did.
@@ -151,6 +251,8 @@ pub struct Dispatcher {
     slot: Arc<Slot>,
     hooks: Arc<dyn Hooks>,
     instance_id: String,
+    counters: Mutex<HashMap<String, Arc<Counters>>>,
+    attempt_log: AttemptLog,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -191,6 +293,8 @@ impl Dispatcher {
             slot: Arc::default(),
             hooks: Arc::new(NoHooks),
             instance_id: String::new(),
+            counters: Mutex::default(),
+            attempt_log: AttemptLog::default(),
         })
     }
 
@@ -219,6 +323,22 @@ impl Dispatcher {
     /// The delivery options.
     pub fn options(&self) -> &DeliveryOptions {
         &self.options
+    }
+
+    /// The delivery counters of `partition` (`""` for an unpartitioned poller) since this
+    /// dispatcher was built; zero for a partition it never delivered.
+    pub fn counters(&self, partition: &str) -> DeliveryCounters {
+        self.counters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(partition)
+            .map(|c| c.snapshot())
+            .unwrap_or_default()
+    }
+
+    fn counters_of(&self, partition: &str) -> Arc<Counters> {
+        let mut all = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(all.entry(partition.to_owned()).or_default())
     }
 
     /// Attaches a handler. Fails with a `Config` error if a consumer is already attached.
@@ -359,6 +479,7 @@ impl Dispatcher {
         halted: &AtomicBool,
     ) -> Result<GroupOutcome> {
         let mut outcome = GroupOutcome::default();
+        let counters = self.counters_of(&key.partition);
         for row in group.rows {
             if halted.load(Ordering::Acquire) || cancel.is_cancelled() {
                 outcome.aborted = cancel.is_cancelled();
@@ -380,11 +501,19 @@ impl Dispatcher {
                 attempt
             );
             match self
-                .attempt(&row, attempt, consumer, partition, cancel)
+                .attempt(&row, attempt, consumer, partition, cancel, &counters)
                 .instrument(span)
                 .await
             {
-                Attempt::Delivered => {
+                Attempt::Delivered(delivery) => {
+                    Counters::bump(match delivery {
+                        DeliveryOutcome::Applied => &counters.applied,
+                        DeliveryOutcome::Deduplicated => &counters.deduplicated,
+                        DeliveryOutcome::Skipped => &counters.skipped,
+                    });
+                    if row.attempts > 0 {
+                        drop(self.attempt_log.take(&key.partition, &row.event_id));
+                    }
                     self.store
                         .ack_events(key, lease, std::slice::from_ref(&row.event_id))
                         .await?;
@@ -401,8 +530,21 @@ impl Dispatcher {
                     outcome.aborted = true;
                     return Ok(outcome);
                 }
-                Attempt::Failed(error) => {
+                Attempt::Failed {
+                    error,
+                    correlation_id,
+                } => {
+                    Counters::bump(&counters.failed);
                     let serialized = error.to_serialized();
+                    let failed_at = self.clock.now_ms();
+                    let mut record = AttemptRecord {
+                        attempt,
+                        started_at: Some(started),
+                        failed_at: Some(failed_at),
+                        classification: Some(failure_class(error.kind())),
+                        retry_at: None,
+                        error: serialized.clone(),
+                    };
                     let decision = policy::on_failure(
                         attempt,
                         error.kind(),
@@ -411,10 +553,12 @@ impl Dispatcher {
                     );
                     match decision {
                         FailureDecision::Retry { delay_ms } => {
-                            let at = self.clock.now_ms().saturating_add(delay_ms);
+                            let at = failed_at.saturating_add(delay_ms);
                             self.store
                                 .record_attempt(key, lease, &row.event_id, &serialized, Some(at))
                                 .await?;
+                            record.retry_at = Some(at);
+                            self.attempt_log.push(&key.partition, &row.event_id, record);
                             tracing::info!(poller = %self.poller, partition = %key.partition, event = %row.event_id, attempt, delay_ms, error = %serialized.message, "delivery failed; will retry");
                             let mut failed = row.event.clone();
                             failed.attempt = attempt;
@@ -428,15 +572,42 @@ impl Dispatcher {
                         }
                         FailureDecision::Park { hold_key, halt } => {
                             let ctx = self.hook_context(&row);
+                            let park_reason = if matches!(error.kind(), HandlerErrorKind::Permanent)
+                            {
+                                ParkReason::Permanent
+                            } else {
+                                ParkReason::AttemptsExhausted
+                            };
+                            let mut log = self.attempt_log.take(&key.partition, &row.event_id);
+                            log.push(record);
+                            let mut event = row.event.clone();
+                            let redacted =
+                                policy::redact_event(&mut event, &self.options.redaction);
+                            let classification = failure_class(error.kind());
+                            let mut error =
+                                policy::parked_error(row.last_error.as_ref(), serialized);
+                            error.details = FailureDetails {
+                                classification: Some(classification),
+                                park_reason: Some(park_reason),
+                                attempt_log: Some(policy::attempt_log(&row, log)),
+                                handler_version: self.options.handler_version.clone(),
+                                correlation_id: correlation_id.or_else(|| {
+                                    self.options
+                                        .correlation_id
+                                        .as_ref()
+                                        .and_then(|f| f(&row.event))
+                                }),
+                                redacted,
+                            };
                             let parked = ParkedRow {
                                 id: row.event_id.clone(),
                                 kind: ParkedKind::Poison,
                                 item: None,
-                                error: policy::parked_error(row.last_error.as_ref(), serialized),
+                                error,
                                 attempts: attempt,
-                                parked_at: self.clock.now_ms(),
+                                parked_at: failed_at,
                                 hold_key: hold_key.then(|| group.key.clone()),
-                                event: Some(row.event),
+                                event: Some(event),
                             };
                             self.store.park_event(key, lease, &parked).await?;
                             self.hooks.on_parked(&ctx, &parked).await;
@@ -465,32 +636,55 @@ impl Dispatcher {
         consumer: &Consumer,
         partition: &Partition,
         cancel: &CancellationToken,
+        counters: &Counters,
     ) -> Attempt {
         let mut event = row.event.clone();
         event.attempt = attempt;
-        let ctx = HandlerContext::new(attempt, partition.clone(), cancel.child_token());
+        let handler_cancel = cancel.child_token();
+        let ctx = HandlerContext::new(attempt, partition.clone(), handler_cancel.clone());
+        let notes = Arc::clone(ctx.notes());
+        let failed = |error: HandlerError| Attempt::Failed {
+            error,
+            correlation_id: notes.correlation_id(),
+        };
         match consumer {
             Consumer::Handler(handler) => {
                 let ack = ctx.ack_handle().clone();
+                Counters::bump(&counters.received);
                 let call = AssertUnwindSafe(handler.handle(event, ctx)).catch_unwind();
+                let limit = self.options.handler_timeout;
+                let expiry = async {
+                    match limit {
+                        Some(limit) => self.clock.sleep(limit).await,
+                        None => futures::future::pending::<()>().await,
+                    }
+                };
                 let result = tokio::select! {
                     biased;
                     () = cancel.cancelled() => return Attempt::Aborted,
                     result = call => result,
+                    () = expiry => {
+                        // The handler's future is dropped with this select; its token tells any
+                        // work it spawned to stop.
+                        handler_cancel.cancel();
+                        ack.seal();
+                        let after = limit.unwrap_or_default();
+                        return failed(HandlerError::transient(Timeout { after }));
+                    }
                 };
                 let acked = ack.seal();
                 match result {
-                    Err(panic) => Attempt::Failed(HandlerError::transient(format!(
+                    Err(panic) => failed(HandlerError::transient(format!(
                         "handler panicked: {}",
                         panic_message(panic.as_ref())
                     ))),
-                    Ok(Err(error)) => Attempt::Failed(error),
+                    Ok(Err(error)) => failed(error),
                     Ok(Ok(())) if self.options.ack_mode == AckMode::Manual && !acked => {
-                        Attempt::Failed(HandlerError::transient(
+                        failed(HandlerError::transient(
                             "handler returned without calling ctx.ack() (ack_mode is manual)",
                         ))
                     }
-                    Ok(Ok(())) => Attempt::Delivered,
+                    Ok(Ok(())) => Attempt::Delivered(notes.outcome()),
                 }
             }
             Consumer::Subscriber(tx) => {
@@ -504,14 +698,15 @@ impl Dispatcher {
                 if sent.is_err() {
                     return Attempt::Aborted;
                 }
+                Counters::bump(&counters.received);
                 let outcome = tokio::select! {
                     biased;
                     () = cancel.cancelled() => return Attempt::Aborted,
                     outcome = outcome => outcome,
                 };
                 match outcome {
-                    Ok(Ok(())) => Attempt::Delivered,
-                    Ok(Err(error)) => Attempt::Failed(error),
+                    Ok(Ok(())) => Attempt::Delivered(notes.outcome()),
+                    Ok(Err(error)) => failed(error),
                     // The subscription was dropped with the event in hand: not acknowledged.
                     Err(_) => Attempt::Aborted,
                 }

@@ -1,15 +1,29 @@
 //! Delivery (SPEC §2.7): the dispatcher, consumers and the pure policy behind them.
 
+mod classify;
 mod consumer;
 mod dispatcher;
 mod options;
 pub mod policy;
+mod reliable;
 
+pub use classify::{
+    TransientStatuses, classify_error, classify_http_response, classify_http_status,
+    classify_network_error,
+};
 pub use consumer::{
-    AckHandle, Handler, HandlerContext, HandlerError, HandlerErrorKind, HandlerResult, Partition,
-    Subscription,
+    AckHandle, DeliveryOutcome, Handler, HandlerContext, HandlerError, HandlerErrorKind,
+    HandlerResult, Partition, Subscription, Timeout,
 };
 pub use dispatcher::{
-    DEFAULT_DISPATCH_BATCH_SIZE, Dispatcher, DrainContext, DrainReport, Unsubscribe,
+    DEFAULT_DISPATCH_BATCH_SIZE, DeliveryCounters, Dispatcher, DrainContext, DrainReport,
+    Unsubscribe,
 };
-pub use options::{AckMode, DeliveryOptions, OrderingKeyFn, PoisonAction};
+pub use options::{
+    AckMode, CorrelationIdFn, DEFAULT_HANDLER_TIMEOUT, DeliveryOptions, OrderingKeyFn,
+    PoisonAction, Redaction,
+};
+pub use reliable::{
+    ApplyError, ApplyOutcome, LiveOnly, SideEffectGate, idempotency_key, scoped_idempotency_key,
+    side_effect_gate,
+};

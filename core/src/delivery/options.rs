@@ -12,6 +12,30 @@ use crate::event::Event;
 /// sequence order; different keys are independent.
 pub type OrderingKeyFn = Arc<dyn Fn(&Event) -> String + Send + Sync>;
 
+/// Derives a correlation id from an event, recorded on its parked row.
+pub type CorrelationIdFn = Arc<dyn Fn(&Event) -> Option<String> + Send + Sync>;
+
+/// The default [`DeliveryOptions::handler_timeout`]: 15 seconds.
+pub const DEFAULT_HANDLER_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// What to keep out of the copy of an event stored on its parked row (secrets, personal data).
+///
+/// Only the parked copy is redacted: the outbox row and the log keep the event as it was. A
+/// redacted parked event that is retried is delivered *as redacted*; rebuild it from the source
+/// (backfill) or the log (replay) instead when the handler needs the payload.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Redaction {
+    /// Keep the whole event (the default).
+    #[default]
+    None,
+    /// Drop `data` and `previous` entirely.
+    Payload,
+    /// Replace these fields of `data` and `previous` with the string `"[redacted]"`; each is a
+    /// JSON pointer into the payload (RFC 6901, e.g. `/card/number`, `/lines/0/email`). Fields
+    /// a payload does not have are left alone.
+    Fields(Vec<String>),
+}
+
 /// What to do with an event whose handler failed every attempt.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PoisonAction {
@@ -46,6 +70,10 @@ pub struct DeliveryOptions {
     pub(crate) poison: PoisonAction,
     pub(crate) hold_key: bool,
     pub(crate) ack_mode: AckMode,
+    pub(crate) handler_timeout: Option<Duration>,
+    pub(crate) handler_version: Option<String>,
+    pub(crate) correlation_id: Option<CorrelationIdFn>,
+    pub(crate) redaction: Redaction,
 }
 
 impl Default for DeliveryOptions {
@@ -58,6 +86,10 @@ impl Default for DeliveryOptions {
             poison: PoisonAction::Park,
             hold_key: true,
             ack_mode: AckMode::Auto,
+            handler_timeout: Some(DEFAULT_HANDLER_TIMEOUT),
+            handler_version: None,
+            correlation_id: None,
+            redaction: Redaction::None,
         }
     }
 }
@@ -79,6 +111,10 @@ impl fmt::Debug for DeliveryOptions {
             .field("poison", &self.poison)
             .field("hold_key", &self.hold_key)
             .field("ack_mode", &self.ack_mode)
+            .field("handler_timeout", &self.handler_timeout)
+            .field("handler_version", &self.handler_version)
+            .field("correlation_id", &self.correlation_id.is_some())
+            .field("redaction", &self.redaction)
             .finish()
     }
 }
@@ -133,6 +169,50 @@ impl DeliveryOptions {
         self
     }
 
+    /// Sets how long one attempt of a handler registered with `on` may run (default 15 s;
+    /// `None`: no limit; `Some` must be more than zero). On expiry the handler's cancellation
+    /// token fires, its future is dropped, and the attempt fails as transient with a
+    /// [`Timeout`](super::Timeout) error (retried with backoff, its key held meanwhile). The
+    /// timer runs on the engine's clock. Subscriptions are not timed: their consumer sets the
+    /// pace.
+    #[must_use]
+    pub fn handler_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.handler_timeout = timeout;
+        self
+    }
+
+    /// Sets the handler version recorded on parked rows (e.g. a release or git hash), so an
+    /// operator can tell which code failed.
+    #[must_use]
+    pub fn handler_version(mut self, version: impl Into<String>) -> Self {
+        self.handler_version = Some(version.into());
+        self
+    }
+
+    /// Derives the correlation id recorded on parked rows from the event (e.g. an order number
+    /// in the payload). An id set by the handler with
+    /// [`HandlerContext::set_correlation_id`](super::HandlerContext::set_correlation_id) wins.
+    #[must_use]
+    pub fn correlation_id(
+        mut self,
+        f: impl Fn(&Event) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.correlation_id = Some(Arc::new(f));
+        self
+    }
+
+    /// Sets what to keep out of the event copy stored on parked rows (default: nothing).
+    #[must_use]
+    pub fn redact(mut self, redaction: Redaction) -> Self {
+        self.redaction = redaction;
+        self
+    }
+
+    /// The configured handler timeout.
+    pub fn handler_timeout_value(&self) -> Option<Duration> {
+        self.handler_timeout
+    }
+
     /// The configured concurrency.
     pub fn concurrency_value(&self) -> usize {
         self.concurrency
@@ -165,6 +245,20 @@ impl DeliveryOptions {
                 "must be at least 1, got 0",
             ));
         }
+        if self.handler_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(Error::config(
+                "delivery.handler_timeout",
+                "must be more than zero (use None for no timeout)",
+            ));
+        }
+        if let Redaction::Fields(fields) = &self.redaction {
+            if let Some(bad) = fields.iter().find(|f| !f.starts_with('/')) {
+                return Err(Error::config(
+                    "delivery.redact",
+                    format!("{bad:?} is not a JSON pointer (it must start with '/')"),
+                ));
+            }
+        }
         self.backoff.validate("delivery.retry.backoff")
     }
 }
@@ -177,6 +271,15 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         DeliveryOptions::default().validate().unwrap();
+        assert_eq!(
+            DeliveryOptions::default().handler_timeout_value(),
+            Some(Duration::from_secs(15))
+        );
+        DeliveryOptions::default()
+            .handler_timeout(None)
+            .redact(Redaction::Fields(vec!["/card/number".into()]))
+            .validate()
+            .unwrap();
     }
 
     #[test]
@@ -197,6 +300,14 @@ mod tests {
                     Duration::from_secs(1),
                 )),
                 "delivery.retry.backoff.max",
+            ),
+            (
+                DeliveryOptions::default().handler_timeout(Some(Duration::ZERO)),
+                "delivery.handler_timeout",
+            ),
+            (
+                DeliveryOptions::default().redact(Redaction::Fields(vec!["card".into()])),
+                "delivery.redact",
             ),
         ];
         for (options, option) in cases {

@@ -4,9 +4,11 @@
 use std::collections::{HashMap, HashSet};
 
 use super::consumer::HandlerErrorKind;
-use super::options::{DeliveryOptions, PoisonAction};
+use super::options::{DeliveryOptions, PoisonAction, Redaction};
 use crate::clock::duration_ms;
-use crate::model::{OutboxRow, ParkedError, SerializedError};
+use crate::event::Event;
+use crate::json::Json;
+use crate::model::{AttemptRecord, FailureDetails, OutboxRow, ParkedError, SerializedError};
 
 /// The rows of one ordering key within a slice, in sequence order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -108,7 +110,70 @@ pub fn parked_error(previous: Option<&SerializedError>, last: SerializedError) -
         error: last,
         history: Some(history),
         issues: None,
+        details: FailureDetails::default(),
     }
+}
+
+/// The attempt log of a parked row: the attempts this process remembers (oldest first, the
+/// last one included), preceded by the row's stored last error when the previous attempt is not
+/// among them (made before a restart or by another instance; its times are then unknown).
+pub fn attempt_log(row: &OutboxRow, remembered: Vec<AttemptRecord>) -> Vec<AttemptRecord> {
+    let previous = row.attempts;
+    let known = remembered.iter().any(|r| r.attempt == previous);
+    match (&row.last_error, known) {
+        (Some(last_error), false) if previous > 0 => {
+            let mut log = Vec::with_capacity(remembered.len() + 1);
+            log.push(AttemptRecord {
+                attempt: previous,
+                started_at: None,
+                failed_at: None,
+                classification: None,
+                retry_at: row.next_attempt_at,
+                error: last_error.clone(),
+            });
+            log.extend(remembered);
+            log
+        }
+        _ => remembered,
+    }
+}
+
+/// The placeholder that replaces a redacted field.
+pub const REDACTED: &str = "[redacted]";
+
+/// Applies `redaction` to the copy of `event` stored on a parked row; returns what was kept out
+/// (`"data"`/`"previous"`, or pointers such as `"/data/card/number"`), `None` when nothing was.
+pub fn redact_event(event: &mut Event, redaction: &Redaction) -> Option<Vec<String>> {
+    let mut redacted = Vec::new();
+    match redaction {
+        Redaction::None => {}
+        Redaction::Payload => {
+            if event.data.take().is_some() {
+                redacted.push("data".to_owned());
+            }
+            if event.previous.take().is_some() {
+                redacted.push("previous".to_owned());
+            }
+        }
+        Redaction::Fields(pointers) => {
+            for (name, slot) in [("data", &mut event.data), ("previous", &mut event.previous)] {
+                let Some(json) = slot.as_ref() else { continue };
+                let mut value = json.to_value();
+                let mut changed = false;
+                for pointer in pointers {
+                    if let Some(field) = value.pointer_mut(pointer) {
+                        *field = serde_json::Value::String(REDACTED.to_owned());
+                        redacted.push(format!("/{name}{pointer}"));
+                        changed = true;
+                    }
+                }
+                if changed {
+                    *slot = Some(Json::from_value(&value));
+                }
+            }
+        }
+    }
+    (!redacted.is_empty()).then_some(redacted)
 }
 
 #[cfg(test)]
@@ -260,6 +325,65 @@ mod tests {
             on_failure(2, &kind, &options, 0.9),
             FailureDecision::Retry { delay_ms: 1_234 }
         );
+    }
+
+    #[test]
+    fn attempt_log_prepends_the_stored_error_only_when_unknown() {
+        let mut r = row(1, "a");
+        let rec = |attempt: u32| AttemptRecord {
+            attempt,
+            started_at: Some(10),
+            failed_at: Some(20),
+            classification: None,
+            retry_at: None,
+            error: SerializedError::new("HandlerError", "x"),
+        };
+        assert_eq!(attempt_log(&r, vec![rec(1)]), vec![rec(1)]);
+        r.attempts = 2;
+        r.last_error = Some(SerializedError::new("HandlerError", "before restart"));
+        r.next_attempt_at = Some(99);
+        let log = attempt_log(&r, vec![rec(3)]);
+        assert_eq!(log.len(), 2);
+        assert_eq!(
+            (log[0].attempt, log[0].started_at, log[0].retry_at),
+            (2, None, Some(99))
+        );
+        assert_eq!(log[0].error.message, "before restart");
+        assert_eq!(attempt_log(&r, vec![rec(2), rec(3)]).len(), 2);
+    }
+
+    #[test]
+    fn redaction_keeps_fields_or_payloads_out() {
+        let mut e = row(1, "a").event;
+        e.data =
+            Some(Json::parse(r#"{"card":{"number":"4242","exp":"12/30"},"email":"a@b"}"#).unwrap());
+        e.previous = Some(Json::parse(r#"{"email":"old@b"}"#).unwrap());
+        let mut fields = e.clone();
+        let what = redact_event(
+            &mut fields,
+            &Redaction::Fields(vec!["/card/number".into(), "/email".into(), "/nope".into()]),
+        );
+        assert_eq!(
+            what,
+            Some(vec![
+                "/data/card/number".to_owned(),
+                "/data/email".to_owned(),
+                "/previous/email".to_owned()
+            ])
+        );
+        let data = fields.data.unwrap().to_value();
+        assert_eq!(data["card"]["number"], REDACTED);
+        assert_eq!(data["card"]["exp"], "12/30");
+        assert_eq!(fields.previous.unwrap().to_value()["email"], REDACTED);
+        let mut whole = e.clone();
+        assert_eq!(
+            redact_event(&mut whole, &Redaction::Payload),
+            Some(vec!["data".to_owned(), "previous".to_owned()])
+        );
+        assert!(whole.data.is_none() && whole.previous.is_none());
+        let mut untouched = e.clone();
+        assert_eq!(redact_event(&mut untouched, &Redaction::None), None);
+        assert_eq!(untouched, e);
     }
 
     #[test]

@@ -1,0 +1,303 @@
+//! Building blocks for reliable handlers: the outcome of an idempotent apply (shared by the
+//! stores' `apply_once`), idempotency keys for outgoing calls, and replay-safe side effects.
+//!
+//! Delivery is at least once: a handler may see the same event again after a crash, a lost
+//! lease, a timeout, or on purpose (backfill, replay). See the guide `docs/reliable-handlers.md`
+//! for which recipe fits which handler.
+
+use std::fmt;
+
+use async_trait::async_trait;
+
+use super::consumer::{DeliveryOutcome, Handler, HandlerContext, HandlerError, HandlerResult};
+use crate::diff::sha256_hex;
+use crate::error::Error;
+use crate::event::Event;
+use crate::model::Lane;
+
+/// What an idempotent apply (`apply_once` in the SQL stores) did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApplyOutcome<T> {
+    /// The marker was inserted and the projection ran and committed with it; its value.
+    Applied(T),
+    /// The event's marker already existed: the projection did not run, nothing changed.
+    Deduplicated,
+}
+
+impl<T> ApplyOutcome<T> {
+    /// True for [`ApplyOutcome::Applied`].
+    pub fn is_applied(&self) -> bool {
+        matches!(self, ApplyOutcome::Applied(_))
+    }
+
+    /// True for [`ApplyOutcome::Deduplicated`].
+    pub fn is_deduplicated(&self) -> bool {
+        matches!(self, ApplyOutcome::Deduplicated)
+    }
+
+    /// The projection's value, when it ran.
+    pub fn applied(self) -> Option<T> {
+        match self {
+            ApplyOutcome::Applied(value) => Some(value),
+            ApplyOutcome::Deduplicated => None,
+        }
+    }
+
+    /// The matching [`DeliveryOutcome`].
+    pub fn delivery_outcome(&self) -> DeliveryOutcome {
+        match self {
+            ApplyOutcome::Applied(_) => DeliveryOutcome::Applied,
+            ApplyOutcome::Deduplicated => DeliveryOutcome::Deduplicated,
+        }
+    }
+
+    /// Reports this outcome to the dispatcher through `ctx` (so `inspect()` counts it as
+    /// applied or deduplicated) and returns it.
+    pub fn report(self, ctx: &HandlerContext) -> Self {
+        ctx.report(self.delivery_outcome());
+        self
+    }
+}
+
+/// Why an idempotent apply failed. In both cases nothing was committed: neither the marker nor
+/// the projection's writes.
+#[derive(Debug)]
+pub enum ApplyError<E> {
+    /// The marker table or the transaction failed (connection, missing table, commit).
+    Store(Error),
+    /// The projection returned this error; its transaction, marker included, was rolled back.
+    Projection(E),
+}
+
+impl<E> ApplyError<E> {
+    /// The projection's error, if that is what failed.
+    pub fn projection(self) -> Option<E> {
+        match self {
+            ApplyError::Projection(e) => Some(e),
+            ApplyError::Store(_) => None,
+        }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for ApplyError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ApplyError::Store(e) => write!(f, "apply_once: {e}"),
+            ApplyError::Projection(e) => write!(f, "projection failed (rolled back): {e}"),
+        }
+    }
+}
+
+/// A projection error keeps its classification (a [`HandlerError::permanent`] returned by the
+/// projection parks the event at once; any other error is transient); a store failure is
+/// transient (the attempt budget still bounds it).
+impl<E: Into<HandlerError>> From<ApplyError<E>> for HandlerError {
+    fn from(error: ApplyError<E>) -> Self {
+        match error {
+            ApplyError::Projection(e) => e.into(),
+            ApplyError::Store(e) => HandlerError::transient(e),
+        }
+    }
+}
+
+/// The idempotency key for the one outgoing call an event causes: the event id (64 hex
+/// characters, identical across restarts, instances, retries and replays).
+///
+/// Pass it as the downstream's idempotency key (`Idempotency-Key` header, a queue's job id, a
+/// payment's idempotency key) so a redelivered event cannot act twice.
+pub fn idempotency_key(event: &Event) -> &str {
+    &event.id
+}
+
+/// The idempotency key for one of several outgoing calls an event causes: 64 hex characters
+/// derived from the event id and `scope` (e.g. `"email:welcome"`, `"charge"`), stable across
+/// redeliveries and distinct per scope.
+pub fn scoped_idempotency_key(event: &Event, scope: &str) -> String {
+    sha256_hex(format!("{}\n{scope}", event.id).as_bytes())
+}
+
+/// Whether a side effect (email, payment, webhook) should run for an event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SideEffectGate {
+    /// The event comes from an allowed lane: perform the side effect.
+    Perform,
+    /// The event comes from a lane that re-delivers history (backfill, replay, or any lane not
+    /// allowed): update state if needed, but do not send.
+    Suppress {
+        /// The event's lane.
+        lane: Lane,
+    },
+}
+
+/// Decides whether `event` may trigger side effects: [`SideEffectGate::Perform`] when its lane
+/// is in `allowed`, else [`SideEffectGate::Suppress`]. Use it to *flag* non-live events inside a
+/// handler that also maintains state; use [`LiveOnly`] to *skip* them outright.
+///
+/// Lanes: `live` is new change; `reconcile` finds changes the live lane missed (often deletes),
+/// which are new to consumers too, so allow it when those deserve a side effect; `backfill` and
+/// `replay` re-deliver history and should normally be suppressed.
+pub fn side_effect_gate(event: &Event, allowed: &[Lane]) -> SideEffectGate {
+    if allowed.contains(&event.lane) {
+        SideEffectGate::Perform
+    } else {
+        SideEffectGate::Suppress { lane: event.lane }
+    }
+}
+
+/// A handler wrapper for handlers with side effects: events from lanes it does not allow
+/// (default: every lane but `live`) are acknowledged without calling the inner handler and
+/// reported as [`DeliveryOutcome::Skipped`].
+///
+/// ```
+/// use watukuy_core::delivery::LiveOnly;
+/// use watukuy_core::{Event, HandlerContext, HandlerError, Lane};
+///
+/// let send_welcome_email = LiveOnly::new(|event: Event, _ctx: HandlerContext| async move {
+///     // ... call the mail API with `watukuy_core::delivery::idempotency_key(&event)` ...
+///     let _ = event;
+///     Ok::<(), HandlerError>(())
+/// })
+/// .allow(Lane::Reconcile);
+/// # let _ = send_welcome_email;
+/// ```
+#[derive(Clone, Debug)]
+pub struct LiveOnly<H> {
+    inner: H,
+    allowed: Vec<Lane>,
+}
+
+impl<H: Handler> LiveOnly<H> {
+    /// Wraps `inner`; only `live` events reach it.
+    pub fn new(inner: H) -> Self {
+        Self {
+            inner,
+            allowed: vec![Lane::Live],
+        }
+    }
+
+    /// Also lets events of `lane` through.
+    #[must_use]
+    pub fn allow(mut self, lane: Lane) -> Self {
+        if !self.allowed.contains(&lane) {
+            self.allowed.push(lane);
+        }
+        self
+    }
+}
+
+#[async_trait]
+impl<H: Handler> Handler for LiveOnly<H> {
+    async fn handle(&self, event: Event, ctx: HandlerContext) -> HandlerResult {
+        match side_effect_gate(&event, &self.allowed) {
+            SideEffectGate::Perform => self.inner.handle(event, ctx).await,
+            SideEffectGate::Suppress { lane } => {
+                tracing::debug!(event = %event.id, %lane, "side effect skipped on a non-live lane");
+                ctx.report(DeliveryOutcome::Skipped);
+                ctx.ack();
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::delivery::{HandlerErrorKind, Partition};
+    use crate::event::EventType;
+    use tokio_util::sync::CancellationToken;
+
+    fn event(lane: Lane) -> Event {
+        Event {
+            id: "a".repeat(64),
+            event_type: EventType::Created,
+            source: "urn:watukuy:t".into(),
+            subject: "s".into(),
+            time: String::new(),
+            poller: "t".into(),
+            partition: String::new(),
+            lane,
+            sequence: 1,
+            cursor: None,
+            data: None,
+            previous: None,
+            attempt: 1,
+        }
+    }
+
+    #[test]
+    fn keys_are_the_event_id_or_stable_per_scope() {
+        let e = event(Lane::Live);
+        assert_eq!(idempotency_key(&e), e.id);
+        let charge = scoped_idempotency_key(&e, "charge");
+        assert_eq!(charge.len(), 64);
+        assert_eq!(charge, scoped_idempotency_key(&e, "charge"));
+        assert_ne!(charge, scoped_idempotency_key(&e, "email"));
+        let mut replayed = event(Lane::Replay);
+        replayed.sequence = 99;
+        assert_eq!(charge, scoped_idempotency_key(&replayed, "charge"));
+    }
+
+    #[test]
+    fn the_gate_flags_lanes_that_are_not_allowed() {
+        assert_eq!(
+            side_effect_gate(&event(Lane::Live), &[Lane::Live]),
+            SideEffectGate::Perform
+        );
+        assert_eq!(
+            side_effect_gate(&event(Lane::Replay), &[Lane::Live]),
+            SideEffectGate::Suppress { lane: Lane::Replay }
+        );
+        assert_eq!(
+            side_effect_gate(&event(Lane::Reconcile), &[Lane::Live, Lane::Reconcile]),
+            SideEffectGate::Perform
+        );
+    }
+
+    #[tokio::test]
+    async fn live_only_skips_other_lanes_and_reports_it() {
+        let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let handler = LiveOnly::new({
+            let calls = calls.clone();
+            move |_e: Event, _c: HandlerContext| {
+                let calls = calls.clone();
+                async move {
+                    calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Ok::<(), HandlerError>(())
+                }
+            }
+        });
+        for lane in Lane::ALL {
+            let ctx = HandlerContext::new(1, Partition::default(), CancellationToken::new());
+            handler.handle(event(lane), ctx.clone()).await.unwrap();
+            let expected = if lane == Lane::Live {
+                DeliveryOutcome::Applied
+            } else {
+                DeliveryOutcome::Skipped
+            };
+            assert_eq!(ctx.outcome(), expected, "{lane:?}");
+        }
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn apply_errors_keep_the_projection_classification() {
+        let permanent: ApplyError<HandlerError> =
+            ApplyError::Projection(HandlerError::permanent("bad row"));
+        assert_eq!(
+            HandlerError::from(permanent).kind(),
+            &HandlerErrorKind::Permanent
+        );
+        let io: ApplyError<std::io::Error> = ApplyError::Projection(std::io::Error::other("x"));
+        assert_eq!(HandlerError::from(io).kind(), &HandlerErrorKind::Transient);
+        let store: ApplyError<HandlerError> = ApplyError::Store(Error::config("a", "b"));
+        assert_eq!(
+            HandlerError::from(store).kind(),
+            &HandlerErrorKind::Transient
+        );
+        let ctx = HandlerContext::new(1, Partition::default(), CancellationToken::new());
+        let outcome: ApplyOutcome<()> = ApplyOutcome::Deduplicated;
+        assert!(outcome.report(&ctx).is_deduplicated());
+        assert_eq!(ctx.outcome(), DeliveryOutcome::Deduplicated);
+    }
+}

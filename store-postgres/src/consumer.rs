@@ -1,0 +1,413 @@
+//! The idempotent consumer: a processed-events table in the consumer's database and
+//! [`apply_once`], which records an event id and runs the projection in one transaction.
+//!
+//! Delivery is at least once, so a handler can see an event again (after a crash between its
+//! commit and the acknowledgement, a lost lease, a timeout, a replay). `apply_once` makes a
+//! projection exactly-once in its effect: the marker row and the projection's writes commit
+//! together or not at all, and a second delivery of the same event id finds the marker and
+//! changes nothing.
+//!
+//! ```rust,no_run
+//! use watukuy_core::delivery::ApplyOutcome;
+//! use watukuy_core::{Event, HandlerContext, HandlerError};
+//! use watukuy_store_postgres::{PgPool, ProcessedEvents};
+//!
+//! # async fn handler(pool: PgPool, event: Event, ctx: HandlerContext) -> Result<(), HandlerError> {
+//! let processed = ProcessedEvents::default();
+//! # processed.migrate(&pool).await?;
+//! let subject = &event.subject; // the projection may borrow
+//! processed
+//!     .apply_once(&pool, &event, |tx| {
+//!         Box::pin(async move {
+//!             sqlx::query("UPDATE totals SET n = n + 1 WHERE subject = $1")
+//!                 .bind(subject)
+//!                 .execute(&mut **tx)
+//!                 .await?;
+//!             Ok::<_, sqlx::Error>(())
+//!         })
+//!     })
+//!     .await?
+//!     .report(&ctx); // counts as applied or deduplicated in `inspect()`
+//! # Ok(())
+//! # }
+//! ```
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use sqlx::{Executor, PgConnection, PgPool, Postgres, Transaction};
+use watukuy_core::delivery::{ApplyError, ApplyOutcome};
+use watukuy_core::{Clock, Error, Event, Result, StoreErrorKind, SystemClock};
+
+use crate::error::classify;
+
+/// The newest version of the processed-events table this crate creates.
+pub const PROCESSED_EVENTS_VERSION: i32 = 1;
+
+/// The default table name.
+pub const DEFAULT_PROCESSED_EVENTS_TABLE: &str = "watukuy_processed_events";
+
+/// The longest suffix derived from the table name (`_applied_idx`).
+const LONGEST_SUFFIX: usize = "_applied_idx".len();
+
+struct Migration {
+    version: i32,
+    name: &'static str,
+    template: &'static str,
+}
+
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "processed_events",
+    template: include_str!("../sql/consumer/0001_processed_events.sql"),
+}];
+
+const VERSION_TABLE: &str = include_str!("../sql/consumer/schema_version.sql");
+const INSERT_MARKER: &str = include_str!("../sql/consumer/insert_marker.sql");
+const PRUNE: &str = include_str!("../sql/consumer/prune.sql");
+const IS_PROCESSED: &str = include_str!("../sql/consumer/is_processed.sql");
+
+/// The processed-events table of an idempotent consumer, in the consumer's own database (the
+/// one its read model lives in; it need not be the store's).
+///
+/// Columns: `event_id` (primary key), `poller`, `partition`, `lane`, `type`, `applied_at`
+/// (epoch ms from the configured [`Clock`]). Create it with [`migrate`](Self::migrate) (versioned,
+/// under advisory locks, safe to run from every instance at once) or take the text from
+/// [`ddl`](Self::ddl) for your own migration tool.
+#[derive(Clone)]
+pub struct ProcessedEvents {
+    schema: String,
+    table: String,
+    clock: Arc<dyn Clock>,
+    insert: String,
+    prune: String,
+    is_processed: String,
+}
+
+impl std::fmt::Debug for ProcessedEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessedEvents")
+            .field("schema", &self.schema)
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for ProcessedEvents {
+    /// `public.watukuy_processed_events`, stamped with the system clock.
+    fn default() -> Self {
+        Self::build(
+            "public".to_owned(),
+            DEFAULT_PROCESSED_EVENTS_TABLE.to_owned(),
+        )
+    }
+}
+
+impl ProcessedEvents {
+    /// The table `schema.table`. Both must match `^[A-Za-z_][A-Za-z0-9_]*$` (the table at most
+    /// 51 bytes, so its index name fits PostgreSQL's 63); anything else is a `Config` error
+    /// naming `processed_events.schema` or `processed_events.table`.
+    pub fn new(schema: impl Into<String>, table: impl Into<String>) -> Result<Self> {
+        let (schema, table) = (schema.into(), table.into());
+        check_identifier("processed_events.schema", &schema, 63)?;
+        check_identifier("processed_events.table", &table, 63 - LONGEST_SUFFIX)?;
+        Ok(Self::build(schema, table))
+    }
+
+    fn build(schema: String, table: String) -> Self {
+        let render = |t: &str| render(t, &schema, &table);
+        Self {
+            insert: render(INSERT_MARKER),
+            prune: render(PRUNE),
+            is_processed: render(IS_PROCESSED),
+            schema,
+            table,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// Stamps `applied_at` and measures TTLs with `clock` (default: the system clock).
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The schema.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// The table name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The complete, idempotent DDL (schema, version table, every migration and its version
+    /// row) for review or your own migration tool.
+    pub fn ddl(&self) -> String {
+        let mut out = format!("CREATE SCHEMA IF NOT EXISTS \"{}\";\n", self.schema);
+        out.push_str(self.render(VERSION_TABLE).trim_end());
+        out.push_str(";\n");
+        for migration in MIGRATIONS {
+            out.push_str(self.render(migration.template).trim_end());
+            out.push('\n');
+            out.push_str(&format!(
+                "INSERT INTO \"{}\".\"{}_version\" (version, name) VALUES ({}, '{}') ON CONFLICT (version) DO NOTHING;\n",
+                self.schema, self.table, migration.version, migration.name
+            ));
+        }
+        out
+    }
+
+    /// Creates the schema (when missing) and the table, applying pending migrations in one
+    /// transaction under the advisory locks `watukuy:migrate:<schema>` (shared with the store's
+    /// own migrations) and `watukuy:consumer:<schema>.<table>`. Fails with a `Schema` store
+    /// error when the table is newer than this crate knows.
+    pub async fn migrate(&self, pool: &PgPool) -> Result<()> {
+        let mut tx = pool.begin().await.map_err(classify)?;
+        self.migrate_in(&mut tx).await?;
+        tx.commit().await.map_err(classify)
+    }
+
+    async fn migrate_in(&self, conn: &mut PgConnection) -> Result<()> {
+        for lock in [
+            format!("watukuy:migrate:{}", self.schema),
+            format!("watukuy:consumer:{}.{}", self.schema, self.table),
+        ] {
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+                .bind(lock)
+                .execute(&mut *conn)
+                .await
+                .map_err(classify)?;
+        }
+        let schema_exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+                .bind(&self.schema)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(classify)?;
+        if !schema_exists {
+            let create = format!("CREATE SCHEMA IF NOT EXISTS \"{}\"", self.schema);
+            (&mut *conn)
+                .execute(create.as_str())
+                .await
+                .map_err(classify)?;
+        }
+        let versions = self.render(VERSION_TABLE);
+        (&mut *conn)
+            .execute(versions.as_str())
+            .await
+            .map_err(classify)?;
+        let versions_table = format!("\"{}\".\"{}_version\"", self.schema, self.table);
+        let current: Option<i32> =
+            sqlx::query_scalar(&format!("SELECT max(version) FROM {versions_table}"))
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(classify)?;
+        let current = current.unwrap_or(0);
+        if current > PROCESSED_EVENTS_VERSION {
+            return Err(Error::store(
+                StoreErrorKind::Schema,
+                false,
+                format!(
+                    "the processed-events table {:?}.{:?} is at version {current}, newer than \
+                     this watukuy-store-postgres knows ({PROCESSED_EVENTS_VERSION}): upgrade the crate",
+                    self.schema, self.table
+                ),
+            ));
+        }
+        let record = format!("INSERT INTO {versions_table} (version, name) VALUES ($1, $2)");
+        for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
+            let ddl = self.render(migration.template);
+            (&mut *conn).execute(ddl.as_str()).await.map_err(classify)?;
+            sqlx::query(&record)
+                .bind(migration.version)
+                .bind(migration.name)
+                .execute(&mut *conn)
+                .await
+                .map_err(classify)?;
+        }
+        Ok(())
+    }
+
+    /// Claims `event` inside a transaction you run: inserts its marker and returns `true`, or
+    /// returns `false` when the event was already applied (then do nothing, and let your
+    /// transaction end). Commit your projection's writes in the same transaction, so the marker
+    /// exists exactly when they do. A concurrent claim of the same id waits for the first
+    /// transaction to end (default `READ COMMITTED` isolation; under `REPEATABLE READ` or
+    /// `SERIALIZABLE` it fails with a transient serialization error instead, to retry).
+    pub async fn claim(&self, conn: &mut PgConnection, event: &Event) -> Result<bool> {
+        let inserted = sqlx::query(&self.insert)
+            .bind(&event.id)
+            .bind(&event.poller)
+            .bind(&event.partition)
+            .bind(event.lane.as_str())
+            .bind(event.event_type.as_str())
+            .bind(self.clock.now_ms())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(classify)?;
+        Ok(inserted.is_some())
+    }
+
+    /// Applies `event` at most once: in ONE transaction, inserts the marker and, when it was
+    /// new, runs `projection` on the transaction, then commits.
+    ///
+    /// - A repeated id is a no-op: [`ApplyOutcome::Deduplicated`] (the projection does not run).
+    /// - The projection's error rolls everything back, marker included:
+    ///   [`ApplyError::Projection`]; a later delivery applies it afresh.
+    /// - Dropping the returned future before it completes (a crash) rolls back as well.
+    /// - A failure of the marker insert or of the commit is [`ApplyError::Store`]. When a commit
+    ///   fails in flight its outcome is unknown; the redelivery then finds the marker or not.
+    ///
+    /// The projection is a closure taking the transaction and returning a boxed future
+    /// (`|tx| Box::pin(async move { ... })`, the shape of sqlx's own `Connection::transaction`);
+    /// run statements on `&mut **tx`. It may borrow from the caller (the transaction's `'a`), and
+    /// the whole call stays `Send`, so it works inside handlers.
+    pub async fn apply_once<'a, T, E, F>(
+        &self,
+        pool: &PgPool,
+        event: &Event,
+        projection: F,
+    ) -> std::result::Result<ApplyOutcome<T>, ApplyError<E>>
+    where
+        F: for<'t> FnOnce(
+            &'t mut Transaction<'a, Postgres>,
+        ) -> BoxFuture<'t, std::result::Result<T, E>>,
+    {
+        let mut tx: Transaction<'a, Postgres> = pool
+            .begin()
+            .await
+            .map_err(|e| ApplyError::Store(classify(e)))?;
+        if !self
+            .claim(&mut tx, event)
+            .await
+            .map_err(ApplyError::Store)?
+        {
+            // Nothing was written; ending the transaction is only tidiness.
+            let _ = tx.rollback().await;
+            return Ok(ApplyOutcome::Deduplicated);
+        }
+        match projection(&mut tx).await {
+            Ok(value) => {
+                tx.commit()
+                    .await
+                    .map_err(|e| ApplyError::Store(classify(e)))?;
+                Ok(ApplyOutcome::Applied(value))
+            }
+            Err(error) => {
+                // Dropping rolls back too; an explicit rollback frees the connection sooner.
+                let _ = tx.rollback().await;
+                Err(ApplyError::Projection(error))
+            }
+        }
+    }
+
+    /// Whether `event_id` has a marker.
+    pub async fn is_processed(&self, pool: &PgPool, event_id: &str) -> Result<bool> {
+        sqlx::query_scalar(&self.is_processed)
+            .bind(event_id)
+            .fetch_one(pool)
+            .await
+            .map_err(classify)
+    }
+
+    /// Deletes markers applied before `older_than` (epoch ms); returns how many.
+    ///
+    /// A pruned event is no longer recognised: only prune markers older than any redelivery
+    /// you still expect (retries and parked events you may retry, and the poller's log
+    /// retention if you replay into the same read model).
+    pub async fn prune(&self, pool: &PgPool, older_than: i64) -> Result<u64> {
+        let done = sqlx::query(&self.prune)
+            .bind(older_than)
+            .execute(pool)
+            .await
+            .map_err(classify)?;
+        Ok(done.rows_affected())
+    }
+
+    /// Deletes markers older than `ttl` on the configured clock; returns how many.
+    pub async fn prune_older_than(&self, pool: &PgPool, ttl: std::time::Duration) -> Result<u64> {
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        self.prune(pool, self.clock.now_ms().saturating_sub(ttl_ms))
+            .await
+    }
+
+    fn render(&self, template: &str) -> String {
+        render(template, &self.schema, &self.table)
+    }
+}
+
+/// [`ProcessedEvents::apply_once`] on the default table (`public.watukuy_processed_events`,
+/// system clock).
+pub async fn apply_once<'a, T, E, F>(
+    pool: &PgPool,
+    event: &Event,
+    projection: F,
+) -> std::result::Result<ApplyOutcome<T>, ApplyError<E>>
+where
+    F: for<'t> FnOnce(
+        &'t mut Transaction<'a, Postgres>,
+    ) -> BoxFuture<'t, std::result::Result<T, E>>,
+{
+    ProcessedEvents::default()
+        .apply_once(pool, event, projection)
+        .await
+}
+
+/// Fills `{schema}` and `{table}` (validated identifiers, always inside double quotes in the
+/// templates).
+fn render(template: &str, schema: &str, table: &str) -> String {
+    template
+        .replace("{schema}", schema)
+        .replace("{table}", table)
+}
+
+/// Accepts `^[A-Za-z_][A-Za-z0-9_]*$` of 1 to `max` bytes.
+fn check_identifier(option: &str, value: &str, max: usize) -> Result<()> {
+    let mut chars = value.chars();
+    let valid = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        return Err(Error::config(
+            option,
+            format!("must match [A-Za-z_][A-Za-z0-9_]*, got {value:?}"),
+        ));
+    }
+    if value.len() > max {
+        return Err(Error::config(
+            option,
+            format!("must be at most {max} bytes, got {}", value.len()),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_checked_and_quoted() {
+        assert!(ProcessedEvents::new("app", "processed").is_ok());
+        for (schema, table, option) in [
+            ("x; drop", "t", "processed_events.schema"),
+            ("s", "", "processed_events.table"),
+            ("s", "1abc", "processed_events.table"),
+            ("s", &"t".repeat(52), "processed_events.table"),
+        ] {
+            match ProcessedEvents::new(schema, table) {
+                Err(Error::Config { option: named, .. }) => assert_eq!(named, option),
+                other => panic!("expected a config error, got {other:?}"),
+            }
+        }
+        let ddl = ProcessedEvents::new("app", "seen").unwrap().ddl();
+        assert!(ddl.contains(r#"CREATE TABLE IF NOT EXISTS "app"."seen""#));
+        assert!(ddl.contains(r#""seen_applied_idx""#));
+        assert!(ddl.contains(r#"INSERT INTO "app"."seen_version""#));
+        assert!(!ddl.contains('{'));
+    }
+}

@@ -1,0 +1,713 @@
+//! The idempotent consumer on real PostgreSQL: every failure window of `apply_once`.
+//!
+//! - crash before commit: nothing applied, the redelivery applies once;
+//! - crash after commit, before the acknowledgement: redelivered, detected as a duplicate, the
+//!   projection unchanged (through the real dispatcher);
+//! - concurrent duplicate deliveries of one id: applied once;
+//! - projection failure: the marker is rolled back with it;
+//! - replay into an empty read model (an engine with a log, `Engine::replay`): rebuilt exactly.
+//!
+//! Each test runs in its own schema (`WATUKUY_TEST_POSTGRES_URL`; skipped loudly when unset,
+//! failing when `WATUKUY_REQUIRE_BACKENDS` names `postgres`). "Crashes" drop the transaction's
+//! future at the right point or inject a failure; nothing sleeps.
+
+mod common;
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use common::{Database, drop_schema, pool, unique_schema, with_database};
+use sqlx::{PgPool, Postgres, Row, Transaction};
+use watukuy_conformance::CaseError;
+use watukuy_conformance::cases::fixtures::{NODE_A, T0, acquire, event, key};
+use watukuy_conformance::world::{POLLER, StrategyKind, World};
+use watukuy_core::delivery::{ApplyError, ApplyOutcome, DeliveryCounters};
+use watukuy_core::{
+    CommitBatch, DeliveryOptions, Dispatcher, DrainContext, Engine, Event, EventType,
+    HandlerContext, HandlerError, ManualClock, OutboxRow, SeededRng, Store,
+};
+use watukuy_store_postgres::{PostgresOptions, PostgresStore, ProcessedEvents};
+
+fn fail(message: impl Into<String>) -> CaseError {
+    CaseError::failed(message)
+}
+
+fn sql(e: sqlx::Error) -> CaseError {
+    fail(format!("sql: {e}"))
+}
+
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(fail(format!($($msg)+)));
+        }
+    };
+}
+
+/// A fresh schema with the processed-events table `processed` and read models.
+struct Db {
+    pool: PgPool,
+    schema: String,
+    processed: ProcessedEvents,
+}
+
+impl Db {
+    async fn new(database: &Database, what: &str) -> Result<Self, CaseError> {
+        let schema = unique_schema(what);
+        let pool = pool(&database.url, 8).await?;
+        drop_schema(&pool, &schema).await.map_err(sql)?;
+        let processed = ProcessedEvents::new(schema.as_str(), "processed")?
+            .with_clock(Arc::new(ManualClock::new(T0)));
+        processed.migrate(&pool).await?;
+        let db = Self {
+            pool,
+            schema,
+            processed,
+        };
+        db.create_read_model("rm").await?;
+        Ok(db)
+    }
+
+    /// A read model table: one row per subject with its payload and how many times a
+    /// projection touched it (so a double application shows).
+    async fn create_read_model(&self, table: &str) -> Result<(), CaseError> {
+        sqlx::query(&format!(
+            r#"CREATE TABLE "{}"."{table}" (subject text PRIMARY KEY, value text, applications integer NOT NULL)"#,
+            self.schema
+        ))
+        .execute(&self.pool)
+        .await
+        .map_err(sql)?;
+        Ok(())
+    }
+
+    async fn rows(&self, table: &str) -> Result<Vec<(String, Option<String>, i32)>, CaseError> {
+        let rows = sqlx::query(&format!(
+            r#"SELECT subject, value, applications FROM "{}"."{table}" ORDER BY subject"#,
+            self.schema
+        ))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(sql)?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(sql)
+    }
+
+    async fn markers(&self) -> Result<i64, CaseError> {
+        sqlx::query_scalar(&format!(
+            r#"SELECT count(*) FROM "{}"."processed""#,
+            self.schema
+        ))
+        .fetch_one(&self.pool)
+        .await
+        .map_err(sql)
+    }
+
+    async fn cleanup(self) {
+        if let Err(e) = drop_schema(&self.pool, &self.schema).await {
+            eprintln!("could not drop schema {}: {e}", self.schema);
+        }
+        self.pool.close().await;
+    }
+}
+
+/// The projection: upsert (counting applications) or delete.
+async fn project(
+    tx: &mut Transaction<'_, Postgres>,
+    schema: &str,
+    table: &str,
+    event: &Event,
+) -> Result<(), sqlx::Error> {
+    if event.event_type == EventType::Deleted {
+        sqlx::query(&format!(
+            r#"DELETE FROM "{schema}"."{table}" WHERE subject = $1"#
+        ))
+        .bind(&event.subject)
+        .execute(&mut **tx)
+        .await?;
+    } else {
+        sqlx::query(&format!(
+            r#"INSERT INTO "{schema}"."{table}" AS t (subject, value, applications) VALUES ($1, $2, 1)
+               ON CONFLICT (subject) DO UPDATE SET value = excluded.value, applications = t.applications + 1"#
+        ))
+        .bind(&event.subject)
+        .bind(event.data.as_ref().map(|d| d.as_str().to_owned()))
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
+}
+
+fn order(id: &str, subject: &str) -> Event {
+    event(&key(), id, 1, subject)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_before_commit_applies_nothing_and_the_redelivery_applies_once() {
+    with_database("crash_before_commit", |database| async move {
+        let db = Db::new(&database, "ao_crash_before").await?;
+        let e = order("evt-1", "o1");
+
+        // The projection writes, then the process "dies" before the commit: the task running
+        // apply_once is aborted while the transaction is open.
+        let (wrote_tx, wrote_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn({
+            let (pool, processed, schema, e) = (
+                db.pool.clone(),
+                db.processed.clone(),
+                db.schema.clone(),
+                e.clone(),
+            );
+            async move {
+                processed
+                    .apply_once(&pool, &e, |tx| {
+                        let (schema, e) = (&schema, &e);
+                        Box::pin(async move {
+                            project(tx, schema, "rm", e).await?;
+                            let _ = wrote_tx.send(());
+                            std::future::pending::<()>().await;
+                            Ok::<_, sqlx::Error>(())
+                        })
+                    })
+                    .await
+            }
+        });
+        wrote_rx
+            .await
+            .map_err(|_| fail("the projection never ran"))?;
+        task.abort();
+        ensure!(
+            task.await.is_err_and(|e| e.is_cancelled()),
+            "the task was not cancelled"
+        );
+        ensure!(
+            db.rows("rm").await?.is_empty(),
+            "an uncommitted projection is visible"
+        );
+        ensure!(
+            !db.processed.is_processed(&db.pool, "evt-1").await?,
+            "an uncommitted marker is visible"
+        );
+
+        // The redelivery applies it (once the dropped transaction has rolled back) ...
+        let outcome = db
+            .processed
+            .apply_once(&db.pool, &e, |tx| {
+                Box::pin(project(tx, &db.schema, "rm", &e))
+            })
+            .await
+            .map_err(|err| fail(format!("redelivery failed: {err}")))?;
+        ensure!(
+            outcome.is_applied(),
+            "the redelivery was not applied: {outcome:?}"
+        );
+        // ... and a further one is a duplicate.
+        let again = db
+            .processed
+            .apply_once(&db.pool, &e, |tx| {
+                Box::pin(project(tx, &db.schema, "rm", &e))
+            })
+            .await
+            .map_err(|err| fail(format!("second redelivery failed: {err}")))?;
+        ensure!(
+            again.is_deduplicated(),
+            "the second redelivery applied again"
+        );
+        let rows = db.rows("rm").await?;
+        ensure!(
+            rows.len() == 1 && rows[0].2 == 1,
+            "applied more than once: {rows:?}"
+        );
+        ensure!(db.markers().await? == 1, "expected one marker");
+        db.cleanup().await;
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_commit_before_ack_is_redelivered_and_detected_as_duplicate() {
+    with_database("crash_after_commit", |database| async move {
+        let db = Db::new(&database, "ao_crash_after").await?;
+        // The real dispatcher over a PostgresStore in the same schema.
+        let store = Arc::new(PostgresStore::from_pool(
+            db.pool.clone(),
+            PostgresOptions::default().schema(db.schema.as_str()),
+        )?);
+        store.migrate().await?;
+        let k = key();
+        let lease = acquire(&*store, &k, NODE_A, T0).await?;
+        let batch = CommitBatch {
+            events: vec![OutboxRow::pending(order("evt-1", "o1"), T0)],
+            ..CommitBatch::default()
+        };
+        store.commit_poll(&k, &lease, &batch).await?;
+        let clock = ManualClock::new(T0);
+        let dispatcher = Dispatcher::new(
+            "orders",
+            store.clone(),
+            Arc::new(clock.clone()),
+            Arc::new(SeededRng::new(1)),
+            DeliveryOptions::default(),
+            100,
+        )?;
+        // The first attempt commits its projection, then "crashes" before the acknowledgement
+        // (the handler fails after apply_once returned).
+        let crashed = Arc::new(Mutex::new(false));
+        let outcomes = Arc::new(Mutex::new(Vec::new()));
+        dispatcher.on({
+            let (pool, processed, schema) =
+                (db.pool.clone(), db.processed.clone(), db.schema.clone());
+            let (crashed, outcomes) = (crashed.clone(), outcomes.clone());
+            move |event: Event, ctx: HandlerContext| {
+                let (pool, processed, schema) = (pool.clone(), processed.clone(), schema.clone());
+                let (crashed, outcomes) = (crashed.clone(), outcomes.clone());
+                async move {
+                    let outcome = processed
+                        .apply_once(&pool, &event, |tx| {
+                            Box::pin(project(tx, &schema, "rm", &event))
+                        })
+                        .await?
+                        .report(&ctx);
+                    outcomes
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(outcome.is_applied());
+                    let mut crashed = crashed.lock().unwrap_or_else(PoisonError::into_inner);
+                    if !*crashed {
+                        *crashed = true;
+                        return Err(HandlerError::transient("crashed before the ack"));
+                    }
+                    Ok(())
+                }
+            }
+        })?;
+        let report = dispatcher
+            .drain(&k, &lease, &DrainContext::default())
+            .await?;
+        ensure!(
+            report.failed == 1 && report.delivered == 0,
+            "first drain: {report:?}"
+        );
+        let after_first = db.rows("rm").await?;
+        ensure!(
+            after_first.len() == 1,
+            "the first attempt's commit is missing"
+        );
+
+        // The retry is due after the backoff: the event is redelivered and found applied.
+        clock.advance(Duration::from_secs(60));
+        let report = dispatcher
+            .drain(&k, &lease, &DrainContext::default())
+            .await?;
+        ensure!(
+            report.delivered == 1 && report.remaining == 0,
+            "redelivery: {report:?}"
+        );
+        let seen = outcomes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        ensure!(
+            seen == vec![true, false],
+            "applied/deduplicated per attempt: {seen:?}"
+        );
+        ensure!(
+            db.rows("rm").await? == after_first,
+            "the duplicate changed the projection"
+        );
+        let counters = dispatcher.counters("");
+        ensure!(
+            counters
+                == DeliveryCounters {
+                    received: 2,
+                    applied: 0,
+                    deduplicated: 1,
+                    skipped: 0,
+                    failed: 1,
+                },
+            "counters: {counters:?}"
+        );
+        db.cleanup().await;
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_duplicate_deliveries_apply_once() {
+    with_database("concurrent_duplicates", |database| async move {
+        let db = Db::new(&database, "ao_concurrent").await?;
+
+        // Forced overlap: the first delivery holds its transaction open after claiming the id;
+        // the second blocks on the claim until the first commits, then finds the marker.
+        let e = order("evt-race", "o1");
+        let (claimed_tx, claimed_rx) = tokio::sync::oneshot::channel::<()>();
+        let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+        let first = tokio::spawn({
+            let (pool, processed, schema, e) =
+                (db.pool.clone(), db.processed.clone(), db.schema.clone(), e.clone());
+            async move {
+                processed
+                    .apply_once(&pool, &e, |tx| {
+                        let (schema, e) = (&schema, &e);
+                        Box::pin(async move {
+                            project(tx, schema, "rm", e).await?;
+                            let _ = claimed_tx.send(());
+                            let _ = go_rx.await;
+                            Ok::<_, sqlx::Error>(())
+                        })
+                    })
+                    .await
+            }
+        });
+        claimed_rx.await.map_err(|_| fail("the first projection never ran"))?;
+        let second = tokio::spawn({
+            let (pool, processed, schema, e) =
+                (db.pool.clone(), db.processed.clone(), db.schema.clone(), e.clone());
+            async move {
+                processed
+                    .apply_once(&pool, &e, |tx| Box::pin(project(tx, &schema, "rm", &e)))
+                    .await
+            }
+        });
+        // Wait until the second delivery is blocked on the first one's marker (a lock wait in
+        // this schema), then let the first commit.
+        let waiting_sql = format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%\"{}\".\"processed\"%'",
+            db.schema
+        );
+        let mut blocked = false;
+        for _ in 0..100_000 {
+            let waiting: i64 = sqlx::query_scalar(&waiting_sql)
+                .fetch_one(&db.pool)
+                .await
+                .map_err(sql)?;
+            if waiting > 0 {
+                blocked = true;
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        ensure!(blocked, "the second delivery never waited for the first");
+        let _ = go_tx.send(());
+        let first = first.await.map_err(|e| fail(e.to_string()))?;
+        let second = second.await.map_err(|e| fail(e.to_string()))?;
+        ensure!(
+            matches!(first, Ok(ApplyOutcome::Applied(()))),
+            "first: {first:?}"
+        );
+        ensure!(
+            matches!(second, Ok(ApplyOutcome::Deduplicated)),
+            "second: {second:?}"
+        );
+
+        // Free-for-all: 20 ids, 4 concurrent deliveries each.
+        let mut tasks = Vec::new();
+        for n in 0..20 {
+            for _ in 0..4 {
+                let (pool, processed, schema) =
+                    (db.pool.clone(), db.processed.clone(), db.schema.clone());
+                let e = order(&format!("evt-{n}"), &format!("s{n}"));
+                tasks.push(tokio::spawn(async move {
+                    processed
+                        .apply_once(&pool, &e, |tx| Box::pin(project(tx, &schema, "rm", &e)))
+                        .await
+                        .map(|o| o.is_applied())
+                        .map_err(|err| err.to_string())
+                }));
+            }
+        }
+        let mut applied = 0;
+        for task in tasks {
+            match task.await.map_err(|e| fail(e.to_string()))? {
+                Ok(true) => applied += 1,
+                Ok(false) => {}
+                Err(err) => return Err(fail(format!("a delivery failed: {err}"))),
+            }
+        }
+        ensure!(applied == 20, "{applied} deliveries applied, expected one per id");
+        let rows = db.rows("rm").await?;
+        ensure!(rows.len() == 21, "rows: {}", rows.len());
+        ensure!(rows.iter().all(|r| r.2 == 1), "a row was applied twice: {rows:?}");
+        ensure!(db.markers().await? == 21, "markers");
+        db.cleanup().await;
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_projection_failure_rolls_back_the_marker() {
+    with_database("projection_failure", |database| async move {
+        let db = Db::new(&database, "ao_projection_failure").await?;
+        let e = order("evt-1", "o1");
+        let result = db
+            .processed
+            .apply_once(&db.pool, &e, |tx| {
+                let (schema, e) = (&db.schema, &e);
+                Box::pin(async move {
+                    project(tx, schema, "rm", e).await?;
+                    // A failing statement after a successful write.
+                    sqlx::query("SELECT 1/0").execute(&mut **tx).await?;
+                    Ok::<_, sqlx::Error>(())
+                })
+            })
+            .await;
+        ensure!(
+            matches!(result, Err(ApplyError::Projection(_))),
+            "expected a projection error, got {result:?}"
+        );
+        ensure!(
+            db.rows("rm").await?.is_empty(),
+            "the projection's first write survived"
+        );
+        ensure!(db.markers().await? == 0, "the marker survived the rollback");
+        // A projection error keeps its classification on the way to the dispatcher.
+        let permanent = db
+            .processed
+            .apply_once(&db.pool, &e, |_tx| {
+                Box::pin(async { Err::<(), _>(HandlerError::permanent("unknown product")) })
+            })
+            .await;
+        let handler_error = match permanent {
+            Err(err) => HandlerError::from(err),
+            Ok(outcome) => return Err(fail(format!("expected an error, got {outcome:?}"))),
+        };
+        ensure!(
+            handler_error.kind() == &watukuy_core::HandlerErrorKind::Permanent,
+            "classification lost: {handler_error:?}"
+        );
+        // The next delivery applies normally.
+        let outcome = db
+            .processed
+            .apply_once(&db.pool, &e, |tx| {
+                Box::pin(project(tx, &db.schema, "rm", &e))
+            })
+            .await
+            .map_err(|err| fail(err.to_string()))?;
+        ensure!(outcome.is_applied(), "not applied after the failures");
+        ensure!(db.markers().await? == 1, "markers");
+        db.cleanup().await;
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn markers_are_pruned_by_age_and_migrations_are_idempotent() {
+    with_database("prune", |database| async move {
+        let db = Db::new(&database, "ao_prune").await?;
+        let clock = ManualClock::new(T0);
+        let processed = ProcessedEvents::new(db.schema.as_str(), "processed")?
+            .with_clock(Arc::new(clock.clone()));
+        // Concurrent migrations of an existing table are harmless.
+        let (a, b) = tokio::join!(processed.migrate(&db.pool), processed.migrate(&db.pool));
+        a?;
+        b?;
+        for n in 0..3 {
+            let e = order(&format!("old-{n}"), &format!("o{n}"));
+            let o = processed
+                .apply_once(&db.pool, &e, |_tx| {
+                    Box::pin(async { Ok::<_, sqlx::Error>(()) })
+                })
+                .await
+                .map_err(|err| fail(err.to_string()))?;
+            ensure!(o.is_applied(), "old-{n}");
+        }
+        clock.advance(Duration::from_secs(3_600));
+        let e = order("new", "o9");
+        let _ = processed
+            .apply_once(&db.pool, &e, |_tx| {
+                Box::pin(async { Ok::<_, sqlx::Error>(()) })
+            })
+            .await
+            .map_err(|err| fail(err.to_string()))?;
+        let pruned = processed
+            .prune_older_than(&db.pool, Duration::from_secs(1_800))
+            .await?;
+        ensure!(pruned == 3, "pruned {pruned}");
+        ensure!(
+            processed.is_processed(&db.pool, "new").await?,
+            "the new marker was pruned"
+        );
+        ensure!(
+            !processed.is_processed(&db.pool, "old-0").await?,
+            "an old marker survived"
+        );
+        db.cleanup().await;
+        Ok(())
+    })
+    .await;
+}
+
+/// Where the replay test's handler projects: the read model table and its marker table.
+#[derive(Clone)]
+struct Target {
+    table: String,
+    processed: ProcessedEvents,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_into_an_empty_read_model_rebuilds_it_exactly() {
+    with_database("replay_rebuild", |database| async move {
+        let db = Db::new(&database, "ao_replay").await?;
+        let store = Arc::new(PostgresStore::from_pool(
+            db.pool.clone(),
+            PostgresOptions::default().schema(db.schema.as_str()),
+        )?);
+        store.migrate().await?;
+        let world = World::new(5, 10).map_err(|e| fail(e.to_string()))?;
+        let poller = world
+            .poller(StrategyKind::SnapshotDiff)
+            .log(Duration::from_secs(86_400))
+            .build()?;
+        let engine: Engine = world.engine(store.clone(), NODE_A, poller, 7)?;
+        let target = Arc::new(Mutex::new(Target {
+            table: "rm".to_owned(),
+            processed: db.processed.clone(),
+        }));
+        engine.on(POLLER, {
+            let (pool, schema, target) = (db.pool.clone(), db.schema.clone(), target.clone());
+            move |event: Event, ctx: HandlerContext| {
+                let (pool, schema) = (pool.clone(), schema.clone());
+                let Target { table, processed } = target
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                async move {
+                    processed
+                        .apply_once(&pool, &event, |tx| {
+                            Box::pin(project(tx, &schema, &table, &event))
+                        })
+                        .await?
+                        .report(&ctx);
+                    Ok::<(), HandlerError>(())
+                }
+            }
+        })?;
+
+        // History: creates, updates and a delete, one poll each.
+        world.tick(&engine).await?;
+        world.advance(Duration::from_secs(30));
+        world
+            .api
+            .update("item-002", serde_json::json!({ "value": 20 }))
+            .map_err(|e| fail(e.to_string()))?;
+        world
+            .api
+            .update("item-004", serde_json::json!({ "name": "four" }))
+            .map_err(|e| fail(e.to_string()))?;
+        world.tick(&engine).await?;
+        world.advance(Duration::from_secs(30));
+        ensure!(world.api.remove("item-003"), "item-003 missing");
+        world
+            .api
+            .update("item-002", serde_json::json!({ "value": 21 }))
+            .map_err(|e| fail(e.to_string()))?;
+        world.tick(&engine).await?;
+        let live = db.rows("rm").await?;
+        ensure!(live.len() == 4, "live read model: {live:?}");
+        ensure!(
+            live.iter().any(|r| r.0 == "item-002" && r.2 == 3),
+            "item-002 should carry three applications: {live:?}"
+        );
+
+        // A new, empty read model with its own marker table; replay the whole log into it.
+        db.create_read_model("rm_rebuilt").await?;
+        let rebuilt_markers = ProcessedEvents::new(db.schema.as_str(), "processed_rebuilt")?;
+        rebuilt_markers.migrate(&db.pool).await?;
+        *target.lock().unwrap_or_else(PoisonError::into_inner) = Target {
+            table: "rm_rebuilt".to_owned(),
+            processed: rebuilt_markers.clone(),
+        };
+        let replayed = engine.replay(POLLER, None, 0, None).await?;
+        ensure!(
+            replayed == 9,
+            "replayed {replayed} events, expected 5 + 2 + 2"
+        );
+        let result = world.tick(&engine).await?;
+        ensure!(result.delivered == 9, "delivered {}", result.delivered);
+        ensure!(
+            db.rows("rm_rebuilt").await? == live,
+            "the rebuilt read model differs"
+        );
+
+        // Replaying again into the rebuilt model changes nothing: every event is a duplicate.
+        let before = engine.inspect().await?.pollers[0].delivery;
+        engine.replay(POLLER, None, 0, None).await?;
+        world.tick(&engine).await?;
+        ensure!(
+            db.rows("rm_rebuilt").await? == live,
+            "a second replay changed the model"
+        );
+        let after = engine.inspect().await?.pollers[0].delivery;
+        ensure!(
+            after.deduplicated == before.deduplicated + 9 && after.applied == before.applied,
+            "counters before {before:?} after {after:?}"
+        );
+        ensure!(
+            after.applied == 18 && after.failed == 0,
+            "counters: {after:?}"
+        );
+        db.cleanup().await;
+        Ok(())
+    })
+    .await;
+}
+
+/// The failure details of a parked row (issue 9) survive the store: they travel inside the
+/// row's error JSON, so no schema change was needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_rows_keep_the_failure_details() {
+    use watukuy_core::model::{AttemptRecord, FailureClass, FailureDetails, ParkReason};
+    use watukuy_core::{ParkedError, ParkedKind, ParkedQuery, ParkedRow, SerializedError};
+    with_database("parked_details", |database| async move {
+        let db = Db::new(&database, "ao_parked_details").await?;
+        let store = PostgresStore::from_pool(
+            db.pool.clone(),
+            PostgresOptions::default().schema(db.schema.as_str()),
+        )?;
+        store.migrate().await?;
+        let k = key();
+        let lease = acquire(&store, &k, NODE_A, T0).await?;
+        let error = SerializedError::new("HandlerError", "boom");
+        let row = ParkedRow {
+            id: "evt-1".to_owned(),
+            kind: ParkedKind::Poison,
+            event: Some(order("evt-1", "o1")),
+            item: None,
+            error: ParkedError {
+                error: error.clone(),
+                history: Some(vec![error.clone()]),
+                issues: None,
+                details: FailureDetails {
+                    classification: Some(FailureClass::RetryAfter),
+                    park_reason: Some(ParkReason::AttemptsExhausted),
+                    attempt_log: Some(vec![AttemptRecord {
+                        attempt: 1,
+                        started_at: Some(T0),
+                        failed_at: Some(T0 + 5),
+                        classification: Some(FailureClass::RetryAfter),
+                        retry_at: Some(T0 + 1_000),
+                        error,
+                    }]),
+                    handler_version: Some("v1".to_owned()),
+                    correlation_id: Some("req-1".to_owned()),
+                    redacted: Some(vec!["/data/email".to_owned()]),
+                },
+            },
+            attempts: 1,
+            parked_at: T0 + 5,
+            hold_key: Some("o1".to_owned()),
+        };
+        store.park_event(&k, &lease, &row).await?;
+        let listed = store.list_parked(&k, ParkedQuery::default()).await?;
+        ensure!(listed == vec![row], "the parked row changed: {listed:?}");
+        db.cleanup().await;
+        Ok(())
+    })
+    .await;
+}
