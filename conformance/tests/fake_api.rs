@@ -54,6 +54,7 @@ fn ctx(cursor: Cursor, page: u32) -> FetchContext {
         attempt: 1,
         cancel: CancellationToken::new(),
         budget: None,
+        validators: None,
     }
 }
 

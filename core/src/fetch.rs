@@ -8,9 +8,11 @@ use tokio_util::sync::CancellationToken;
 use crate::budget::{BudgetManager, Request};
 use crate::hooks::{HookContext, Hooks};
 
+use crate::clock::Clock;
 use crate::cursor::Cursor;
 use crate::delivery::Partition;
-use crate::model::{Lane, RateLimitInfo};
+use crate::model::{Lane, Lease, PKey, RateLimitInfo, Validator};
+use crate::store::Store;
 
 /// The context of one fetch call.
 #[derive(Clone, Debug)]
@@ -30,6 +32,9 @@ pub struct FetchContext {
     pub cancel: CancellationToken,
     /// The poller's rate budget, if it has one (see [`charge_budget`](Self::charge_budget)).
     pub budget: Option<BudgetCharge>,
+    /// This key's stored HTTP validators (`ETag`, `Last-Modified`), written with the run's lease;
+    /// `None` outside an engine run.
+    pub validators: Option<ValidatorAccess>,
 }
 
 impl FetchContext {
@@ -96,6 +101,70 @@ impl BudgetCharge {
                 .await;
         }
         Ok(())
+    }
+}
+
+/// Access to one key's stored HTTP validators, fenced by the run's lease (the HTTP helper's
+/// conditional requests use it), and the engine's clock.
+#[derive(Clone)]
+pub struct ValidatorAccess {
+    store: Arc<dyn Store>,
+    key: PKey,
+    lease: Lease,
+    clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for ValidatorAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ValidatorAccess")
+            .field("key", &self.key)
+            .field("epoch", &self.lease.epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ValidatorAccess {
+    /// Validators of `key` in `store`, written with `lease` and stamped with `clock`.
+    pub fn new(store: Arc<dyn Store>, key: PKey, lease: Lease, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            store,
+            key,
+            lease,
+            clock,
+        }
+    }
+
+    /// The key.
+    pub fn key(&self) -> &PKey {
+        &self.key
+    }
+
+    /// The engine's clock (read "now" through it, never through the system clock).
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// The validators stored for a URL hash (see [`hash_url`](crate::diff::hash_url)).
+    pub async fn get(&self, url_hash: &str) -> crate::error::Result<Option<Validator>> {
+        self.store.get_validator(&self.key, url_hash).await
+    }
+
+    /// Stores the validators of a URL hash, fenced by the run's lease (a lost lease is
+    /// [`Error::LeaseLost`](crate::Error::LeaseLost)), stamped with the clock's now.
+    pub async fn set(
+        &self,
+        url_hash: &str,
+        etag: Option<String>,
+        last_modified: Option<String>,
+    ) -> crate::error::Result<()> {
+        let validator = Validator {
+            etag,
+            last_modified,
+            stored_at: self.clock.now_ms(),
+        };
+        self.store
+            .set_validator(&self.key, &self.lease, url_hash, &validator)
+            .await
     }
 }
 

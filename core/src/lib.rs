@@ -34,7 +34,7 @@ pub use engine::{
 };
 pub use error::{BoxError, Error, ErrorCode, Result, StoreErrorKind};
 pub use event::{CloudEvent, Event, EventType};
-pub use fetch::{BudgetCharge, FetchContext, Page};
+pub use fetch::{BudgetCharge, FetchContext, Page, ValidatorAccess};
 pub use json::Json;
 pub use model::{
     Capabilities, Circuit, CommitBatch, EventCounts, ItemRow, Lane, LaneCursor, Lanes, Lease,

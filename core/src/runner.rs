@@ -878,6 +878,12 @@ impl Run<'_> {
                 attempt: 1,
                 cancel: self.cancel.clone(),
                 budget: self.budget_charge(cycle),
+                validators: Some(crate::fetch::ValidatorAccess::new(
+                    Arc::clone(&self.shared.store),
+                    self.key.clone(),
+                    self.lease.clone(),
+                    Arc::clone(&self.shared.clock),
+                )),
             };
             let fetch_started = self.now();
             let span = tracing::info_span!("watukuy.fetch", page = page_index);

@@ -1,0 +1,212 @@
+//! A response, and how it becomes a [`Page`].
+
+use std::fmt;
+
+use reqwest::header::HeaderMap;
+use reqwest::{Method, StatusCode, Url};
+use serde::de::DeserializeOwned;
+use watukuy_core::{Error, Page, RateLimitInfo};
+
+use crate::problem::ProblemDetails;
+use crate::redact::redact_headers;
+
+/// A response: status, headers, the body (read once and kept), and what was parsed from it.
+///
+/// On a 304 Not Modified every body accessor is an error; turn the response into a page with
+/// [`items_page`](Self::items_page), [`page_with`](Self::page_with) or
+/// [`annotate`](Self::annotate), which handle 304 and carry the rate-limit information.
+pub struct HttpResponse {
+    pub(crate) method: Method,
+    pub(crate) url: Url,
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Vec<u8>,
+    pub(crate) rate_limit: Option<RateLimitInfo>,
+    pub(crate) retry_after_ms: Option<i64>,
+    pub(crate) problem: Option<ProblemDetails>,
+}
+
+impl fmt::Debug for HttpResponse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpResponse")
+            .field("method", &self.method)
+            .field("url", &self.url.as_str())
+            .field("status", &self.status.as_u16())
+            .field("headers", &redact_headers(&self.headers))
+            .field("body_len", &self.body.len())
+            .field("rate_limit", &self.rate_limit)
+            .field("retry_after_ms", &self.retry_after_ms)
+            .field("problem", &self.problem)
+            .finish()
+    }
+}
+
+impl HttpResponse {
+    /// The status code.
+    pub fn status(&self) -> u16 {
+        self.status.as_u16()
+    }
+
+    /// 2xx or 304.
+    pub fn ok(&self) -> bool {
+        self.status.is_success() || self.not_modified()
+    }
+
+    /// The server answered 304 Not Modified: an idle cycle, never an empty listing.
+    pub fn not_modified(&self) -> bool {
+        self.status == StatusCode::NOT_MODIFIED
+    }
+
+    /// The request method.
+    pub fn method(&self) -> &Method {
+        &self.method
+    }
+
+    /// The final request URL, query included (the key of the stored validators).
+    pub fn url(&self) -> &str {
+        self.url.as_str()
+    }
+
+    /// The response headers.
+    pub fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+
+    /// One header's first value as text (`None` if absent or not visible ASCII).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// Rate-limit information from the headers; put it into the page to pace the schedule.
+    pub fn rate_limit(&self) -> Option<&RateLimitInfo> {
+        self.rate_limit.as_ref()
+    }
+
+    /// The `Retry-After` delay in milliseconds, if sent and readable.
+    pub fn retry_after_ms(&self) -> Option<i64> {
+        self.retry_after_ms
+    }
+
+    /// The problem details of an error response, if it had any.
+    pub fn problem(&self) -> Option<&ProblemDetails> {
+        self.problem.as_ref()
+    }
+
+    /// 429, or 503 with `Retry-After`: the scheduler waits exactly as told instead of backing off.
+    pub fn is_throttle(&self) -> bool {
+        self.status == StatusCode::TOO_MANY_REQUESTS
+            || (self.status == StatusCode::SERVICE_UNAVAILABLE && self.retry_after_ms.is_some())
+    }
+
+    /// The error this response stands for: `None` for 2xx and 304, otherwise [`Error::Http`]
+    /// with the message `<METHOD> <url> responded <status>[: <title or detail>]`.
+    pub fn error(&self) -> Option<Error> {
+        (!self.ok()).then(|| {
+            self.http_error(
+                self.problem
+                    .as_ref()
+                    .and_then(|p| p.summary())
+                    .map(str::to_owned),
+            )
+        })
+    }
+
+    /// `Err` with [`error`](Self::error) for an error status, the response otherwise (for
+    /// requests sent with `throw_on_error(false)`).
+    pub fn error_for_status(self) -> Result<Self, Error> {
+        match self.error() {
+            Some(error) => Err(error),
+            None => Ok(self),
+        }
+    }
+
+    fn http_error(&self, message: Option<String>) -> Error {
+        Error::Http {
+            method: self.method.to_string(),
+            url: self.url.to_string(),
+            status: Some(self.status.as_u16()),
+            message,
+            retry_after_ms: self.retry_after_ms,
+        }
+    }
+
+    /// The body. Error responses keep at most 64 KiB of theirs. An error on 304.
+    pub fn bytes(&self) -> Result<&[u8], Error> {
+        if self.not_modified() {
+            return Err(self.http_error(Some("a 304 Not Modified response has no body".to_owned())));
+        }
+        Ok(&self.body)
+    }
+
+    /// The body as text (invalid UTF-8 replaced). An error on 304.
+    pub fn text(&self) -> Result<String, Error> {
+        Ok(String::from_utf8_lossy(self.bytes()?).into_owned())
+    }
+
+    /// The body parsed as JSON. An error on 304 and on a body that does not parse as `T`.
+    pub fn json<T: DeserializeOwned>(&self) -> Result<T, Error> {
+        serde_json::from_slice(self.bytes()?)
+            .map_err(|e| self.http_error(Some(format!("the body is not the expected JSON: {e}"))))
+    }
+
+    /// Puts this response's not-modified flag and rate-limit information into `page`.
+    #[must_use]
+    pub fn annotate(&self, mut page: Page) -> Page {
+        page.not_modified |= self.not_modified();
+        if self.rate_limit.is_some() {
+            page.rate_limit.clone_from(&self.rate_limit);
+        }
+        page
+    }
+
+    /// The page of a body that is a JSON array of items; a not-modified page on 304. Either way
+    /// with the rate-limit information.
+    pub fn items_page(&self) -> Result<Page, Error> {
+        self.page_with(Page::new)
+    }
+
+    /// The page of the JSON array at `pointer` (RFC 6901, e.g. `/data/items`); a not-modified
+    /// page on 304. Either way with the rate-limit information.
+    pub fn items_page_at(&self, pointer: &str) -> Result<Page, Error> {
+        if self.not_modified() {
+            return Ok(self.annotate(Page::not_modified()));
+        }
+        let mut body: serde_json::Value = self.json()?;
+        match body.pointer_mut(pointer).map(serde_json::Value::take) {
+            Some(serde_json::Value::Array(items)) => Ok(self.annotate(Page::new(items))),
+            _ => Err(self.http_error(Some(format!("the body has no JSON array at `{pointer}`")))),
+        }
+    }
+
+    /// The page `build` makes from the body parsed as `T`, with the rate-limit information; on
+    /// 304 a not-modified page (`build` is not called).
+    ///
+    /// ```no_run
+    /// # async fn fetch(http: watukuy_http::HttpClient, ctx: watukuy_core::FetchContext)
+    /// # -> Result<watukuy_core::Page, watukuy_core::BoxError> {
+    /// #[derive(serde::Deserialize)]
+    /// struct Listing {
+    ///     data: Vec<serde_json::Value>,
+    ///     next: Option<String>,
+    /// }
+    /// let response = http.get(&ctx, "https://api.example.com/orders").send().await?;
+    /// Ok(response.page_with(|body: Listing| {
+    ///     let page = watukuy_core::Page::new(body.data);
+    ///     match body.next {
+    ///         Some(next) => page.cursor(next).has_more(true),
+    ///         None => page.has_more(false),
+    ///     }
+    /// })?)
+    /// # }
+    /// ```
+    pub fn page_with<T: DeserializeOwned>(
+        &self,
+        build: impl FnOnce(T) -> Page,
+    ) -> Result<Page, Error> {
+        if self.not_modified() {
+            return Ok(self.annotate(Page::not_modified()));
+        }
+        let body: T = self.json()?;
+        Ok(self.annotate(build(body)))
+    }
+}

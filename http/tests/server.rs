@@ -1,0 +1,650 @@
+//! The HTTP helper against a real HTTP server (axum on 127.0.0.1), driving a real engine on a
+//! `MemoryStore` and a `ManualClock`. Nothing sleeps: time moves only when a test moves it.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+use watukuy_core::diff::hash_url;
+use watukuy_core::schedule::ScheduleReason;
+use watukuy_core::{
+    BudgetPolicy, Engine, Error, ErrorCode, EventType, FetchContext, ManualClock, PKey, Page,
+    Poller, RateLimitSource, Store, TickOptions, ValidatorAccess, cursor,
+};
+use watukuy_http::{HttpClient, MAX_ERROR_BODY_BYTES};
+use watukuy_store_memory::MemoryStore;
+
+use common::{Harness, Item, POLLER, Reply, Server, T0, client, context, http_status, items};
+
+// ----- ETag → 304 -----
+
+#[tokio::test]
+async fn etag_304_is_an_idle_cycle_and_never_an_empty_listing() {
+    let server = Server::start(|seen| {
+        if seen.header("if-none-match") == Some("\"v1\"") {
+            return Reply::status(304).header("etag", "\"v1\"");
+        }
+        Reply::json(200, &items())
+            .header("etag", "\"v1\"")
+            .header("last-modified", "Wed, 31 Dec 2025 23:00:00 GMT")
+    })
+    .await;
+    let h = Harness::new(server.url("/items"), client()).await;
+
+    let first = h.poll().await;
+    assert_eq!(first.error, None);
+    assert_eq!(
+        h.events(),
+        [
+            (EventType::Created, "a".to_owned()),
+            (EventType::Created, "b".to_owned())
+        ]
+    );
+    let stored = h
+        .store
+        .get_validator(&Harness::key(), &hash_url(&h.url))
+        .await
+        .unwrap()
+        .expect("the ETag was stored under the hash of the final URL");
+    assert_eq!(stored.etag.as_deref(), Some("\"v1\""));
+    assert_eq!(
+        stored.last_modified.as_deref(),
+        Some("Wed, 31 Dec 2025 23:00:00 GMT")
+    );
+    assert_eq!(stored.stored_at, T0, "stamped with the engine's clock");
+
+    let second = h.poll().await;
+    assert_eq!(second.error, None);
+    let request = server.seen().pop().unwrap();
+    assert_eq!(request.header("if-none-match"), Some("\"v1\""));
+    assert_eq!(
+        request.header("if-modified-since"),
+        Some("Wed, 31 Dec 2025 23:00:00 GMT")
+    );
+    assert_eq!(h.events().len(), 2, "a 304 on a full scan deletes nothing");
+    let report = h.engine.inspect().await.unwrap();
+    let key = &report.pollers[0];
+    assert_eq!(key.items, 2);
+    assert!(key.last_poll.as_ref().unwrap().not_modified);
+    let fetch = *h.recorder.fetches.lock().unwrap().last().unwrap();
+    assert!(fetch.not_modified);
+    let (reason, next_due_at) = h.recorder.last_reason();
+    assert_eq!(reason, ScheduleReason::NotModified);
+    // After the first cycle (events) the interval stayed at the 10 s minimum; idle grows it 1.5x.
+    assert_eq!(next_due_at, T0 + 15_000);
+
+    // The resource changes: a 200 with a new ETag, and the full listing finds the delete.
+    server.script(|seen| {
+        if seen.header("if-none-match") == Some("\"v2\"") {
+            return Reply::status(304);
+        }
+        Reply::json(200, &json!([{ "id": "a", "v": 1 }])).header("etag", "\"v2\"")
+    });
+    h.poll().await;
+    assert_eq!(
+        h.events().last().unwrap(),
+        &(EventType::Deleted, "b".to_owned())
+    );
+    h.poll().await;
+    assert_eq!(h.recorder.last_reason().0, ScheduleReason::NotModified);
+    assert_eq!(h.events().len(), 3);
+}
+
+// ----- rate-limit headers -----
+
+#[tokio::test]
+async fn rate_limit_headers_stretch_the_next_wait() {
+    let server = Server::start(|_| {
+        Reply::json(200, &json!([]))
+            .header("ratelimit", "\"default\";r=2;t=60")
+            .header("ratelimit-policy", "\"default\";q=100;w=60")
+    })
+    .await;
+    let h = Harness::new(server.url("/items"), client()).await;
+    h.poll().await;
+    // Idle would wait 15 s; two requests left for 60 s means one every 30 s.
+    assert_eq!(
+        h.recorder.last_reason(),
+        (ScheduleReason::Paced, T0 + 30_000)
+    );
+    let schedule = h.schedule().await;
+    assert_eq!(schedule.next_due_at, Some(T0 + 30_000));
+    let info = schedule.rate_limit.unwrap();
+    assert_eq!(info.source, RateLimitSource::Ietf);
+    assert_eq!(
+        (info.limit, info.remaining, info.reset_at),
+        (Some(100), Some(2), Some(T0 + 60_000))
+    );
+
+    // Vendor headers with an epoch-seconds reset: nothing left until the reset, 45 s away.
+    let reset = (T0 / 1000 + 45).to_string();
+    server.script(move |_| {
+        Reply::json(200, &json!([]))
+            .header("x-ratelimit-limit", "5000")
+            .header("x-ratelimit-remaining", "0")
+            .header("x-ratelimit-reset", &reset)
+    });
+    h.poll().await;
+    assert_eq!(
+        h.recorder.last_reason(),
+        (ScheduleReason::Paced, T0 + 45_000)
+    );
+    let info = h.schedule().await.rate_limit.unwrap();
+    assert_eq!(info.source, RateLimitSource::Vendor);
+    assert_eq!(info.remaining, Some(0));
+
+    // Plenty left: pacing does not stretch the idle interval.
+    server.script(|_| {
+        Reply::json(200, &json!([]))
+            .header("ratelimit-limit", "100")
+            .header("ratelimit-remaining", "99")
+            .header("ratelimit-reset", "60")
+    });
+    h.poll().await;
+    let (reason, _) = h.recorder.last_reason();
+    assert_eq!(reason, ScheduleReason::IdleBackOff);
+    assert_eq!(
+        h.schedule().await.rate_limit.unwrap().source,
+        RateLimitSource::Legacy
+    );
+}
+
+// ----- throttles -----
+
+#[tokio::test]
+async fn a_429_with_retry_after_throttles_exactly() {
+    let server = Server::start(|_| {
+        Reply::json(429, &json!({ "message": "slow down" })).header("retry-after", "12")
+    })
+    .await;
+    let h = Harness::new(server.url("/items"), client()).await;
+    let result = h.poll().await;
+    let error = result.error.expect("a 429 fails the cycle");
+    assert_eq!(error.status, Some(429));
+    assert_eq!(error.message, format!("GET {} responded 429", h.url));
+    assert_eq!(
+        h.recorder.last_reason(),
+        (ScheduleReason::Throttled, T0 + 12_000)
+    );
+    let schedule = h.schedule().await;
+    assert_eq!(schedule.throttled_until, Some(T0 + 12_000));
+    assert_eq!(schedule.next_due_at, Some(T0 + 12_000));
+    assert_eq!(
+        schedule.consecutive_failures, 0,
+        "a throttle is not a failure"
+    );
+
+    // Not a millisecond early.
+    server.script(|_| Reply::json(200, &items()));
+    h.clock.advance(Duration::from_millis(11_999));
+    let tick = h.engine.tick(TickOptions::default()).await.unwrap();
+    assert!(tick.polled.is_empty());
+    assert_eq!(server.seen().len(), 1);
+    h.clock.advance(Duration::from_millis(1));
+    let tick = h.engine.tick(TickOptions::default()).await.unwrap();
+    assert_eq!(tick.polled.len(), 1);
+    assert_eq!(tick.polled[0].error, None);
+    assert_eq!(server.seen().len(), 2);
+    assert_eq!(h.events().len(), 2);
+}
+
+#[tokio::test]
+async fn a_503_with_retry_after_throttles_too_and_without_it_backs_off() {
+    let at = UNIX_EPOCH + Duration::from_millis((T0 + 30_000).try_into().unwrap());
+    let date = httpdate_string(at);
+    let server = Server::start(move |_| Reply::status(503).header("retry-after", &date)).await;
+    let h = Harness::new(server.url("/items"), client()).await;
+    let result = h.poll().await;
+    assert_eq!(result.error.unwrap().status, Some(503));
+    assert_eq!(
+        h.recorder.last_reason(),
+        (ScheduleReason::Throttled, T0 + 30_000)
+    );
+    let schedule = h.schedule().await;
+    assert_eq!(schedule.throttled_until, Some(T0 + 30_000));
+    assert_eq!(schedule.consecutive_failures, 0);
+
+    server.script(|_| Reply::status(503));
+    h.clock.advance(Duration::from_secs(30));
+    let now = T0 + 30_000;
+    h.poll().await;
+    let (reason, next_due_at) = h.recorder.last_reason();
+    assert_eq!(reason, ScheduleReason::Backoff);
+    assert!((now..=now + 1_000).contains(&next_due_at), "{next_due_at}");
+    let schedule = h.schedule().await;
+    assert_eq!(schedule.consecutive_failures, 1);
+    assert_eq!(schedule.throttled_until, None);
+}
+
+/// An IMF-fixdate, formatted by hand so the test does not trust the parser it checks.
+fn httpdate_string(at: SystemTime) -> String {
+    let secs = at.duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let days = secs / 86_400;
+    let (h, m, s) = (secs % 86_400 / 3600, secs % 3600 / 60, secs % 60);
+    assert_eq!(days, 20_454, "the test's date is 2026-01-01");
+    format!("Thu, 01 Jan 2026 {h:02}:{m:02}:{s:02} GMT")
+}
+
+// ----- failures and problem details -----
+
+#[tokio::test]
+async fn a_500_is_a_failure_with_backoff_and_its_problem_details_name_it() {
+    let server = Server::start(|_| {
+        Reply::status(500)
+            .header("content-type", "application/problem+json")
+            .body(
+                json!({
+                    "type": "https://api.example.com/problems/db",
+                    "title": "Database unavailable",
+                    "detail": "the primary is failing over",
+                    "status": 500,
+                    "region": "eu-1"
+                })
+                .to_string(),
+            )
+    })
+    .await;
+    let h = Harness::new(server.url("/items"), client()).await;
+    let result = h.poll().await;
+    let error = result.error.unwrap();
+    assert_eq!(
+        error.message,
+        format!("GET {} responded 500: Database unavailable", h.url)
+    );
+    assert_eq!(error.code.as_deref(), Some("HTTP"));
+    let (reason, next_due_at) = h.recorder.last_reason();
+    assert_eq!(reason, ScheduleReason::Backoff);
+    assert!((T0..=T0 + 1_000).contains(&next_due_at), "{next_due_at}");
+    let schedule = h.schedule().await;
+    assert_eq!(schedule.consecutive_failures, 1);
+    assert_eq!(schedule.throttled_until, None);
+    assert_eq!(schedule.last_error.unwrap().status, Some(500));
+    assert!(h.events().is_empty());
+
+    // The second failure in a row backs off further (base 1 s x 2: at most 2 s).
+    h.poll().await;
+    let (reason, next_due_at) = h.recorder.last_reason();
+    assert_eq!(reason, ScheduleReason::Backoff);
+    assert!((T0..=T0 + 2_000).contains(&next_due_at), "{next_due_at}");
+    assert_eq!(h.schedule().await.consecutive_failures, 2);
+}
+
+#[tokio::test]
+async fn error_responses_keep_problem_details_and_at_most_64_kib() {
+    let big = "x".repeat(200 * 1024);
+    let server = Server::start(move |seen| match seen.uri.as_str() {
+        "/problem" => Reply::status(422)
+            .header("content-type", "application/json; charset=utf-8")
+            .body(
+                json!({ "detail": "name is required", "status": "422", "errors": ["name"] })
+                    .to_string(),
+            ),
+        "/big" => Reply::status(502)
+            .header("content-type", "text/plain")
+            .body(big.clone()),
+        _ => Reply::json(500, &json!({ "error": "not a problem" })),
+    })
+    .await;
+    let http = client();
+    let ctx = context(None);
+
+    let response = http
+        .get(&ctx, server.url("/problem"))
+        .throw_on_error(false)
+        .send()
+        .await
+        .unwrap();
+    assert!(!response.ok());
+    assert_eq!(response.status(), 422);
+    let problem = response.problem().unwrap();
+    assert_eq!(problem.detail.as_deref(), Some("name is required"));
+    assert_eq!(problem.status, Some(422));
+    assert_eq!(problem.extensions["errors"], json!(["name"]));
+    let error = response.error().unwrap();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "GET {} responded 422: name is required",
+            server.url("/problem")
+        )
+    );
+    assert!(response.error_for_status().is_err());
+
+    let response = http
+        .get(&ctx, server.url("/big"))
+        .throw_on_error(false)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.bytes().unwrap().len(), MAX_ERROR_BODY_BYTES);
+    assert!(response.problem().is_none());
+
+    let error = http
+        .get(&ctx, server.url("/plain"))
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!("GET {} responded 500", server.url("/plain")),
+        "JSON without problem members is not a problem"
+    );
+}
+
+#[tokio::test]
+async fn malformed_headers_and_bodies_never_panic() {
+    let server = Server::start(|seen| match seen.uri.as_str() {
+        "/garbage-429" => Reply::status(429)
+            .header("retry-after", "soon")
+            .header("ratelimit", "\"\\")
+            .header("x-ratelimit-reset", "1e999")
+            .header("content-type", "application/problem+json")
+            .body("{\"title\": "),
+        "/not-json" => Reply::status(200)
+            .header("content-type", "application/json")
+            .body("[{\"id\": 1,"),
+        "/envelope" => Reply::json(200, &json!({ "data": { "items": [{ "id": "a" }] } })),
+        _ => Reply::status(200).body(vec![0xff, 0xfe, 0x00]),
+    })
+    .await;
+    let http = client();
+    let ctx = context(None);
+    let error = http
+        .get(&ctx, server.url("/garbage-429"))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        error,
+        Error::Http {
+            status: Some(429),
+            retry_after_ms: None,
+            message: None,
+            ..
+        }
+    ));
+    let response = http
+        .get(&ctx, server.url("/not-json"))
+        .send()
+        .await
+        .unwrap();
+    let error = response.items_page().unwrap_err();
+    assert_eq!(http_status(&error), Some(200));
+    assert!(
+        error.to_string().contains("not the expected JSON"),
+        "{error}"
+    );
+    let response = http.get(&ctx, server.url("/binary")).send().await.unwrap();
+    assert_eq!(response.text().unwrap(), "\u{fffd}\u{fffd}\u{0}");
+    assert!(response.items_page().is_err());
+    let response = http
+        .get(&ctx, server.url("/envelope"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.items_page_at("/data/items").unwrap().items.len(),
+        1
+    );
+    assert!(response.items_page_at("/data/missing").is_err());
+}
+
+// ----- requests -----
+
+#[tokio::test]
+async fn urls_queries_and_default_headers() {
+    let server = Server::start(|_| Reply::json(200, &json!([]))).await;
+    let http = client();
+    let ctx = context(None);
+    let response = http
+        .get(&ctx, server.url("/search?fixed=1"))
+        .query("a", 1)
+        .query("skip", None::<&str>)
+        .query("tag", ["x y", "z&"])
+        .query_pairs([("page", Some(2)), ("none", None)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.url(),
+        server.url("/search?fixed=1&a=1&tag=x+y&tag=z%26&page=2")
+    );
+    let seen = server.seen().pop().unwrap();
+    assert_eq!(seen.uri, "/search?fixed=1&a=1&tag=x+y&tag=z%26&page=2");
+    assert_eq!(
+        seen.header("user-agent"),
+        Some(concat!("watukuy/", env!("CARGO_PKG_VERSION")))
+    );
+    assert_eq!(seen.header("accept"), Some("application/json"));
+
+    let http = HttpClient::builder()
+        .header("accept", "application/vnd.api+json")
+        .build()
+        .unwrap();
+    http.post(&ctx, server.url("/things"))
+        .json(&json!({ "name": "n" }))
+        .header("x-trace", "1")
+        .header("x-trace", "2")
+        .send()
+        .await
+        .unwrap();
+    let seen = server.seen().pop().unwrap();
+    assert_eq!(seen.method, "POST");
+    assert_eq!(seen.header("accept"), Some("application/vnd.api+json"));
+    assert_eq!(seen.header("content-type"), Some("application/json"));
+    assert_eq!(seen.headers.get_all("x-trace").iter().count(), 2);
+
+    let before = server.seen().len();
+    for url in [
+        "/relative",
+        "ftp://127.0.0.1/x",
+        "mailto:a@example.com",
+        "not a url",
+    ] {
+        let error = http.get(&ctx, url).send().await.unwrap_err();
+        assert_eq!(error.code(), ErrorCode::Config, "{url}");
+    }
+    let error = http
+        .get(&ctx, server.url("/x"))
+        .header("bad header", "v")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::Config);
+    let error = http
+        .get(&ctx, server.url("/x"))
+        .header("authorization", "Bearer SECRET\n")
+        .send()
+        .await
+        .unwrap_err();
+    assert!(!error.to_string().contains("SECRET"), "{error}");
+    assert!(HttpClient::builder().header("x", "\u{7f}").build().is_err());
+    assert_eq!(server.seen().len(), before, "nothing invalid was sent");
+}
+
+#[tokio::test]
+async fn cancellation_timeouts_and_network_errors() {
+    let server = Server::start(|_| Reply {
+        hang: true,
+        ..Reply::status(200)
+    })
+    .await;
+    let clock = ManualClock::new(T0);
+    let http = HttpClient::builder()
+        .clock(Arc::new(clock.clone()))
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+
+    // A cancelled cycle sends nothing.
+    let ctx = context(None);
+    ctx.cancel.cancel();
+    let error = http.get(&ctx, server.url("/x")).send().await.unwrap_err();
+    assert!(error.to_string().contains("aborted"), "{error}");
+    assert!(server.seen().is_empty());
+
+    // The timeout runs on the clock: the request hangs until the clock passes it.
+    let ctx = context(None);
+    let arrived = Arc::clone(&server.state.arrived);
+    let (result, ()) = tokio::join!(http.get(&ctx, server.url("/hang")).send(), async {
+        arrived.notified().await;
+        clock.advance(Duration::from_secs(5));
+    });
+    let error = result.unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "GET {} responded without a status: timed out after 5000 ms",
+            server.url("/hang")
+        )
+    );
+    assert!(error.is_transient());
+
+    // Cancelling mid-flight ends the request.
+    let ctx = context(None);
+    let arrived = Arc::clone(&server.state.arrived);
+    let (result, ()) = tokio::join!(http.get(&ctx, server.url("/hang")).send(), async {
+        arrived.notified().await;
+        ctx.cancel.cancel();
+    });
+    assert!(result.unwrap_err().to_string().contains("aborted"));
+
+    // Nobody listening: an error without a status.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed = format!("http://{}/x", listener.local_addr().unwrap());
+    drop(listener);
+    let error = http.get(&context(None), &closed).send().await.unwrap_err();
+    assert_eq!(http_status(&error), None);
+    assert!(
+        error
+            .to_string()
+            .starts_with(&format!("GET {closed} responded without a status: "))
+    );
+}
+
+// ----- validators -----
+
+#[tokio::test]
+async fn validators_are_written_with_the_run_lease_only() {
+    let server = Server::start(|seen| {
+        if seen.header("if-none-match") == Some("W/\"7\"") {
+            return Reply::status(304).header("ratelimit", "\"q\";r=9;t=1");
+        }
+        Reply::json(200, &items()).header("etag", "W/\"7\"")
+    })
+    .await;
+    let store = Arc::new(MemoryStore::new());
+    let key = PKey::new("direct", "");
+    let clock = ManualClock::new(T0);
+    let stale = store
+        .acquire_lease(&key, "me", 60_000, T0)
+        .await
+        .unwrap()
+        .unwrap();
+    let current = store
+        .acquire_lease(&key, "me", 60_000, T0)
+        .await
+        .unwrap()
+        .unwrap();
+    let access = |lease| {
+        ValidatorAccess::new(
+            Arc::clone(&store) as Arc<dyn Store>,
+            key.clone(),
+            lease,
+            Arc::new(clock.clone()),
+        )
+    };
+    let http = client();
+    let url = server.url("/items?x=1");
+
+    // A stale lease: the response is fine, the fenced write is refused (and only warns).
+    let ctx = context(Some(access(stale)));
+    let page = http
+        .get(&ctx, &url)
+        .send()
+        .await
+        .unwrap()
+        .items_page()
+        .unwrap();
+    assert_eq!(page.items.len(), 2);
+    assert!(
+        store
+            .get_validator(&key, &hash_url(&url))
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // The current lease stores it; the next request is conditional and gets a 304.
+    let ctx = context(Some(access(current)));
+    http.get(&ctx, &url).send().await.unwrap();
+    let stored = store
+        .get_validator(&key, &hash_url(&url))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.etag.as_deref(), Some("W/\"7\""));
+    let response = http.get(&ctx, &url).send().await.unwrap();
+    assert!(response.ok() && response.not_modified());
+    assert!(response.json::<Value>().is_err(), "a 304 has no body");
+    let page = response.items_page().unwrap();
+    assert!(page.not_modified && page.items.is_empty());
+    assert_eq!(page.rate_limit.unwrap().remaining, Some(9));
+    let annotated = response.annotate(Page::default().cursor("c"));
+    assert!(annotated.not_modified);
+
+    // Another URL, or validators switched off, sends no conditional header.
+    http.get(&ctx, server.url("/items?x=2"))
+        .send()
+        .await
+        .unwrap();
+    http.get(&ctx, &url).validators(false).send().await.unwrap();
+    let seen = server.seen();
+    assert_eq!(seen.len(), 5);
+    assert!(seen[3].header("if-none-match").is_none());
+    assert!(seen[4].header("if-none-match").is_none());
+}
+
+// ----- budgets -----
+
+#[tokio::test]
+async fn requests_charge_the_budget_before_sending() {
+    let server = Server::start(|_| Reply::json(200, &json!([]))).await;
+    let http = client();
+    let url = server.url("/items");
+    let outcome: Arc<Mutex<Option<ErrorCode>>> = Arc::default();
+    let poller = Poller::builder::<Item>(POLLER)
+        .identity(|item: &Item| item.id.clone())
+        .cursor(cursor::snapshot_diff())
+        .budget("api")
+        .fetch({
+            let outcome = Arc::clone(&outcome);
+            move |ctx: FetchContext| {
+                let (http, url, outcome) = (http.clone(), url.clone(), Arc::clone(&outcome));
+                async move {
+                    // The only token, then a free request, then one the budget cannot serve.
+                    http.get(&ctx, &url).send().await?;
+                    http.get(&ctx, &url).cost(0).send().await?;
+                    let third = http.get(&ctx, &url).send().await;
+                    *outcome.lock().unwrap() = third.err().map(|e| e.code());
+                    Ok(Page::new(Vec::new()))
+                }
+            }
+        })
+        .build()
+        .unwrap();
+    let mut policy = BudgetPolicy::new(1, Duration::from_secs(3600));
+    policy.max_wait = Some(Duration::ZERO);
+    let engine = Engine::builder(Arc::new(MemoryStore::new()))
+        .poller(poller)
+        .clock(Arc::new(ManualClock::new(T0)))
+        .budget("api", policy)
+        .build()
+        .unwrap();
+    engine.migrate().await.unwrap();
+    engine.tick(TickOptions::default()).await.unwrap();
+    assert_eq!(*outcome.lock().unwrap(), Some(ErrorCode::BudgetTimeout));
+    assert_eq!(server.seen().len(), 2, "the third request was never sent");
+}
