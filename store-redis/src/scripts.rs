@@ -201,8 +201,10 @@ pub(crate) async fn run<T: FromRedisValue>(conn: &ConnectionManager, call: Call)
 }
 
 /// Runs several scripts in one round trip (a pipeline, not a transaction: each script is atomic
-/// on its own, and they run in order). A script the server does not know yet is loaded and run
-/// again on its own, in order, so no script runs twice. Fails with the first error.
+/// on its own, and they run in order). A script the server did not know (`NOSCRIPT`, so it did
+/// not run) is loaded and run again on its own after the rest of the pipeline, so no script runs
+/// twice; callers only pipeline scripts whose order does not matter for correctness. Fails with
+/// the first other error.
 pub(crate) async fn run_many(conn: &ConnectionManager, calls: Vec<Call>) -> Result<Vec<Value>> {
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
