@@ -60,6 +60,7 @@ pub struct EngineBuilder {
     dispatch_batch_size: usize,
     budgets: Vec<(String, crate::budget::BudgetPolicy)>,
     budget_store: Arc<dyn crate::budget::BudgetStore>,
+    trace: Arc<dyn crate::telemetry::TraceContext>,
 }
 
 impl std::fmt::Debug for EngineBuilder {
@@ -140,6 +141,14 @@ impl EngineBuilder {
     #[must_use]
     pub fn budget_store(mut self, store: Arc<dyn crate::budget::BudgetStore>) -> Self {
         self.budget_store = store;
+        self
+    }
+
+    /// How events get their W3C `traceparent` (default: a generated, deterministic trace per
+    /// poll cycle; with OpenTelemetry, return the current context's).
+    #[must_use]
+    pub fn trace_context(mut self, trace: Arc<dyn crate::telemetry::TraceContext>) -> Self {
+        self.trace = trace;
         self
     }
 
@@ -225,6 +234,7 @@ impl EngineBuilder {
             lease_ttl_ms: ttl_ms,
             renew_every_ms: renew_ms,
             budgets: Arc::new(budgets),
+            trace: self.trace,
         };
         Ok(Engine {
             inner: Arc::new(Inner {
@@ -419,6 +429,7 @@ impl Engine {
             dispatch_batch_size: DEFAULT_DISPATCH_BATCH_SIZE,
             budgets: Vec::new(),
             budget_store: Arc::new(crate::budget::MemoryBudgetStore::new()),
+            trace: Arc::new(crate::telemetry::GeneratedTraceContext),
         }
     }
 

@@ -85,6 +85,10 @@ pub struct Event {
     pub previous: Option<Json>,
     /// The delivery attempt, 1-based when delivered; 0 in storage.
     pub attempt: u32,
+    /// The W3C `traceparent` of the poll cycle that observed the change, captured at commit, so
+    /// a consumer can link its work to it (see `telemetry::TraceContext`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// The content type of CloudEvents `data` written by [`Event::to_cloud_event`].
@@ -130,6 +134,9 @@ pub struct CloudEvent {
         with = "json::present"
     )]
     pub watukuyprevious: Option<Json>,
+    /// Distributed-tracing extension: the W3C trace context of the observing poll.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 impl Event {
@@ -149,6 +156,7 @@ impl Event {
             watukuysequence: self.sequence,
             watukuypoller: self.poller.clone(),
             watukuyprevious: self.previous.clone(),
+            traceparent: self.traceparent.clone(),
         }
     }
 
@@ -199,6 +207,7 @@ impl TryFrom<CloudEvent> for Event {
             data: ce.data,
             previous: ce.watukuyprevious,
             attempt: 0,
+            traceparent: ce.traceparent,
         })
     }
 }
@@ -222,6 +231,7 @@ mod tests {
             data: Some(Json::parse(r#"{"id":"o1","total":12}"#).unwrap()),
             previous: Some(Json::parse(r#"{"id":"o1","total":10}"#).unwrap()),
             attempt: 0,
+            traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
         }
     }
 

@@ -39,6 +39,7 @@ pub(crate) struct Shared {
     pub(crate) lease_ttl_ms: i64,
     pub(crate) renew_every_ms: i64,
     pub(crate) budgets: Arc<crate::budget::BudgetManager>,
+    pub(crate) trace: Arc<dyn crate::telemetry::TraceContext>,
 }
 
 /// A poller as the engine runs it.
@@ -502,6 +503,8 @@ impl Run<'_> {
             partition = %self.key.partition,
             lane = spec.lane.as_str(),
             instance_id = %self.shared.instance_id,
+            traceparent = tracing::field::Empty,
+            error = tracing::field::Empty,
         );
         match self
             .lane_cycle(spec, state, schedule, report)
@@ -584,7 +587,19 @@ impl Run<'_> {
         };
         self.shared.hooks.on_poll_start(&hook, started).await;
         let lane = spec.lane;
+        let traceparent = self.shared.trace.traceparent(&crate::telemetry::PollTrace {
+            poller: &self.key.poller,
+            partition: &self.key.partition,
+            lane,
+            instance_id: &self.shared.instance_id,
+            started_at: started,
+            sequence: state.sequence,
+        });
+        if let Some(traceparent) = &traceparent {
+            tracing::Span::current().record("traceparent", traceparent.as_str());
+        }
         let mut cycle = Cycle::new(state, schedule, spec, hook);
+        cycle.traceparent = traceparent;
         let outcome = match self.pages(&mut cycle).await {
             Ok(()) => self.full_scan_deletes(&mut cycle).await,
             Err(e) => Err(e),
@@ -641,6 +656,7 @@ impl Run<'_> {
                     .hooks
                     .on_error(&cycle.hook, &serialized, phase)
                     .await;
+                tracing::Span::current().record("error", serialized.message.as_str());
                 result.error = Some(serialized.clone());
                 Some((serialized, throttle))
             }
@@ -1196,6 +1212,7 @@ impl Run<'_> {
             data,
             previous,
             attempt: 0,
+            traceparent: cycle.traceparent.clone(),
         }
     }
 
@@ -1457,6 +1474,8 @@ pub(crate) struct LaneSpec {
 struct Cycle {
     spec: LaneSpec,
     hook: HookContext,
+    /// The W3C traceparent stamped on this cycle's events.
+    traceparent: Option<String>,
     state: PollerState,
     schedule: ScheduleState,
     sequence: i64,
@@ -1480,6 +1499,7 @@ impl Cycle {
         Self {
             spec,
             hook,
+            traceparent: None,
             sequence: state.sequence,
             state,
             schedule,

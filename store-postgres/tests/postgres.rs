@@ -51,6 +51,7 @@ fn event(id: &str, sequence: i64, data: &str) -> Result<Event, CaseError> {
         data: Some(Json::parse(data).map_err(|e| fail(e.to_string()))?),
         previous: None,
         attempt: 0,
+        traceparent: None,
     })
 }
 

@@ -55,6 +55,7 @@ fn event(key: &PKey, id: &str, sequence: i64, data: Json) -> Event {
         data: Some(data),
         previous: None,
         attempt: 0,
+        traceparent: None,
     }
 }
 

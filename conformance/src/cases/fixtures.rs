@@ -47,6 +47,7 @@ pub fn event(key: &PKey, id: &str, sequence: i64, subject: &str) -> Event {
         data: Some(json(&format!(r#"{{"id":"{subject}","seq":{sequence}}}"#))),
         previous: None,
         attempt: 0,
+        traceparent: None,
     }
 }
 

@@ -494,15 +494,22 @@ impl Dispatcher {
             }
             let attempt = row.attempts.saturating_add(1);
             let started = self.clock.now_ms();
+            // The handler runs inside this span, so its own spans are children of it; the
+            // traceparent field links the delivery (and every retry) to the observing poll.
             let span = tracing::info_span!(
                 "watukuy.deliver",
+                poller = %self.poller,
+                partition = %key.partition,
+                lane = row.event.lane.as_str(),
                 event_id = %row.event_id,
                 event_type = %row.event.event_type,
-                attempt
+                attempt,
+                traceparent = row.event.traceparent.as_deref().unwrap_or(""),
+                error = tracing::field::Empty,
             );
             match self
                 .attempt(&row, attempt, consumer, partition, cancel, &counters)
-                .instrument(span)
+                .instrument(span.clone())
                 .await
             {
                 Attempt::Delivered(delivery) => {
@@ -536,6 +543,7 @@ impl Dispatcher {
                 } => {
                     Counters::bump(&counters.failed);
                     let serialized = error.to_serialized();
+                    span.record("error", serialized.message.as_str());
                     let failed_at = self.clock.now_ms();
                     let mut record = AttemptRecord {
                         attempt,

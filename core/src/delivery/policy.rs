@@ -201,6 +201,7 @@ mod tests {
                 data: None,
                 previous: None,
                 attempt: 0,
+                traceparent: None,
             },
             0,
         )

@@ -222,6 +222,7 @@ mod tests {
             data: None,
             previous: None,
             attempt: 1,
+            traceparent: None,
         }
     }
 

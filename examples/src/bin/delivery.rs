@@ -30,6 +30,7 @@ fn order_event(seq: i64, order: &str, kind: EventType, total: u32, now: i64) -> 
         data: Some(order_json(order, total)),
         previous: None,
         attempt: 0,
+        traceparent: None,
     }
 }
 

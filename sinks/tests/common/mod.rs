@@ -20,6 +20,7 @@ pub fn event(poller: &str, n: u32, event_type: EventType) -> Event {
         data: Some(Json::parse(&format!(r#"{{"id":"item-{n}","total":{n}}}"#)).unwrap()),
         previous: None,
         attempt: 1,
+        traceparent: None,
     }
 }
 
