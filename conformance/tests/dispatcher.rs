@@ -296,3 +296,63 @@ async fn lease_loss_fails_the_drain_and_cancels_in_flight_handlers() {
         "nothing was acknowledged"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_of_different_keys_share_store_calls_without_reordering_a_key() {
+    use watukuy_conformance::{FaultyStore, Op};
+    // 8 keys × 4 events, interleaved, 8 keys in flight.
+    let subjects: Vec<String> = (0..32).map(|i| format!("k{}", i % 8)).collect();
+    let refs: Vec<&str> = subjects.iter().map(String::as_str).collect();
+    let s = setup(&refs).await;
+    let faulty = Arc::new(FaultyStore::new(s.store.clone()));
+    let d = Dispatcher::new(
+        "orders",
+        faulty.clone(),
+        Arc::new(s.clock.clone()),
+        Arc::new(SeededRng::new(1)),
+        DeliveryOptions::default().concurrency(8),
+        100,
+    )
+    .unwrap();
+    let seen: Arc<Mutex<Vec<(String, i64)>>> = Arc::default();
+    d.on({
+        let seen = seen.clone();
+        move |event: Event, _ctx: HandlerContext| {
+            let seen = seen.clone();
+            async move {
+                tokio::task::yield_now().await;
+                seen.lock()
+                    .unwrap()
+                    .push((event.subject.clone(), event.sequence));
+                Ok::<(), HandlerError>(())
+            }
+        }
+    })
+    .unwrap();
+    let report = d
+        .drain(&s.key, &s.lease, &DrainContext::default())
+        .await
+        .unwrap();
+    assert_eq!(report.delivered, 32);
+    assert_eq!(s.store.count_pending(&s.key).await.unwrap(), 0);
+    let calls = faulty.calls(Op::AckEvents);
+    assert!(
+        calls <= 16,
+        "acks of concurrent keys are coalesced: {calls} store calls for 32 events"
+    );
+    println!("{calls} ack calls for 32 events over 8 keys");
+    let seen = seen.lock().unwrap().clone();
+    for k in 0..8 {
+        let key = format!("k{k}");
+        let order: Vec<i64> = seen
+            .iter()
+            .filter(|(s, _)| *s == key)
+            .map(|(_, q)| *q)
+            .collect();
+        assert!(
+            order.windows(2).all(|w| w[0] < w[1]),
+            "{key} out of order: {order:?}"
+        );
+        assert_eq!(order.len(), 4);
+    }
+}

@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::acks::AckBatcher;
 use super::consumer::{
     Consumer, Delivery, DeliveryOutcome, Handler, HandlerContext, HandlerError, HandlerErrorKind,
     Partition, Subscription, Timeout,
@@ -422,12 +423,14 @@ impl Dispatcher {
                 }
             }
             let mut progress = false;
+            let acks = AckBatcher::new(&*self.store, key, lease);
             let mut runs = futures::stream::iter(groups)
                 .map(|group| {
                     let group_key = group.key.clone();
                     self.run_group(
                         key,
                         lease,
+                        &acks,
                         group,
                         &consumer,
                         &ctx.partition,
@@ -472,6 +475,7 @@ impl Dispatcher {
         &self,
         key: &PKey,
         lease: &Lease,
+        acks: &AckBatcher<'_>,
         group: Group,
         consumer: &Consumer,
         partition: &Partition,
@@ -521,9 +525,9 @@ impl Dispatcher {
                     if row.attempts > 0 {
                         drop(self.attempt_log.take(&key.partition, &row.event_id));
                     }
-                    self.store
-                        .ack_events(key, lease, std::slice::from_ref(&row.event_id))
-                        .await?;
+                    // This key's next event waits until this ack is durable; acks of other keys
+                    // finishing meanwhile share the store call.
+                    acks.ack(&row.event_id).await?;
                     outcome.delivered += 1;
                     let mut delivered = row.event.clone();
                     delivered.attempt = attempt;

@@ -1,6 +1,7 @@
 //! Delivery (SPEC §2.7): the dispatcher, consumers and the pure policy behind them.
 
 mod classify;
+mod acks;
 mod consumer;
 mod dispatcher;
 mod options;
