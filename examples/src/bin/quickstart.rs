@@ -1,21 +1,46 @@
-//! Quickstart: poll an API into a SQLite store and print every change as an event.
+//! Quickstart: poll a (local) HTTP ERP into a SQLite file and print every change as an event.
 //!
-//! Run it with `cargo run -p watukuy-examples --bin quickstart`.
+//! Run it with `cargo run -p watukuy-examples --bin quickstart` (stop it with Ctrl-C, or pass
+//! `--for <seconds>` / set `WATUKUY_QUICKSTART_FOR=<seconds>` to stop by itself).
 //!
-//! The API here is watukuy's in-process fake (from `watukuy-conformance`), so the program runs
-//! anywhere; a real poller's `fetch` calls an HTTP API the same way.
+//! Everything runs in this one process, offline:
+//!
+//! - a small "ERP" (axum on 127.0.0.1, a random port) serves `GET /orders?since=<ts>&after=<id>`,
+//!   ordered by `updatedAt` then `id` (a keyset), while a background task creates orders and
+//!   moves them through `open → paid → shipped → delivered` every 1.5 s;
+//! - the poller asks for the changes since its cursor with `watukuy_http::HttpClient`; the cursor
+//!   is `cursor::timestamp("updatedAt").tie_break("id").lag(1 ms)`: the lag holds back writes of
+//!   the current millisecond, so a later write with the same timestamp and a smaller id cannot be
+//!   skipped (docs/cursors.md);
+//! - the engine runs as a daemon (`engine.start()`), keeps cursors, items and the outbox in a
+//!   SQLite file in a temporary directory, and polls every 1–5 s (adaptive);
+//! - the handler prints each delivered event. It fails `ord-1002`'s creation once (a retry, then delivered)
+//!   and `ord-1003` every time (parked after 3 attempts, printed with its error, its key held);
+//! - every 3 s a status line from `engine.inspect()`: polls, events delivered, outbox, parked,
+//!   items and the cursor's lag behind now.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
-use watukuy_conformance::{FakeApi, FakeApiOptions, Fault};
+use axum::Json;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use watukuy_core::clock::format_rfc3339_ms;
+use watukuy_core::cursor::Cursor;
+use watukuy_core::hooks::{HookContext, Hooks};
+use watukuy_core::model::{ParkedRow, PollSummary, SerializedError};
+use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
-    Engine, Event, FetchContext, HandlerContext, HandlerError, Poller, SystemClock, TickOptions,
-    cursor,
+    Backoff, Clock, DeliveryOptions, Engine, Event, EventType, FetchContext, HandlerContext,
+    HandlerError, Poller, StopOptions, SystemClock, cursor,
 };
+use watukuy_http::HttpClient;
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
 
-/// The item type: what the API returns per order.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
+/// The item type: what the ERP returns per order.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Order {
     id: String,
@@ -24,43 +49,286 @@ struct Order {
     updated_at: String,
 }
 
-#[tokio::main(flavor = "current_thread")]
+/// Page size of the ERP's listing.
+const LIMIT: usize = 50;
+
+// ---------------------------------------------------------------------------------------------
+// The ERP: an in-memory order book behind one keyset-paginated route.
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct Erp {
+    orders: Vec<Order>,
+    /// The last timestamp handed out (epoch ms): writes never go back in time.
+    last_write_ms: i64,
+}
+
+type ErpState = Arc<Mutex<Erp>>;
+
+impl Erp {
+    fn stamp(&mut self) -> String {
+        let now = SystemClock.now_ms().max(self.last_write_ms);
+        self.last_write_ms = now;
+        format_rfc3339_ms(now)
+    }
+
+    fn create(&mut self, total: u32) -> String {
+        let id = format!("ord-{}", 1001 + self.orders.len());
+        let updated_at = self.stamp();
+        self.orders.push(Order {
+            id: id.clone(),
+            status: "open".into(),
+            total,
+            updated_at,
+        });
+        id
+    }
+
+    /// Moves an order to its next status; `None` once it is delivered.
+    fn advance(&mut self, index: usize) -> Option<(String, String)> {
+        let next = match self.orders.get(index)?.status.as_str() {
+            "open" => "paid",
+            "paid" => "shipped",
+            "shipped" => "delivered",
+            _ => return None,
+        };
+        let updated_at = self.stamp();
+        let order = &mut self.orders[index];
+        order.status = next.into();
+        order.updated_at = updated_at;
+        Some((order.id.clone(), next.into()))
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Since {
+    since: Option<String>,
+    after: Option<String>,
+}
+
+/// `GET /orders?since=<ts>&after=<id>`: orders with `(updatedAt, id) > (since, after)` (or
+/// `updatedAt >= since` without `after`), oldest first, at most [`LIMIT`]. Timestamps are all
+/// written by [`format_rfc3339_ms`] (fixed width, UTC), so they compare as strings.
+async fn list_orders(
+    State(erp): State<ErpState>,
+    headers: axum::http::HeaderMap,
+    Query(q): Query<Since>,
+) -> Result<Json<Vec<Order>>, StatusCode> {
+    if headers.get("authorization").and_then(|v| v.to_str().ok()) != Some("Bearer erp-demo-token") {
+        return Err(StatusCode::UNAUTHORIZED);
+    }
+    let erp = erp.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut page: Vec<Order> = erp
+        .orders
+        .iter()
+        .filter(|o| match (&q.since, &q.after) {
+            (None, _) => true,
+            (Some(since), None) => o.updated_at.as_str() >= since.as_str(),
+            (Some(since), Some(after)) => {
+                (o.updated_at.as_str(), o.id.as_str()) > (since.as_str(), after.as_str())
+            }
+        })
+        .cloned()
+        .collect();
+    page.sort_by(|a, b| (&a.updated_at, &a.id).cmp(&(&b.updated_at, &b.id)));
+    page.truncate(LIMIT);
+    Ok(Json(page))
+}
+
+/// Changes the order book every 1.5 s: a new order every third step, else a status change.
+async fn run_erp(erp: ErpState) {
+    let mut every = tokio::time::interval(Duration::from_millis(1_500));
+    every.tick().await; // the first tick is immediate
+    for step in 0_usize.. {
+        every.tick().await;
+        let mut erp = erp.lock().unwrap_or_else(PoisonError::into_inner);
+        let change = if step % 3 == 2 || erp.orders.len() < 4 {
+            let total = u32::try_from(25 + (step * 37) % 400).unwrap_or(99);
+            let id = erp.create(total);
+            format!("{id} created (total {total})")
+        } else {
+            // Walk the orders, skipping finished ones (and ord-1003, whose events stay held).
+            let count = erp.orders.len();
+            let moved = (0..count)
+                .map(|i| (step + i) % count)
+                .filter(|&i| erp.orders[i].id != "ord-1003")
+                .collect::<Vec<_>>()
+                .into_iter()
+                .find_map(|i| erp.advance(i));
+            match moved {
+                Some((id, status)) => format!("{id} is now {status}"),
+                None => continue,
+            }
+        };
+        println!("  erp: {change}");
+    }
+}
+
+async fn serve_erp(erp: ErpState) -> Result<String, Box<dyn std::error::Error>> {
+    let app = axum::Router::new()
+        .route("/orders", axum::routing::get(list_orders))
+        .with_state(erp);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(format!("http://{addr}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hooks: count polls, print retries and parked events.
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct Printer {
+    polls: AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl Hooks for Printer {
+    async fn on_poll_end(&self, _ctx: &HookContext, _summary: &PollSummary) {
+        self.polls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    async fn on_retry(
+        &self,
+        _ctx: &HookContext,
+        event: &Event,
+        error: &SerializedError,
+        delay_ms: i64,
+    ) {
+        println!(
+            "  retry   {} #{}: {} (next attempt in {delay_ms} ms)",
+            event.subject, event.sequence, error.message
+        );
+    }
+
+    async fn on_parked(&self, _ctx: &HookContext, row: &ParkedRow) {
+        let subject = row.event.as_ref().map_or("?", |e| e.subject.as_str());
+        println!(
+            "  PARKED  {subject} after {} attempts: {} (its later events wait until it is \
+             retried or discarded)",
+            row.attempts, row.error.error.message
+        );
+    }
+
+    async fn on_error(
+        &self,
+        _ctx: &HookContext,
+        error: &SerializedError,
+        phase: watukuy_core::hooks::Phase,
+    ) {
+        println!("  poll failed in {}: {}", phase.as_str(), error.message);
+    }
+}
+
+/// `--for <seconds>` or `WATUKUY_QUICKSTART_FOR`: stop by itself after that long.
+fn run_for() -> Result<Option<Duration>, Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let mut value = std::env::var("WATUKUY_QUICKSTART_FOR").ok();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--for" => value = args.next(),
+            other => return Err(format!("unknown argument {other:?} (try --for 10)").into()),
+        }
+    }
+    Ok(match value {
+        Some(v) => {
+            Some(Duration::from_secs(v.parse().map_err(|_| {
+                format!("--for expects a number of seconds, got {v:?}")
+            })?))
+        }
+        None => None,
+    })
+}
+
+#[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let run_for = run_for()?;
+
+    // The ERP starts with three orders and changes over time.
+    let erp: ErpState = Arc::default();
+    {
+        let mut book = erp.lock().unwrap_or_else(PoisonError::into_inner);
+        for total in [120, 75, 310] {
+            book.create(total);
+        }
+    }
+    let base = serve_erp(Arc::clone(&erp)).await?;
+    tokio::spawn(run_erp(Arc::clone(&erp)));
+
     // The embedded default: one SQLite file holds cursors, the item snapshot and the outbox.
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("watukuy.sqlite");
     let store = Arc::new(SqliteStore::open(SqliteOptions::file(&path))?);
 
-    // A pull-only API with three orders.
-    let api = FakeApi::new(FakeApiOptions::new(Arc::new(SystemClock)));
-    for (id, total) in [("order-1", 120), ("order-2", 75), ("order-3", 310)] {
-        api.add(serde_json::json!({ "id": id, "status": "open", "total": total }))?;
-    }
-
-    // The poller: how to identify an order and how to fetch a page of changes.
+    // The poller: how to identify an order, where its cursor is, and how to fetch a page.
+    let http = HttpClient::builder()
+        .bearer_auth("erp-demo-token")
+        .build()?;
+    let url = format!("{base}/orders");
     let orders = Poller::builder::<Order>("orders")
         .identity(|order: &Order| order.id.clone())
         .version(|order: &Order| order.updated_at.clone())
-        .cursor(cursor::timestamp("updatedAt").tie_break("id"))
-        .fetch({
-            let api = api.clone();
-            move |ctx: FetchContext| {
-                let api = api.clone();
-                async move { api.fetch_since(&ctx).await }
+        .cursor(
+            cursor::timestamp("updatedAt")
+                .tie_break("id")
+                .lag(Duration::from_millis(1)),
+        )
+        .schedule(ScheduleOptions {
+            min: Duration::from_secs(1),
+            max: Duration::from_secs(5),
+            ..ScheduleOptions::default()
+        })
+        .delivery(DeliveryOptions::default().attempts(3).backoff(Backoff::new(
+            Duration::from_millis(500),
+            2.0,
+            Duration::from_secs(2),
+        )))
+        .fetch(move |ctx: FetchContext| {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                let (since, after) = match &ctx.cursor {
+                    Cursor::Timestamp { value, tie_break } => (value.clone(), tie_break.clone()),
+                    _ => (None, None),
+                };
+                let response = http
+                    .get(&ctx, url)
+                    .query("since", since)
+                    .query("after", after)
+                    .send()
+                    .await?;
+                let page = response.items_page()?;
+                let full = page.items.len() == LIMIT;
+                Ok(page.has_more(full))
             }
         })
         .build()?;
 
-    let engine = Engine::builder(store).poller(orders).build()?;
+    let printer = Arc::new(Printer::default());
+    let engine = Engine::builder(store)
+        .poller(orders)
+        .hooks(Arc::clone(&printer) as Arc<dyn Hooks>)
+        .build()?;
     engine.migrate().await?;
     engine.on("orders", |event: Event, ctx: HandlerContext| async move {
         let order: Option<Order> = event.data_as()?;
+        if event.subject == "ord-1002" && event.event_type == EventType::Created && ctx.attempt == 1
+        {
+            return Err(HandlerError::transient("the warehouse API timed out"));
+        }
+        if event.subject == "ord-1003" {
+            return Err(HandlerError::transient("the warehouse rejects ord-1003"));
+        }
+        let retried = if ctx.attempt > 1 {
+            format!(" (attempt {})", ctx.attempt)
+        } else {
+            String::new()
+        };
         println!(
-            "  {:<7} {} (sequence {}, attempt {}) -> {}",
+            "  {:<7} {} #{} -> {}{retried}",
             event.event_type.as_str(),
             event.subject,
             event.sequence,
-            ctx.attempt,
             order.map_or_else(
                 || "-".to_owned(),
                 |o| format!("{} total {}", o.status, o.total)
@@ -69,44 +337,62 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok::<(), HandlerError>(())
     })?;
 
-    println!("1. first poll: every order is new");
-    engine.tick(TickOptions::default()).await?;
+    println!("polling {base}/orders into {}", path.display());
+    println!("(Ctrl-C stops the engine cleanly)");
+    engine.start().await?;
 
-    println!("2. order-2 is paid, order-4 arrives");
-    api.update("order-2", serde_json::json!({ "status": "paid" }))?;
-    api.add(serde_json::json!({ "id": "order-4", "status": "open", "total": 42 }))?;
-    engine.trigger("orders", None).await?;
-    engine.tick(TickOptions::default()).await?;
-
-    println!("3. the API fails once: the cycle reports it, nothing is lost");
-    api.fail_next(Fault::http(503), 1);
-    api.update("order-3", serde_json::json!({ "status": "shipped" }))?;
-    engine.trigger("orders", None).await?;
-    let result = engine.tick(TickOptions::default()).await?;
-    for polled in &result.polled {
-        if let Some(error) = &polled.error {
-            println!("  cycle failed: {}", error.message);
+    let status = async {
+        let mut every = tokio::time::interval(Duration::from_secs(3));
+        every.tick().await;
+        loop {
+            every.tick().await;
+            match engine.inspect().await {
+                Ok(report) => {
+                    for key in &report.pollers {
+                        let last = key.last_poll.as_ref().map_or_else(
+                            || "-".to_owned(),
+                            |p| format!("{} items in {} ms", p.items, p.duration_ms),
+                        );
+                        println!(
+                            "[status] polls {} (last: {last}) | events delivered {}, failed \
+                             attempts {} | outbox {} | parked {} | items {} | lag {}",
+                            printer.polls.load(Ordering::Relaxed),
+                            key.delivery.applied,
+                            key.delivery.failed,
+                            key.outbox_pending,
+                            key.parked,
+                            key.items,
+                            key.lag_ms.map_or_else(|| "-".into(), |l| format!("{l} ms")),
+                        );
+                    }
+                }
+                Err(error) => println!("[status] inspect failed: {error}"),
+            }
         }
+    };
+    let deadline = async {
+        match run_for {
+            Some(d) => SystemClock.sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        () = status => {}
+        signal = tokio::signal::ctrl_c() => {
+            signal?;
+            println!("Ctrl-C: stopping");
+        }
+        () = deadline => println!("time is up: stopping"),
     }
-    engine.trigger("orders", None).await?;
-    engine.tick(TickOptions::default()).await?;
-
-    println!("4. nothing changed: no events");
-    engine.trigger("orders", None).await?;
-    engine.tick(TickOptions::default()).await?;
-
+    engine.stop(StopOptions::default()).await?;
     let report = engine.inspect().await?;
     for key in &report.pollers {
         println!(
-            "inspect: {} has {} items, {} pending, {} parked; cursor {}",
-            key.poller,
-            key.items,
-            key.outbox_pending,
+            "stopped cleanly: {} events delivered, {} parked, {} items in {}",
+            key.delivery.applied,
             key.parked,
-            key.cursors
-                .live
-                .as_ref()
-                .map_or_else(|| "-".to_owned(), ToString::to_string)
+            key.items,
+            path.display()
         );
     }
     Ok(())
