@@ -1,17 +1,24 @@
 #![doc = include_str!("../README.md")]
 
 pub mod cases;
+pub mod chaos;
 mod fake_api;
 mod faulty;
 mod harness;
 mod runner;
 pub mod world;
 
+pub use chaos::{
+    ChaosError, ChaosOptions, ChaosReport, ChaosStrategy, MutationCounts, assert_chaos_report,
+    run_chaos,
+};
 pub use fake_api::{
     DEFAULT_BASE_URL, FakeApi, FakeApiError, FakeApiOptions, Fault, Listing, LogEntry, Query,
     RateLimitSpec, RequestOptions, fake_items,
 };
-pub use faulty::{FaultyStore, Op, Timing};
+pub use faulty::{
+    FaultyStore, KillPoint, KillSwitch, LeaseAudit, Op, PROBE_EVENT_ID, Timing, simulated_crash,
+};
 pub use harness::{
     CaseContext, CaseError, CaseResult, Env, Fresh, Harness, REQUIRE_BACKENDS_ENV, backend_url,
 };
@@ -132,6 +139,16 @@ macro_rules! for_each_case {
                 failing_backfill_backs_off,
                 replay_redelivers_with_same_ids,
                 log_retention_prunes,
+            }
+            chaos {
+                timestamp_seeds,
+                snapshot_diff_seeds,
+                token_seeds,
+                page_seeds,
+                retain_payload_timestamp,
+                retain_payload_snapshot_diff,
+                each_kill_point_alone,
+                first_cycle_crash_is_recovered,
             }
         }
     };

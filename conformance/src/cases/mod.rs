@@ -3,6 +3,7 @@
 
 pub mod fixtures;
 
+pub mod chaos;
 pub mod commit_poll;
 pub mod engine;
 pub mod fencing;

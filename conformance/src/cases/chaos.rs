@@ -1,0 +1,282 @@
+//! Chaos on the store under test (SPEC §4.1): engines crash at every kill point while the API
+//! changes, fresh instances take over the same store, and the invariant checker proves G1–G5,
+//! G7, G9 and liveness once everything is quiet.
+//!
+//! Each strategy case runs a few seeds (3 by default; `WATUKUY_CHAOS_SEEDS=N` runs seeds 1 to
+//! N), each on its own fresh store of the harness. A failing seed prints the exact command that
+//! replays it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use watukuy_core::{PKey, Retain, Store, TickOptions};
+
+use crate::chaos::{ChaosOptions, ChaosReport, ChaosStrategy, run_chaos, seeds_from_env};
+use crate::faulty::{FaultyStore, KillPoint, KillSwitch};
+use crate::harness::{CaseError, CaseResult, Env, Fresh};
+use crate::world::{POLLER, Recorder, StrategyKind, World};
+use crate::{check, check_eq};
+
+/// Seeds per strategy case unless `WATUKUY_CHAOS_SEEDS` says otherwise.
+pub const DEFAULT_SEEDS: u32 = 3;
+/// Random steps of each seed in the strategy cases.
+pub const CASE_STEPS: usize = 120;
+
+/// Runs one chaos simulation on `store`, labelled with the harness for the replay command.
+async fn chaos(
+    env: &Env,
+    store: Arc<dyn Store>,
+    options: impl FnOnce(ChaosOptions) -> ChaosOptions,
+    seed: u32,
+) -> Result<ChaosReport, CaseError> {
+    let options = options(ChaosOptions::new(seed, store).store_label(env.harness.name()));
+    run_chaos(options)
+        .await
+        .map_err(|e| CaseError::failed(e.to_string()))
+}
+
+/// Fails with the report's violations, replay command and trace tail.
+fn holds(report: &ChaosReport) -> CaseResult {
+    match report.failure() {
+        Some(failure) => Err(CaseError::failed(failure)),
+        None => Ok(()),
+    }
+}
+
+/// The store for the `n`-th run of a case: the case's own for the first, a fresh one from the
+/// harness for the others (cleaned up by the caller once they passed).
+async fn store_for(env: &Env, n: u32) -> Result<(Arc<dyn Store>, Option<Fresh>), CaseError> {
+    if n == 0 {
+        Ok((Arc::clone(&env.store), None))
+    } else {
+        let fresh = env.another_store().await?;
+        Ok((Arc::clone(&fresh.store), Some(fresh)))
+    }
+}
+
+/// Seeds 1..=N of one strategy with every kill point: no violations, something delivered,
+/// nothing parked, restarts happened, at least 6 of the 8 kill points fired, and
+/// `duplicates == delivered − unique`.
+async fn strategy_seeds(env: Env, strategy: ChaosStrategy) -> CaseResult {
+    for (n, seed) in (1..=seeds_from_env(DEFAULT_SEEDS)).enumerate() {
+        let (store, fresh) = store_for(&env, u32::try_from(n).unwrap_or(u32::MAX)).await?;
+        let report = chaos(
+            &env,
+            store,
+            |o| o.strategy(strategy).steps(CASE_STEPS),
+            seed,
+        )
+        .await?;
+        holds(&report)?;
+        let label = report.describe();
+        check!(report.delivered > 0, "{label}: nothing delivered");
+        check_eq!(report.parked, 0, "{label}");
+        check!(report.restarts > 0, "{label}: no instance ever crashed");
+        check!(
+            report.lease_probes > 0,
+            "{label}: the lease audit never probed a stale lease"
+        );
+        check!(
+            report.kill_points_fired() >= 6,
+            "{label}: only {} of 8 kill points fired",
+            report.kill_points_fired()
+        );
+        check_eq!(
+            report.duplicates,
+            report.delivered - report.unique_events,
+            "{label}"
+        );
+        if let Some(fresh) = fresh {
+            fresh.cleanup().await;
+        }
+    }
+    Ok(())
+}
+
+/// G1–G5, G7, G9 under every kill point, `timestamp` strategy, seeds 1..=N.
+pub async fn timestamp_seeds(env: Env) -> CaseResult {
+    strategy_seeds(env, ChaosStrategy::Timestamp).await
+}
+
+/// G1–G5, G7, G9 under every kill point, `snapshot_diff` strategy (deletes), seeds 1..=N.
+pub async fn snapshot_diff_seeds(env: Env) -> CaseResult {
+    strategy_seeds(env, ChaosStrategy::SnapshotDiff).await
+}
+
+/// G1–G5, G7, G9 under every kill point, `token` strategy, seeds 1..=N.
+pub async fn token_seeds(env: Env) -> CaseResult {
+    strategy_seeds(env, ChaosStrategy::Token).await
+}
+
+/// G1–G5, G7, G9 under every kill point, `page` strategy (append-only API), seeds 1..=N.
+pub async fn page_seeds(env: Env) -> CaseResult {
+    strategy_seeds(env, ChaosStrategy::Page).await
+}
+
+/// G1 with `retain: payload` on `timestamp` (seed 11): every update's `previous` is the payload
+/// delivered before it.
+pub async fn retain_payload_timestamp(env: Env) -> CaseResult {
+    let report = chaos(
+        &env,
+        Arc::clone(&env.store),
+        |o| {
+            o.strategy(ChaosStrategy::Timestamp)
+                .steps(CASE_STEPS)
+                .retain(Retain::Payload)
+        },
+        11,
+    )
+    .await?;
+    holds(&report)?;
+    check!(report.delivered > 0, "{}", report.describe());
+    Ok(())
+}
+
+/// G1 with `retain: payload` on `snapshot_diff` (seed 12): updates carry `previous`, deletes
+/// carry the last delivered payload as `data`.
+pub async fn retain_payload_snapshot_diff(env: Env) -> CaseResult {
+    let report = chaos(
+        &env,
+        Arc::clone(&env.store),
+        |o| {
+            o.strategy(ChaosStrategy::SnapshotDiff)
+                .steps(CASE_STEPS)
+                .retain(Retain::Payload)
+        },
+        12,
+    )
+    .await?;
+    holds(&report)?;
+    check!(
+        report.mutations.removed > 0,
+        "{}: no removal exercised the deleted payload",
+        report.describe()
+    );
+    Ok(())
+}
+
+/// Each kill point alone (seed 7, 60 steps, probability 0.5) fires and every guarantee holds.
+pub async fn each_kill_point_alone(env: Env) -> CaseResult {
+    for (n, point) in KillPoint::ALL.into_iter().enumerate() {
+        let (store, fresh) = store_for(&env, u32::try_from(n).unwrap_or(u32::MAX)).await?;
+        let report = chaos(
+            &env,
+            store,
+            |o| {
+                o.strategy(ChaosStrategy::Timestamp)
+                    .steps(60)
+                    .kill_points([point])
+                    .kill_probability(0.5)
+            },
+            7,
+        )
+        .await?;
+        holds(&report)?;
+        check!(
+            report.kills.get(&point).copied().unwrap_or(0) > 0,
+            "{point} never fired: {}",
+            report.describe()
+        );
+        check_eq!(
+            report.kill_points_fired(),
+            1,
+            "only {point} may fire: {}",
+            report.describe()
+        );
+        if let Some(fresh) = fresh {
+            fresh.cleanup().await;
+        }
+    }
+    Ok(())
+}
+
+/// The first-cycle-crash regression (SPEC §4.1, last paragraph): a crash right after the very
+/// first commit of a new key must not leave the key stalled. A fresh instance drains the
+/// crashed page, polls again at once, and keeps polling on schedule; the 40-step timestamp run
+/// of seed 2 converges.
+pub async fn first_cycle_crash_is_recovered(env: Env) -> CaseResult {
+    let w = World::new(6, 4).map_err(|e| CaseError::failed(e.to_string()))?;
+    let key = PKey::new(POLLER, "");
+    let kills = Arc::new(KillSwitch::new());
+    kills.arm(KillPoint::AfterCommit);
+    let crashed_store =
+        Arc::new(FaultyStore::new(Arc::clone(&env.store)).with_kills(Arc::clone(&kills)));
+    let crashed = w.engine(
+        crashed_store.clone(),
+        "node-a",
+        w.poller(StrategyKind::Timestamp).build()?,
+        2,
+    )?;
+    let lost = Recorder::default();
+    crashed.on(POLLER, lost.handler())?;
+    let _ = crashed.tick(TickOptions::default()).await?;
+    check_eq!(
+        kills.fired(KillPoint::AfterCommit),
+        1,
+        "the first commit killed node-a"
+    );
+    check!(crashed_store.is_dead());
+    check!(lost.ids().is_empty(), "node-a delivered nothing");
+    drop(crashed);
+    check_eq!(
+        env.store.count_pending(&key).await?,
+        4,
+        "the first page is in the outbox"
+    );
+    let state = env
+        .store
+        .load_state(&key)
+        .await?
+        .ok_or_else(|| CaseError::failed("the first commit wrote no state"))?;
+    check!(
+        state.schedule.interval_ms.is_some() || state.schedule.next_due_at.is_some(),
+        "the first commit carries the schedule: {:?}",
+        state.schedule
+    );
+
+    // Past the world engine's lease TTL (30 s): node-a's lease expired.
+    w.advance(Duration::from_secs(31));
+    let fresh = w.engine(
+        Arc::clone(&env.store),
+        "node-b",
+        w.poller(StrategyKind::Timestamp).build()?,
+        3,
+    )?;
+    let recorder = Recorder::default();
+    fresh.on(POLLER, recorder.handler())?;
+    let calls = w.api.calls();
+    let result = fresh.tick(TickOptions::default()).await?;
+    check!(
+        result.polled.iter().all(|p| p.error.is_none()),
+        "{result:?}"
+    );
+    check!(
+        w.api.calls() > calls,
+        "node-b polls again at once: {result:?}"
+    );
+    check_eq!(recorder.ids().len(), 6, "the crashed page, then the rest");
+    for round in 0..3 {
+        w.advance(Duration::from_secs(31));
+        let calls = w.api.calls();
+        let result = fresh.tick(TickOptions::default()).await?;
+        check!(
+            w.api.calls() > calls,
+            "round {round}: the key is stalled, not polled after 31 s: {result:?}"
+        );
+    }
+    check_eq!(env.store.count_pending(&key).await?, 0);
+
+    let (store, other) = store_for(&env, 1).await?;
+    let report = chaos(
+        &env,
+        store,
+        |o| o.strategy(ChaosStrategy::Timestamp).steps(40),
+        2,
+    )
+    .await?;
+    holds(&report)?;
+    if let Some(other) = other {
+        other.cleanup().await;
+    }
+    Ok(())
+}
