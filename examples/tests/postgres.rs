@@ -1,0 +1,52 @@
+//! The PostgreSQL examples, run against `WATUKUY_TEST_POSTGRES_URL` (CI sets it). When it is
+//! unset the tests say so and pass, unless `WATUKUY_REQUIRE_BACKENDS` names `postgres`: then they
+//! fail (the semantics of `watukuy_conformance::backend_url`).
+
+use std::process::Command;
+
+use watukuy_conformance::{CaseError, backend_url};
+
+const URL_ENV: &str = "WATUKUY_TEST_POSTGRES_URL";
+
+/// The database URL, or `None` (after saying so) when the backend is not configured.
+fn postgres_url() -> Option<String> {
+    match backend_url("postgres", URL_ENV) {
+        Ok(url) => Some(url),
+        Err(CaseError::Skipped(reason)) => {
+            eprintln!("{reason}");
+            None
+        }
+        Err(CaseError::Failed(message)) => panic!("{message}"),
+    }
+}
+
+fn run(binary: &str, url: &str) -> String {
+    let output = Command::new(binary)
+        .args(["--url", url])
+        .output()
+        .expect("the example binary runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{binary} failed: {:?}\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn read_model_applies_every_event_exactly_once() {
+    let Some(url) = postgres_url() else { return };
+    let stdout = run(env!("CARGO_BIN_EXE_read_model"), &url);
+    for expected in [
+        "created order-2 #2 (attempt 2): deduplicated",
+        "order-2: open, total 75, applied 1 time(s)",
+        "read model consistent: every event applied exactly once",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
+}
