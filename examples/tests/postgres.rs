@@ -1,6 +1,7 @@
-//! The PostgreSQL examples, run against `WATUKUY_TEST_POSTGRES_URL` (CI sets it). When it is
-//! unset the tests say so and pass, unless `WATUKUY_REQUIRE_BACKENDS` names `postgres`: then they
-//! fail (the semantics of `watukuy_conformance::backend_url`).
+//! The PostgreSQL examples (`read_model`, `multi_instance`), run against
+//! `WATUKUY_TEST_POSTGRES_URL` (CI sets it). When it is unset the tests say so and pass, unless
+//! `WATUKUY_REQUIRE_BACKENDS` names `postgres`: then they fail (the semantics of
+//! `watukuy_conformance::backend_url`).
 
 use std::process::Command;
 
@@ -43,6 +44,23 @@ fn read_model_applies_every_event_exactly_once() {
         "created order-2 #2 (attempt 2): deduplicated",
         "order-2: open, total 75, applied 1 time(s)",
         "read model consistent: every event applied exactly once",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
+}
+
+#[test]
+fn multi_instance_fails_over_when_an_instance_is_killed() {
+    let Some(url) = postgres_url() else { return };
+    let stdout = run(env!("CARGO_BIN_EXE_multi_instance"), &url);
+    for expected in [
+        "--- parent: killed instance b",
+        "[a] stopped cleanly",
+        "[c] stopped cleanly",
+        "fail-over ok: after b was killed, a and c polled all 6 keys",
     ] {
         assert!(
             stdout.contains(expected),
