@@ -1,7 +1,7 @@
 //! Delivery (SPEC §2.7): the dispatcher, consumers and the pure policy behind them.
 
-mod classify;
 mod acks;
+mod classify;
 mod consumer;
 mod dispatcher;
 mod options;
