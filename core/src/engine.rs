@@ -658,6 +658,18 @@ impl Engine {
         }
     }
 
+    /// An operator's write (unfenced: it never touches the lease), then a wake-up so a running
+    /// daemon looks at the key again.
+    async fn admin_write(&self, key: &PKey, patch: &StatePatch) -> Result<()> {
+        self.inner
+            .shared
+            .store
+            .save_state_unfenced(key, patch)
+            .await?;
+        self.inner.wake.notify_one();
+        Ok(())
+    }
+
     async fn state_or_initial(&self, key: &PKey, rt: &Runtime) -> Result<PollerState> {
         Ok(match self.inner.shared.store.load_state(key).await? {
             Some(state) => state,
@@ -680,13 +692,7 @@ impl Engine {
             updated_at: Some(now),
             ..StatePatch::default()
         };
-        self.inner
-            .shared
-            .store
-            .save_state_unfenced(&key, &patch)
-            .await?;
-        self.inner.wake.notify_one();
-        Ok(())
+        self.admin_write(&key, &patch).await
     }
 
     /// Pauses a key: it is not polled and its outbox is not drained.
@@ -697,11 +703,7 @@ impl Engine {
             updated_at: Some(self.inner.now()),
             ..StatePatch::default()
         };
-        self.inner
-            .shared
-            .store
-            .save_state_unfenced(&key, &patch)
-            .await
+        self.admin_write(&key, &patch).await
     }
 
     /// Resumes a paused key and makes it due now.
@@ -715,13 +717,7 @@ impl Engine {
             updated_at: Some(now),
             ..StatePatch::default()
         };
-        self.inner
-            .shared
-            .store
-            .save_state_unfenced(&key, &patch)
-            .await?;
-        self.inner.wake.notify_one();
-        Ok(())
+        self.admin_write(&key, &patch).await
     }
 
     /// Moves the live cursor to `to` (a raw API value; `None` = the strategy's beginning) and
@@ -753,13 +749,7 @@ impl Engine {
             updated_at: Some(now),
             ..StatePatch::default()
         };
-        self.inner
-            .shared
-            .store
-            .save_state_unfenced(&key, &patch)
-            .await?;
-        self.inner.wake.notify_one();
-        Ok(())
+        self.admin_write(&key, &patch).await
     }
 
     /// Starts (or replaces) a backfill: the key re-reads history from `from` to `to` on the
@@ -802,13 +792,7 @@ impl Engine {
             updated_at: Some(now),
             ..StatePatch::default()
         };
-        self.inner
-            .shared
-            .store
-            .save_state_unfenced(&key, &patch)
-            .await?;
-        self.inner.wake.notify_one();
-        Ok(())
+        self.admin_write(&key, &patch).await
     }
 
     /// Re-delivers logged events committed between `from_ms` and `to_ms` (epoch ms, inclusive;
