@@ -1,0 +1,454 @@
+//! `watukuy-bench`: the benchmark harness of watukuy (a runnable binary, not `cargo test`).
+//!
+//! Modes:
+//! - `suite` (default): per store, the limit probe's cycle (batched and per-event ack) in the
+//!   same process and run, then end-to-end throughput (in-process fake API → engine → commit →
+//!   dispatch → no-op handler → ack) with commit-to-handler latency p50/p99 and peak RSS, the
+//!   same with a single hot key, dispatch-only throughput from a pre-filled outbox, commit
+//!   throughput (pages of 100 items through the diff and `commit_poll`) and, with the `apalis`
+//!   feature, apalis on the same backend. Each figure is printed with its ratio to the limit,
+//!   medians over `--reps` repetitions, as a Markdown table.
+//! - `sweep`: end-to-end throughput against concurrency and against keys, as tables and PNG
+//!   plots in `--plots`.
+//! - `memory`: bounded memory (G10), reported and not timed: RSS while one dispatcher drains
+//!   a million pending events, and the peak RSS of a `snapshot_diff` full scan over a million
+//!   items.
+//!
+//! ```text
+//! cargo run --release -p watukuy-bench -- --store postgres --events 100000 --keys 1000 --concurrency 16
+//! cargo run --release -p watukuy-bench --features apalis -- --store memory,sqlite,postgres,redis
+//! cargo run --release -p watukuy-bench -- --mode sweep --store memory,sqlite,postgres,redis
+//! cargo run --release -p watukuy-bench -- --mode memory --store memory,sqlite
+//! ```
+
+mod measure;
+mod memory;
+#[cfg(feature = "apalis")]
+mod peer;
+mod pipeline;
+mod plot;
+mod probe;
+mod stores;
+mod workload;
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use watukuy_core::BoxError;
+
+use crate::measure::{as_f64, fmt_mib, fmt_rate, fmt_ratio, median, median_u64};
+use crate::probe::Limit;
+use crate::stores::{Backend, Targets};
+use crate::workload::Params;
+
+/// What to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Mode {
+    /// Every figure per store, with ratios to the limit.
+    Suite,
+    /// Throughput against concurrency and keys, with plots.
+    Sweep,
+    /// Bounded-memory report.
+    Memory,
+}
+
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "watukuy-bench",
+    about = "Benchmarks of watukuy against the limit probe"
+)]
+struct Args {
+    /// What to run.
+    #[arg(long, value_enum, default_value = "suite")]
+    mode: Mode,
+    /// Stores, comma separated.
+    #[arg(
+        long = "store",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "memory,sqlite,postgres,redis"
+    )]
+    stores: Vec<Backend>,
+    /// Events per run (the memory mode's pending events).
+    #[arg(long, default_value_t = 20_000)]
+    events: u64,
+    /// Ordering keys the events spread over.
+    #[arg(long, default_value_t = 1_000)]
+    keys: u64,
+    /// Ordering keys in flight at once.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    /// Padding bytes per item (items are ~70 bytes without it).
+    #[arg(long, default_value_t = 64)]
+    payload: usize,
+    /// Repetitions (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Rows of the limit probe's cycle (its own default: 20,000).
+    #[arg(long, default_value_t = 20_000)]
+    probe_events: i64,
+    /// Concurrency values of the sweep.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    sweep_concurrency: Vec<usize>,
+    /// Key counts of the sweep.
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000,10000")]
+    sweep_keys: Vec<u64>,
+    /// The memory mode's drain stops after this many deliveries (default: drains everything).
+    #[arg(long)]
+    drain_limit: Option<u64>,
+    /// Item counts of the memory mode's `snapshot_diff` scans.
+    #[arg(long, value_delimiter = ',', default_value = "100000,1000000")]
+    scan_items: Vec<u64>,
+    /// Where the plots go.
+    #[arg(long, default_value = "bench/plots")]
+    plots: PathBuf,
+    /// A TrueType font for the plots' text (default: DejaVu Sans or Liberation Sans).
+    #[arg(long)]
+    font: Option<PathBuf>,
+    /// Postgres URL.
+    #[arg(
+        long,
+        env = "WATUKUY_BENCH_POSTGRES_URL",
+        default_value = "postgres://root@127.0.0.1/test"
+    )]
+    postgres_url: String,
+    /// Redis URL.
+    #[arg(
+        long,
+        env = "WATUKUY_BENCH_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    redis_url: String,
+    /// Directory of the SQLite files.
+    #[arg(long, default_value_t = std::env::temp_dir().display().to_string())]
+    dir: String,
+}
+
+impl Args {
+    fn params(&self) -> Params {
+        Params {
+            events: self.events,
+            keys: self.keys,
+            concurrency: self.concurrency,
+            payload: self.payload,
+        }
+    }
+
+    fn targets(&self, concurrency: usize) -> Targets {
+        Targets {
+            postgres: self.postgres_url.clone(),
+            redis: self.redis_url.clone(),
+            dir: PathBuf::from(&self.dir),
+            concurrency,
+        }
+    }
+}
+
+/// The limit probe's figures for one backend (none for the memory store).
+async fn limit(backend: Backend, args: &Args) -> Result<Option<Limit>, BoxError> {
+    let (n, b) = (args.probe_events, 100);
+    let t = args.targets(args.concurrency);
+    let mut out = Limit::default();
+    for per_event in [false, true] {
+        let r = match backend {
+            Backend::Memory => return Ok(None),
+            Backend::Sqlite => {
+                let dir = t.dir.clone();
+                tokio::task::spawn_blocking(move || probe::sqlite(&dir, n, b, per_event)).await??
+            }
+            Backend::Postgres => probe::postgres(&t.postgres, n, b, per_event).await?,
+            Backend::Redis => probe::redis_probe(&t.redis, n, b, per_event).await?,
+        };
+        if per_event {
+            out.per_event = r;
+        } else {
+            out.batched = r;
+        }
+    }
+    Ok(Some(out))
+}
+
+/// Every repetition's figures of one store.
+#[derive(Debug, Default)]
+struct Samples {
+    limit_batched: Vec<f64>,
+    limit_per_event: Vec<f64>,
+    e2e: Vec<f64>,
+    p50: Vec<u64>,
+    p99: Vec<u64>,
+    rss: Vec<u64>,
+    hot: Vec<f64>,
+    dispatch: Vec<f64>,
+    commit: Vec<f64>,
+    apalis: Vec<f64>,
+    apalis_note: Option<String>,
+}
+
+async fn suite_store(backend: Backend, args: &Args) -> Result<Samples, BoxError> {
+    let p = args.params();
+    let t = args.targets(p.concurrency);
+    let mut s = Samples::default();
+    for rep in 1..=args.reps {
+        eprintln!("[{}] repetition {rep}/{}", backend.name(), args.reps);
+        if let Some(l) = limit(backend, args).await? {
+            eprintln!(
+                "  limit: batched {} per-event {}",
+                fmt_rate(l.batched),
+                fmt_rate(l.per_event)
+            );
+            s.limit_batched.push(l.batched);
+            s.limit_per_event.push(l.per_event);
+        }
+        let store = stores::fresh(backend, &t).await?;
+        let e = pipeline::end_to_end(std::sync::Arc::clone(&store), &p).await?;
+        store.close().await?;
+        eprintln!(
+            "  end-to-end: {} p50 {} µs p99 {} µs peak RSS {}",
+            fmt_rate(e.rate),
+            e.p50_us,
+            e.p99_us,
+            fmt_mib(e.peak_rss_kb)
+        );
+        s.e2e.push(e.rate);
+        s.p50.push(e.p50_us);
+        s.p99.push(e.p99_us);
+        s.rss.push(e.peak_rss_kb);
+        let hot_params = Params { keys: 1, ..p };
+        let store = stores::fresh(backend, &t).await?;
+        let h = pipeline::end_to_end(std::sync::Arc::clone(&store), &hot_params).await?;
+        store.close().await?;
+        eprintln!("  hot key end-to-end: {}", fmt_rate(h.rate));
+        s.hot.push(h.rate);
+        let store = stores::fresh(backend, &t).await?;
+        let d = pipeline::dispatch_only(std::sync::Arc::clone(&store), &p).await?;
+        store.close().await?;
+        eprintln!("  dispatch-only: {}", fmt_rate(d));
+        s.dispatch.push(d);
+        let store = stores::fresh(backend, &t).await?;
+        let c = pipeline::commit(std::sync::Arc::clone(&store), &p).await?;
+        store.close().await?;
+        eprintln!("  commit: {}", fmt_rate(c));
+        s.commit.push(c);
+        #[cfg(feature = "apalis")]
+        match peer::run(backend, &t, &p).await {
+            Ok(Some(r)) => {
+                eprintln!("  apalis: {}", fmt_rate(r));
+                s.apalis.push(r);
+            }
+            Ok(None) => s.apalis_note = Some("no apalis backend".to_owned()),
+            Err(error) => {
+                eprintln!("  apalis failed: {error}");
+                s.apalis_note = Some(format!("failed: {error}"));
+            }
+        }
+        #[cfg(not(feature = "apalis"))]
+        {
+            s.apalis_note = Some("not built (--features apalis)".to_owned());
+        }
+    }
+    Ok(s)
+}
+
+async fn suite(args: &Args) -> Result<(), BoxError> {
+    let p = args.params();
+    let mut rows = Vec::new();
+    for &backend in &args.stores {
+        let s = suite_store(backend, args).await?;
+        rows.push((backend, s));
+    }
+    println!(
+        "\n### Suite: {} events, {} keys, concurrency {}, payload {} B, median of {} (limit probe: {} rows, slices of 100)\n",
+        p.events, p.keys, p.concurrency, p.payload, args.reps, args.probe_events
+    );
+    println!(
+        "| store | limit batched | limit per-event | end-to-end | e2e / batched | hot key (1 key) | hot / per-event | dispatch-only | dispatch / batched | commit (items) | p50 | p99 | peak RSS | apalis | apalis / batched |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (backend, s) in &rows {
+        let lb = median(&s.limit_batched);
+        let lp = median(&s.limit_per_event);
+        let e2e = median(&s.e2e);
+        let hot = median(&s.hot);
+        let dispatch = median(&s.dispatch);
+        let apalis = median(&s.apalis);
+        let apalis_text = if s.apalis.is_empty() {
+            s.apalis_note.clone().unwrap_or_else(|| "—".to_owned())
+        } else {
+            fmt_rate(apalis)
+        };
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} ms | {:.2} ms | {} | {} | {} |",
+            backend.name(),
+            fmt_rate(lb),
+            fmt_rate(lp),
+            fmt_rate(e2e),
+            fmt_ratio(e2e, lb),
+            fmt_rate(hot),
+            fmt_ratio(hot, lp),
+            fmt_rate(dispatch),
+            fmt_ratio(dispatch, lb),
+            fmt_rate(median(&s.commit)),
+            as_f64(median_u64(&s.p50)) / 1000.0,
+            as_f64(median_u64(&s.p99)) / 1000.0,
+            fmt_mib(median_u64(&s.rss)),
+            apalis_text,
+            fmt_ratio(apalis, lb),
+        );
+    }
+    println!("\nEvery repetition (events/s):\n");
+    for (backend, s) in &rows {
+        let list = |v: &[f64]| {
+            v.iter()
+                .map(|x| format!("{x:.0}"))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
+        println!(
+            "- {}: limit batched {} · per-event {} · e2e {} · hot {} · dispatch {} · commit {} · apalis {}",
+            backend.name(),
+            list(&s.limit_batched),
+            list(&s.limit_per_event),
+            list(&s.e2e),
+            list(&s.hot),
+            list(&s.dispatch),
+            list(&s.commit),
+            list(&s.apalis)
+        );
+    }
+    Ok(())
+}
+
+async fn sweep(args: &Args) -> Result<(), BoxError> {
+    let base = args.params();
+    let mut by_concurrency = Vec::new();
+    let mut by_keys = Vec::new();
+    println!(
+        "\n### Sweep: end-to-end events/s, {} events, payload {} B, one run per point\n",
+        base.events, base.payload
+    );
+    for &backend in &args.stores {
+        let mut points = Vec::new();
+        for &c in &args.sweep_concurrency {
+            let p = Params {
+                concurrency: c,
+                ..base
+            };
+            let store = stores::fresh(backend, &args.targets(c)).await?;
+            let r = pipeline::end_to_end(std::sync::Arc::clone(&store), &p)
+                .await?
+                .rate;
+            store.close().await?;
+            eprintln!(
+                "[{}] concurrency {c} keys {}: {}",
+                backend.name(),
+                p.keys,
+                fmt_rate(r)
+            );
+            points.push((measure::as_f64(u64::try_from(c).unwrap_or(0)), r));
+        }
+        by_concurrency.push(plot::Series {
+            label: backend.name().to_owned(),
+            points,
+        });
+        let mut points = Vec::new();
+        for &k in &args.sweep_keys {
+            let p = Params { keys: k, ..base };
+            let store = stores::fresh(backend, &args.targets(p.concurrency)).await?;
+            let r = pipeline::end_to_end(std::sync::Arc::clone(&store), &p)
+                .await?
+                .rate;
+            store.close().await?;
+            eprintln!(
+                "[{}] concurrency {} keys {k}: {}",
+                backend.name(),
+                p.concurrency,
+                fmt_rate(r)
+            );
+            points.push((as_f64(k), r));
+        }
+        by_keys.push(plot::Series {
+            label: backend.name().to_owned(),
+            points,
+        });
+    }
+    let header = |name: &str, xs: Vec<String>| {
+        println!("| store \\ {name} | {} |", xs.join(" | "));
+        println!("|---|{}", "---:|".repeat(xs.len()));
+    };
+    println!(
+        "End-to-end events/s against concurrency ({} keys):\n",
+        base.keys
+    );
+    header(
+        "concurrency",
+        args.sweep_concurrency
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+    );
+    for s in &by_concurrency {
+        let cells: Vec<String> = s.points.iter().map(|p| fmt_rate(p.1)).collect();
+        println!("| {} | {} |", s.label, cells.join(" | "));
+    }
+    println!(
+        "\nEnd-to-end events/s against keys (concurrency {}):\n",
+        base.concurrency
+    );
+    header(
+        "keys",
+        args.sweep_keys.iter().map(ToString::to_string).collect(),
+    );
+    for s in &by_keys {
+        let cells: Vec<String> = s.points.iter().map(|p| fmt_rate(p.1)).collect();
+        println!("| {} | {} |", s.label, cells.join(" | "));
+    }
+    match plot::register_font(args.font.as_deref()) {
+        Ok(()) => {
+            std::fs::create_dir_all(&args.plots)?;
+            let a = args.plots.join("throughput-vs-concurrency.png");
+            plot::chart(
+                &a,
+                &format!(
+                    "End-to-end throughput vs concurrency ({} keys, {} events)",
+                    base.keys, base.events
+                ),
+                "concurrency (keys in flight)",
+                &by_concurrency,
+            )?;
+            let b = args.plots.join("throughput-vs-keys.png");
+            plot::chart(
+                &b,
+                &format!(
+                    "End-to-end throughput vs keys (concurrency {}, {} events)",
+                    base.concurrency, base.events
+                ),
+                "ordering keys",
+                &by_keys,
+            )?;
+            eprintln!("plots: {} and {}", a.display(), b.display());
+        }
+        Err(error) => eprintln!("plots skipped: {error}"),
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let args = Args::parse();
+    match args.mode {
+        Mode::Suite => suite(&args).await,
+        Mode::Sweep => sweep(&args).await,
+        Mode::Memory => {
+            memory::report(
+                &args.stores,
+                &args.targets(args.concurrency),
+                args.events,
+                args.drain_limit.unwrap_or(u64::MAX),
+                &args.scan_items,
+                args.payload,
+            )
+            .await
+        }
+    }
+}

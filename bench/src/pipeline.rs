@@ -1,0 +1,358 @@
+//! The three measurements on a store: end-to-end (fake API → engine → commit → dispatch →
+//! no-op handler → ack, with commit-to-handler latency), dispatch-only (a pre-filled outbox
+//! drained by a [`Dispatcher`]) and commit (pages of 100 items through the diff and
+//! `commit_poll`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use watukuy_conformance::{FakeApi, FakeApiOptions};
+use watukuy_core::clock::format_rfc3339_ms;
+use watukuy_core::cursor;
+use watukuy_core::decide::{OnSchemaChange, decide};
+use watukuy_core::delivery::DEFAULT_DISPATCH_BATCH_SIZE;
+use watukuy_core::diff::{EventIdParts, event_id, fingerprint};
+use watukuy_core::hooks::{HookContext, Hooks};
+use watukuy_core::schedule::ScheduleOptions;
+use watukuy_core::{
+    BoxError, Clock, CommitBatch, DeliveryOptions, Dispatcher, DrainContext, Engine, Event,
+    FetchContext, HandlerContext, HandlerError, ItemRow, Json, Lane, Lease, OutboxRow, PKey,
+    Poller, StatePatch, Store, SystemClock, SystemRng, TickOptions,
+};
+
+use crate::measure::{Stopwatch, peak_rss_kb, percentile, rate, reset_peak_rss};
+use crate::workload::{self, Params};
+
+/// What one end-to-end run measured.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct EndToEnd {
+    /// Events/s from the first fetch to the last ack.
+    pub(crate) rate: f64,
+    /// Median commit-to-handler latency, µs.
+    pub(crate) p50_us: u64,
+    /// 99th percentile commit-to-handler latency, µs.
+    pub(crate) p99_us: u64,
+    /// Peak RSS of the run (after a reset of the high-water mark), kB.
+    pub(crate) peak_rss_kb: u64,
+}
+
+/// Commit instants by sequence, and latencies as the handler sees events.
+struct Latency {
+    clock: Stopwatch,
+    committed: Mutex<Vec<u64>>,
+    samples: Mutex<Vec<u64>>,
+    delivered: AtomicU64,
+}
+
+impl Latency {
+    fn new(events: u64) -> Self {
+        let n = usize::try_from(events).unwrap_or(0).saturating_add(2);
+        Self {
+            clock: Stopwatch::start(),
+            committed: Mutex::new(vec![0; n]),
+            samples: Mutex::new(Vec::with_capacity(n)),
+            delivered: AtomicU64::new(0),
+        }
+    }
+
+    fn committed(&self, event: &Event) {
+        let now = self.clock.nanos();
+        let mut committed = self
+            .committed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(slot) = usize::try_from(event.sequence)
+            .ok()
+            .and_then(|i| committed.get_mut(i))
+        {
+            *slot = now;
+        }
+    }
+
+    fn handled(&self, event: &Event) {
+        let now = self.clock.nanos();
+        let at = usize::try_from(event.sequence).ok().and_then(|i| {
+            self.committed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(i)
+                .copied()
+        });
+        if let Some(at) = at.filter(|at| *at > 0) {
+            self.samples
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(now.saturating_sub(at) / 1_000);
+        }
+        self.delivered.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Records the commit instant of each event (the engine calls `on_event` right after the
+/// page's `commit_poll` returned, before it drains).
+struct LatencyHooks(Arc<Latency>);
+
+#[async_trait]
+impl Hooks for LatencyHooks {
+    async fn on_event(&self, _ctx: &HookContext, event: &Event) {
+        self.0.committed(event);
+    }
+}
+
+/// Delivery options of every run: `concurrency` keys in flight, events keyed round robin over
+/// `keys` ordering keys, everything else at its default.
+fn delivery(p: &Params) -> DeliveryOptions {
+    let keys = p.keys;
+    DeliveryOptions::default()
+        .concurrency(p.concurrency)
+        .ordering_key(move |e: &Event| workload::ordering_key(&e.subject, keys))
+}
+
+/// End to end: `p.events` items in a [`FakeApi`] (100 a page) polled by one engine tick with a
+/// page cursor, each page committed and drained to a no-op handler with per-key ordering.
+pub(crate) async fn end_to_end(store: Arc<dyn Store>, p: &Params) -> Result<EndToEnd, BoxError> {
+    let api = FakeApi::new(FakeApiOptions::new(Arc::new(SystemClock)).page_size(100));
+    api.seed((0..p.events).map(|i| workload::item(i, p.payload)))?;
+    let pages = u32::try_from(p.events / 100 + 2).unwrap_or(u32::MAX);
+    let fetch_api = api.clone();
+    let poller = Poller::builder::<serde_json::Value>("bench")
+        .identity_field("id")
+        .cursor(cursor::page(1))
+        .schedule(ScheduleOptions {
+            min: Duration::from_secs(60),
+            max: Duration::from_secs(600),
+            jitter: 0.0,
+            ..ScheduleOptions::default()
+        })
+        .max_pages_per_cycle(pages)
+        .delivery(delivery(p))
+        .fetch(move |ctx: FetchContext| {
+            let api = fetch_api.clone();
+            async move { api.fetch_page(&ctx).await }
+        })
+        .build()?;
+    let latency = Arc::new(Latency::new(p.events));
+    let engine = Engine::builder(store)
+        .poller(poller)
+        .hooks(Arc::new(LatencyHooks(Arc::clone(&latency))))
+        .instance_id("bench")
+        .build()?;
+    let handler_latency = Arc::clone(&latency);
+    let _handler = engine.on("bench", move |event: Event, _ctx: HandlerContext| {
+        handler_latency.handled(&event);
+        futures::future::ready(Ok::<(), HandlerError>(()))
+    })?;
+    reset_peak_rss();
+    let t = Stopwatch::start();
+    for _ in 0..5 {
+        let tick = engine.tick(TickOptions::default()).await?;
+        if let Some(error) = tick.polled.iter().find_map(|r| r.error.as_ref()) {
+            return Err(format!("end-to-end tick failed: {}", error.message).into());
+        }
+        if latency.delivered.load(Ordering::Relaxed) >= p.events {
+            break;
+        }
+    }
+    let elapsed = t.elapsed();
+    let peak = peak_rss_kb();
+    let delivered = latency.delivered.load(Ordering::Relaxed);
+    if delivered < p.events {
+        return Err(format!("end-to-end delivered {delivered} of {} events", p.events).into());
+    }
+    let mut samples = std::mem::take(
+        &mut *latency
+            .samples
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner),
+    );
+    Ok(EndToEnd {
+        rate: rate(delivered, elapsed),
+        p50_us: percentile(&mut samples, 50),
+        p99_us: percentile(&mut samples, 99),
+        peak_rss_kb: peak,
+    })
+}
+
+/// Takes the lease of `key` for the benchmark.
+pub(crate) async fn lease(store: &dyn Store, key: &PKey) -> Result<Lease, BoxError> {
+    store
+        .acquire_lease(key, "bench", 3_600_000, SystemClock.now_ms())
+        .await?
+        .ok_or_else(|| "the benchmark key is leased by someone else".into())
+}
+
+/// Commits `events` pending events (not timed) in batches of 1,000.
+pub(crate) async fn prefill(
+    store: &dyn Store,
+    key: &PKey,
+    lease: &Lease,
+    events: u64,
+    payload: usize,
+) -> Result<(), BoxError> {
+    let now = SystemClock.now_ms();
+    let time = format_rfc3339_ms(now);
+    let mut i = 0;
+    while i < events {
+        let end = (i + 1_000).min(events);
+        let rows: Vec<OutboxRow> = (i..end)
+            .map(|j| {
+                let seq = i64::try_from(j + 1).unwrap_or(i64::MAX);
+                OutboxRow::pending(workload::event(&key.poller, j, seq, payload, &time), now)
+            })
+            .collect();
+        let batch = CommitBatch {
+            state_patch: StatePatch {
+                sequence: Some(i64::try_from(end).unwrap_or(i64::MAX)),
+                updated_at: Some(now),
+                ..StatePatch::default()
+            },
+            events: rows,
+            ..CommitBatch::default()
+        };
+        store.commit_poll(key, lease, &batch).await?;
+        i = end;
+    }
+    Ok(())
+}
+
+/// A dispatcher for `key.poller` with the run's delivery options and a counting no-op handler.
+pub(crate) fn dispatcher(
+    store: Arc<dyn Store>,
+    poller: &str,
+    p: &Params,
+    on_event: impl Fn(&Event) + Send + Sync + 'static,
+) -> Result<Dispatcher, BoxError> {
+    let dispatcher = Dispatcher::new(
+        poller,
+        store,
+        Arc::new(SystemClock),
+        Arc::new(SystemRng::new()),
+        delivery(p),
+        DEFAULT_DISPATCH_BATCH_SIZE,
+    )?;
+    let handle = dispatcher.on(move |event: Event, _ctx: HandlerContext| {
+        on_event(&event);
+        futures::future::ready(Ok::<(), HandlerError>(()))
+    })?;
+    // The handler stays attached for the dispatcher's life.
+    std::mem::forget(handle);
+    Ok(dispatcher)
+}
+
+/// Dispatch only: `p.events` events committed beforehand, then one drain, timed.
+pub(crate) async fn dispatch_only(store: Arc<dyn Store>, p: &Params) -> Result<f64, BoxError> {
+    let key = PKey::new("bench-dispatch", "");
+    let lease = lease(store.as_ref(), &key).await?;
+    prefill(store.as_ref(), &key, &lease, p.events, p.payload).await?;
+    let delivered = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&delivered);
+    let dispatcher = dispatcher(Arc::clone(&store), &key.poller, p, move |_| {
+        counter.fetch_add(1, Ordering::Relaxed);
+    })?;
+    let t = Stopwatch::start();
+    let report = dispatcher
+        .drain(&key, &lease, &DrainContext::default())
+        .await?;
+    let elapsed = t.elapsed();
+    let count = delivered.load(Ordering::Relaxed);
+    if report.delivered != p.events || count != p.events {
+        return Err(format!(
+            "dispatch-only delivered {} ({count} handled) of {}",
+            report.delivered, p.events
+        )
+        .into());
+    }
+    Ok(rate(p.events, elapsed))
+}
+
+/// Commit: `p.events` new items in pages of 100, each page diffed against the stored
+/// snapshot (`load_versions`, canonical fingerprint, `decide`, event ids) and committed with
+/// `commit_poll`, as the runner does. Items/s.
+pub(crate) async fn commit(store: Arc<dyn Store>, p: &Params) -> Result<f64, BoxError> {
+    let key = PKey::new("bench-commit", "");
+    let lease = lease(store.as_ref(), &key).await?;
+    let source = "urn:watukuy:bench-commit";
+    let mut sequence: i64 = 0;
+    let t = Stopwatch::start();
+    let mut i = 0;
+    while i < p.events {
+        let end = (i + 100).min(p.events);
+        let page: Vec<serde_json::Value> = (i..end).map(|j| workload::item(j, p.payload)).collect();
+        let identities: Vec<String> = (i..end).map(workload::identity).collect();
+        let stored: HashMap<String, ItemRow> = store.load_versions(&key, &identities).await?;
+        let now = SystemClock.now_ms();
+        let time = format_rfc3339_ms(now);
+        let mut upserts = Vec::with_capacity(page.len());
+        let mut events = Vec::with_capacity(page.len());
+        for (identity, value) in identities.into_iter().zip(page) {
+            let hash = fingerprint(&value)?;
+            let decision = decide(
+                stored.get(&identity),
+                &hash,
+                None,
+                1,
+                OnSchemaChange::Rebaseline,
+                false,
+            );
+            if let Some(event_type) = decision.event {
+                sequence += 1;
+                let id = event_id(&EventIdParts {
+                    source,
+                    partition: "",
+                    identity: &identity,
+                    version_or_hash: &hash,
+                    schema_version: 1,
+                    event_type,
+                });
+                let event = Event {
+                    id,
+                    event_type,
+                    source: source.to_owned(),
+                    subject: identity.clone(),
+                    time: time.clone(),
+                    poller: key.poller.clone(),
+                    partition: String::new(),
+                    lane: Lane::Live,
+                    sequence,
+                    cursor: None,
+                    data: Some(Json::from_value(&value)),
+                    previous: None,
+                    attempt: 0,
+                    traceparent: None,
+                };
+                events.push(OutboxRow::pending(event, now));
+            }
+            if decision.upsert {
+                upserts.push(ItemRow {
+                    identity,
+                    version: None,
+                    hash,
+                    schema_version: 1,
+                    payload: None,
+                    seen_at: now,
+                });
+            }
+        }
+        let batch = CommitBatch {
+            state_patch: StatePatch {
+                sequence: Some(sequence),
+                updated_at: Some(now),
+                schema_version: Some(1),
+                ..StatePatch::default()
+            },
+            upserts,
+            events,
+            ..CommitBatch::default()
+        };
+        store.commit_poll(&key, &lease, &batch).await?;
+        i = end;
+    }
+    let elapsed = t.elapsed();
+    if sequence != i64::try_from(p.events).unwrap_or(-1) {
+        return Err(format!("commit made {sequence} events of {}", p.events).into());
+    }
+    Ok(rate(p.events, elapsed))
+}

@@ -1,0 +1,96 @@
+//! The workload every measurement shares: items of a given payload size whose subjects spread
+//! over a given number of ordering keys.
+
+use serde_json::{Value, json};
+use watukuy_core::diff::{EventIdParts, event_id};
+use watukuy_core::{Event, EventType, Json, Lane};
+
+/// The parameters of one measurement.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Params {
+    /// Events (items) per run.
+    pub(crate) events: u64,
+    /// Distinct ordering keys the events spread over (round robin).
+    pub(crate) keys: u64,
+    /// Ordering keys in flight at once (the dispatcher's concurrency).
+    pub(crate) concurrency: usize,
+    /// Bytes of padding in each item (on top of ~70 bytes of fields).
+    pub(crate) payload: usize,
+}
+
+/// The identity of item `i`.
+pub(crate) fn identity(i: u64) -> String {
+    format!("item-{i:08}")
+}
+
+/// Item `i`: an object of ~70 bytes plus `payload` bytes of padding.
+pub(crate) fn item(i: u64, payload: usize) -> Value {
+    json!({
+        "id": identity(i),
+        "status": "paid",
+        "total": 12.5,
+        "n": i,
+        "pad": "x".repeat(payload),
+    })
+}
+
+/// The ordering key of a subject: `k<i mod keys>` for `item-<i>`.
+pub(crate) fn ordering_key(subject: &str, keys: u64) -> String {
+    let n: u64 = subject
+        .rsplit('-')
+        .next()
+        .and_then(|d| d.parse().ok())
+        .unwrap_or(0);
+    format!("k{}", n % keys.max(1))
+}
+
+/// A `created` event for item `i` at `sequence`, as the engine would commit it.
+pub(crate) fn event(poller: &str, i: u64, sequence: i64, payload: usize, time: &str) -> Event {
+    let subject = identity(i);
+    let source = format!("urn:watukuy:{poller}");
+    let hash = format!("{i:064x}");
+    let id = event_id(&EventIdParts {
+        source: &source,
+        partition: "",
+        identity: &subject,
+        version_or_hash: &hash,
+        schema_version: 1,
+        event_type: EventType::Created,
+    });
+    Event {
+        id,
+        event_type: EventType::Created,
+        source,
+        subject,
+        time: time.to_owned(),
+        poller: poller.to_owned(),
+        partition: String::new(),
+        lane: Lane::Live,
+        sequence,
+        cursor: None,
+        data: Some(Json::from_value(&item(i, payload))),
+        previous: None,
+        attempt: 0,
+        traceparent: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_spread_round_robin() {
+        assert_eq!(ordering_key(&identity(0), 1000), "k0");
+        assert_eq!(ordering_key(&identity(1001), 1000), "k1");
+        assert_eq!(ordering_key(&identity(7), 1), "k0");
+    }
+
+    #[test]
+    fn items_have_the_padding() {
+        let small = item(1, 0).to_string().len();
+        let big = item(1, 100).to_string().len();
+        assert_eq!(big - small, 100);
+        assert_eq!(event("p", 3, 1, 0, "t").subject, "item-00000003");
+    }
+}
