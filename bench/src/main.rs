@@ -180,6 +180,7 @@ struct Samples {
     rss: Vec<u64>,
     hot: Vec<f64>,
     dispatch: Vec<f64>,
+    dispatch_analyzed: Vec<f64>,
     commit: Vec<f64>,
     apalis: Vec<f64>,
     apalis_note: Option<String>,
@@ -221,10 +222,18 @@ async fn suite_store(backend: Backend, args: &Args) -> Result<Samples, BoxError>
         eprintln!("  hot key end-to-end: {}", fmt_rate(h.rate));
         s.hot.push(h.rate);
         let store = stores::fresh(backend, &t).await?;
-        let d = pipeline::dispatch_only(std::sync::Arc::clone(&store), &p).await?;
+        let d = pipeline::dispatch_only(std::sync::Arc::clone(&store), &p, None).await?;
         store.close().await?;
         eprintln!("  dispatch-only: {}", fmt_rate(d));
         s.dispatch.push(d);
+        if backend == Backend::Postgres {
+            let store = stores::fresh(backend, &t).await?;
+            let url = t.postgres.clone();
+            let d = pipeline::dispatch_only(std::sync::Arc::clone(&store), &p, Some(&url)).await?;
+            store.close().await?;
+            eprintln!("  dispatch-only after ANALYZE: {}", fmt_rate(d));
+            s.dispatch_analyzed.push(d);
+        }
         let store = stores::fresh(backend, &t).await?;
         let c = pipeline::commit(std::sync::Arc::clone(&store), &p).await?;
         store.close().await?;
@@ -315,6 +324,14 @@ async fn suite(args: &Args) -> Result<(), BoxError> {
             list(&s.commit),
             list(&s.apalis)
         );
+        if !s.dispatch_analyzed.is_empty() {
+            println!(
+                "  - {}: dispatch-only with the tables ANALYZEd after the pre-fill (diagnostic): {} (median {})",
+                backend.name(),
+                list(&s.dispatch_analyzed),
+                fmt_rate(median(&s.dispatch_analyzed))
+            );
+        }
     }
     Ok(())
 }

@@ -243,10 +243,38 @@ pub(crate) fn dispatcher(
 }
 
 /// Dispatch only: `p.events` events committed beforehand, then one drain, timed.
-pub(crate) async fn dispatch_only(store: Arc<dyn Store>, p: &Params) -> Result<f64, BoxError> {
+///
+/// With `analyze` (a Postgres URL), the bench schema's tables are `ANALYZE`d between the
+/// pre-fill and the drain: a diagnostic that shows what planner statistics change (see
+/// BENCHMARKS.md, "Where the time goes").
+pub(crate) async fn dispatch_only(
+    store: Arc<dyn Store>,
+    p: &Params,
+    analyze: Option<&str>,
+) -> Result<f64, BoxError> {
     let key = PKey::new("bench-dispatch", "");
     let lease = lease(store.as_ref(), &key).await?;
     prefill(store.as_ref(), &key, &lease, p.events, p.payload).await?;
+    if let Some(url) = analyze {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(url)
+            .await?;
+        let tables: Vec<(String,)> =
+            sqlx::query_as("SELECT tablename::text FROM pg_tables WHERE schemaname = $1")
+                .bind(crate::stores::PG_SCHEMA)
+                .fetch_all(&pool)
+                .await?;
+        for (table,) in tables {
+            sqlx::query(&format!(
+                "ANALYZE \"{}\".\"{table}\"",
+                crate::stores::PG_SCHEMA
+            ))
+            .execute(&pool)
+            .await?;
+        }
+        pool.close().await;
+    }
     let delivered = Arc::new(AtomicU64::new(0));
     let counter = Arc::clone(&delivered);
     let dispatcher = dispatcher(Arc::clone(&store), &key.poller, p, move |_| {
