@@ -43,6 +43,12 @@ impl From<watukuy_core::Error> for CaseError {
     }
 }
 
+impl From<crate::FakeApiError> for CaseError {
+    fn from(error: crate::FakeApiError) -> Self {
+        CaseError::Failed(format!("the fake API refused a test step: {error}"))
+    }
+}
+
 /// The result of one case.
 pub type CaseResult = Result<(), CaseError>;
 

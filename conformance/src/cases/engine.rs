@@ -70,11 +70,9 @@ pub async fn g2_independent_engines_produce_identical_ids(env: Env) -> CaseResul
     tick(&w, &engine_a).await?;
     tick(&w, &engine_b).await?;
     w.api
-        .update("item-002", serde_json::json!({ "value": 20 }))
-        .map_err(|e| CaseError::failed(e.to_string()))?;
+        .update("item-002", serde_json::json!({ "value": 20 }))?;
     w.api
-        .add(serde_json::json!({ "id": "item-100", "value": 100 }))
-        .map_err(|e| CaseError::failed(e.to_string()))?;
+        .add(serde_json::json!({ "id": "item-100", "value": 100 }))?;
     w.advance(Duration::from_secs(60));
     tick(&w, &engine_a).await?;
     tick(&w, &engine_b).await?;
@@ -303,23 +301,19 @@ async fn scripted(store: Arc<dyn Store>) -> Result<(Vec<Event>, Vec<TickResult>)
     engine.on(POLLER, recorder.handler())?;
     let mut ticks = vec![tick(&w, &engine).await?];
     for step in 0..4_i64 {
-        let fail = |e: crate::FakeApiError| CaseError::failed(e.to_string());
         match step {
             0 => drop(
                 w.api
-                    .update("item-001", serde_json::json!({ "value": 10 }))
-                    .map_err(fail)?,
+                    .update("item-001", serde_json::json!({ "value": 10 }))?,
             ),
             1 => drop(w.api.remove("item-003")),
             2 => drop(
                 w.api
-                    .add(serde_json::json!({ "id": "item-050", "value": 50 }))
-                    .map_err(fail)?,
+                    .add(serde_json::json!({ "id": "item-050", "value": 50 }))?,
             ),
             _ => drop(
                 w.api
-                    .update("item-050", serde_json::json!({ "value": 51 }))
-                    .map_err(fail)?,
+                    .update("item-050", serde_json::json!({ "value": 51 }))?,
             ),
         }
         w.advance(Duration::from_secs(31));
@@ -364,8 +358,7 @@ pub async fn g8_nothing_runs_after_stop(env: Env) -> CaseResult {
     check_eq!(engine.status(), Status::Stopped);
     let calls = w.api.calls();
     w.api
-        .update("item-001", serde_json::json!({ "value": 7 }))
-        .map_err(|e| CaseError::failed(e.to_string()))?;
+        .update("item-001", serde_json::json!({ "value": 7 }))?;
     for _ in 0..20 {
         w.advance(Duration::from_secs(60));
         for _ in 0..50 {
