@@ -52,6 +52,10 @@ pub enum Op {
     ParkEvent,
     /// `load_state`.
     LoadState,
+    /// `held_keys`.
+    HeldKeys,
+    /// `count_pending`.
+    CountPending,
 }
 
 /// Whether an injected failure happens before the call reaches the store (nothing written) or
@@ -698,10 +702,20 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
         key: &'a PKey,
         batch_size: usize,
     ) -> BoxStream<'a, Result<Vec<String>>> {
-        if let Err(error) = self.alive() {
-            return Box::pin(futures::stream::once(async move { Err(error) }));
-        }
-        self.inner.stream_identities(key, batch_size)
+        // A full scan holds the stream open across its pages: an instance killed meanwhile
+        // must not reach the store for the next batch either, so the check is per batch.
+        let inner = self.inner.stream_identities(key, batch_size);
+        Box::pin(futures::stream::unfold(
+            Some(inner),
+            move |inner| async move {
+                let mut inner = inner?;
+                if let Err(error) = self.alive() {
+                    return Some((Err(error), None));
+                }
+                let batch = futures::StreamExt::next(&mut inner).await?;
+                Some((batch, Some(inner)))
+            },
+        ))
     }
 
     async fn count_items(&self, key: &PKey) -> Result<u64> {
@@ -728,8 +742,9 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
     }
 
     async fn count_pending(&self, key: &PKey) -> Result<u64> {
-        self.alive()?;
-        self.inner.count_pending(key).await
+        self.before(Op::CountPending)?;
+        let result = self.inner.count_pending(key).await;
+        self.after(Op::CountPending, result)
     }
 
     async fn ack_events(&self, key: &PKey, lease: &Lease, ids: &[String]) -> Result<()> {
@@ -784,8 +799,9 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
     }
 
     async fn held_keys(&self, key: &PKey) -> Result<Vec<String>> {
-        self.alive()?;
-        self.inner.held_keys(key).await
+        self.before(Op::HeldKeys)?;
+        let result = self.inner.held_keys(key).await;
+        self.after(Op::HeldKeys, result)
     }
 
     async fn get_validator(&self, key: &PKey, url_hash: &str) -> Result<Option<Validator>> {

@@ -356,3 +356,67 @@ async fn acks_of_different_keys_share_store_calls_without_reordering_a_key() {
         assert_eq!(order.len(), 4);
     }
 }
+
+/// A drain reads the held keys once, loads each slice once, and knows what is left without
+/// counting when its last slice was not full: store round trips are what bound throughput.
+#[tokio::test]
+async fn a_drain_reads_the_store_once_per_slice() {
+    use watukuy_conformance::{FaultyStore, Op};
+    let subjects: Vec<String> = (0..250).map(|i| format!("k{i}")).collect();
+    let refs: Vec<&str> = subjects.iter().map(String::as_str).collect();
+    let s = setup(&refs).await;
+    let faulty = Arc::new(FaultyStore::new(s.store.clone()));
+    let d = Dispatcher::new(
+        "orders",
+        faulty.clone(),
+        Arc::new(s.clock.clone()),
+        Arc::new(SeededRng::new(1)),
+        DeliveryOptions::default(),
+        100,
+    )
+    .unwrap();
+    d.on(|_event: Event, _ctx: HandlerContext| async { Ok::<(), HandlerError>(()) })
+        .unwrap();
+    let report = s.drain(&d).await.unwrap();
+    assert_eq!((report.delivered, report.remaining), (250, 0));
+    assert_eq!(
+        (
+            faulty.calls(Op::LoadPending),
+            faulty.calls(Op::HeldKeys),
+            faulty.calls(Op::CountPending)
+        ),
+        (3, 1, 0),
+        "slices of 100, 100 and 50: one load each, the held keys once, no count"
+    );
+
+    // A key waiting for a retry keeps its rows pending, and `remaining` says so without a count.
+    let s = setup(&["a", "b", "a", "c"]).await;
+    let faulty = Arc::new(FaultyStore::new(s.store.clone()));
+    let d = Dispatcher::new(
+        "orders",
+        faulty.clone(),
+        Arc::new(s.clock.clone()),
+        Arc::new(SeededRng::new(1)),
+        DeliveryOptions::default(),
+        100,
+    )
+    .unwrap();
+    d.on(|event: Event, _ctx: HandlerContext| async move {
+        if event.subject == "a" {
+            Err(HandlerError::transient("a is down"))
+        } else {
+            Ok(())
+        }
+    })
+    .unwrap();
+    let report = s.drain(&d).await.unwrap();
+    assert_eq!(
+        (report.delivered, report.failed, report.remaining),
+        (2, 1, 2)
+    );
+    assert_eq!(
+        report.remaining,
+        s.store.count_pending(&s.key).await.unwrap()
+    );
+    assert_eq!(faulty.calls(Op::CountPending), 0);
+}

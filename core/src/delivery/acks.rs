@@ -3,14 +3,15 @@
 //!
 //! Each key still waits for its own ack to be durable before its next event is delivered, so a
 //! crash can only redeliver each key's newest in-flight event (G3 and the chaos checker's rule
-//! hold). The batching comes from concurrency alone: while one flush is in the store, the keys
-//! finishing meanwhile queue up and go together in the next flush. Nothing waits on a timer.
+//! hold), and at most `concurrency` events are delivered but not yet acknowledged (G9). The
+//! batching comes from concurrency alone: while one flush is in the store, the keys finishing
+//! meanwhile queue up and go together in the next flush. Nothing waits on a timer.
 
 use std::sync::{Mutex, PoisonError};
 
-use tokio::sync::oneshot;
+use tokio::sync::oneshot::{self, error::TryRecvError};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, StoreErrorKind};
 use crate::model::{Lease, PKey};
 use crate::store::Store;
 
@@ -47,14 +48,30 @@ impl<'a> AckBatcher<'a> {
             .push((id.to_owned(), tx));
         let _flush = self.flushing.lock().await;
         // A flush that ran while we waited for the lock may already have carried our ack.
-        if let Ok(result) = rx.try_recv() {
-            return result;
+        match rx.try_recv() {
+            Ok(result) => return result,
+            Err(TryRecvError::Closed) => {
+                return Err(Error::store(
+                    StoreErrorKind::Other,
+                    true,
+                    "the flush carrying this ack was cancelled",
+                ));
+            }
+            Err(TryRecvError::Empty) => {}
         }
         // Let the other keys of this drain that are ready to ack join this flush (one yield, no
         // timer): with a store that answers without awaiting, nothing else could.
         tokio::task::yield_now().await;
+        let result = self.flush_queue().await;
+        rx.try_recv().unwrap_or(result)
+    }
+
+    async fn flush_queue(&self) -> Result<()> {
         let batch: Queue =
             std::mem::take(&mut *self.queue.lock().unwrap_or_else(PoisonError::into_inner));
+        if batch.is_empty() {
+            return Ok(());
+        }
         let ids: Vec<String> = batch.iter().map(|(id, _)| id.clone()).collect();
         let result = self.store.ack_events(self.key, self.lease, &ids).await;
         for (_, waiter) in batch {
@@ -63,8 +80,7 @@ impl<'a> AckBatcher<'a> {
                 Err(error) => Err(same_error(error)),
             });
         }
-        rx.try_recv()
-            .unwrap_or_else(|_| result.map_err(|e| same_error(&e)))
+        result
     }
 }
 
@@ -88,7 +104,7 @@ fn same_error(error: &Error) -> Error {
             ..
         } => Error::store(*kind, *transient, message.clone()),
         other => Error::store(
-            crate::error::StoreErrorKind::Other,
+            StoreErrorKind::Other,
             other.is_transient(),
             other.to_string(),
         ),

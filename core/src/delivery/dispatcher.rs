@@ -307,13 +307,19 @@ impl Dispatcher {
         self
     }
 
-    fn hook_context(&self, row: &OutboxRow) -> HookContext {
+    fn hook_context(&self, event: &crate::event::Event) -> HookContext {
         HookContext {
             poller: self.poller.clone(),
-            partition: row.event.partition.clone(),
-            lane: row.event.lane,
+            partition: event.partition.clone(),
+            lane: event.lane,
             instance_id: self.instance_id.clone(),
         }
+    }
+
+    async fn report_delivered(&self, event: &crate::event::Event, took: i64) {
+        self.hooks
+            .on_delivered(&self.hook_context(event), event, took)
+            .await;
     }
 
     /// The poller this dispatcher serves.
@@ -403,26 +409,40 @@ impl Dispatcher {
         let cancel = ctx.cancel.child_token();
         let halted = AtomicBool::new(false);
         let mut blocked: HashSet<String> = HashSet::new();
+        // Read once per drain: keys parked with `hold_key` during the drain are `blocked` by
+        // their group, and a hold released meanwhile is seen by the next drain.
+        let mut held: Option<HashSet<String>> = None;
         let mut window = self.batch_size;
+        // Known without asking the store when the last slice held every pending row.
+        let mut remaining: Option<u64> = None;
         while !cancel.is_cancelled() {
             let rows = self.store.load_pending(key, window).await?;
             if rows.is_empty() {
+                remaining = Some(0);
                 break;
             }
+            let slice_len = rows.len() as u64;
             let slice_full = rows.len() >= window;
-            let held: HashSet<String> = self.store.held_keys(key).await?.into_iter().collect();
+            let held = match held {
+                Some(ref held) => held,
+                None => held.insert(self.store.held_keys(key).await?.into_iter().collect()),
+            };
             let groups =
-                policy::eligible_groups(rows, |r| self.options.key_of(&r.event), &held, &blocked);
+                policy::eligible_groups(rows, |r| self.options.key_of(&r.event), held, &blocked);
             if groups.is_empty() {
                 match policy::widened_window(window, self.batch_size, slice_full) {
                     Some(wider) => {
                         window = wider;
                         continue;
                     }
-                    None => break,
+                    None => {
+                        remaining = (!slice_full).then_some(slice_len);
+                        break;
+                    }
                 }
             }
             let mut progress = false;
+            let mut removed = 0;
             let acks = AckBatcher::new(&*self.store, key, lease);
             let mut runs = futures::stream::iter(groups)
                 .map(|group| {
@@ -450,6 +470,7 @@ impl Dispatcher {
                 };
                 progress |=
                     outcome.delivered + outcome.parked + outcome.failed > 0 || outcome.blocked;
+                removed += outcome.delivered + outcome.parked;
                 report.delivered += outcome.delivered;
                 report.parked += outcome.parked;
                 report.failed += outcome.failed;
@@ -461,12 +482,19 @@ impl Dispatcher {
             }
             drop(runs);
             report.halted = halted.load(Ordering::Acquire);
+            if !slice_full {
+                remaining = Some(slice_len - removed);
+                break;
+            }
             if report.halted || report.aborted || !progress {
                 break;
             }
         }
         report.aborted |= cancel.is_cancelled() && !report.halted;
-        report.remaining = self.store.count_pending(key).await?;
+        report.remaining = match remaining {
+            Some(remaining) => remaining,
+            None => self.store.count_pending(key).await?,
+        };
         Ok(report)
     }
 
@@ -484,7 +512,7 @@ impl Dispatcher {
     ) -> Result<GroupOutcome> {
         let mut outcome = GroupOutcome::default();
         let counters = self.counters_of(&key.partition);
-        for row in group.rows {
+        for mut row in group.rows {
             if halted.load(Ordering::Acquire) || cancel.is_cancelled() {
                 outcome.aborted = cancel.is_cancelled();
                 return Ok(outcome);
@@ -525,17 +553,16 @@ impl Dispatcher {
                     if row.attempts > 0 {
                         drop(self.attempt_log.take(&key.partition, &row.event_id));
                     }
-                    // This key's next event waits until this ack is durable; acks of other keys
-                    // finishing meanwhile share the store call.
+                    tracing::debug!(poller = %self.poller, partition = %key.partition, event = %row.event_id, attempt, "delivered");
+                    // This key's next event waits until this ack is durable, and so does this
+                    // group's slot: at most `concurrency` events are delivered and not yet
+                    // acknowledged, which bounds what a crash redelivers (G9). Acks of other
+                    // keys finishing meanwhile share the store call.
                     acks.ack(&row.event_id).await?;
                     outcome.delivered += 1;
-                    let mut delivered = row.event.clone();
-                    delivered.attempt = attempt;
+                    row.event.attempt = attempt;
                     let took = self.clock.now_ms().saturating_sub(started);
-                    self.hooks
-                        .on_delivered(&self.hook_context(&row), &delivered, took)
-                        .await;
-                    tracing::debug!(poller = %self.poller, partition = %key.partition, event = %row.event_id, attempt, "delivered");
+                    self.report_delivered(&row.event, took).await;
                 }
                 Attempt::Aborted => {
                     outcome.aborted = true;
@@ -575,7 +602,12 @@ impl Dispatcher {
                             let mut failed = row.event.clone();
                             failed.attempt = attempt;
                             self.hooks
-                                .on_retry(&self.hook_context(&row), &failed, &serialized, delay_ms)
+                                .on_retry(
+                                    &self.hook_context(&row.event),
+                                    &failed,
+                                    &serialized,
+                                    delay_ms,
+                                )
                                 .await;
                             outcome.failed += 1;
                             outcome.blocked = true;
@@ -583,7 +615,7 @@ impl Dispatcher {
                             return Ok(outcome);
                         }
                         FailureDecision::Park { hold_key, halt } => {
-                            let ctx = self.hook_context(&row);
+                            let ctx = self.hook_context(&row.event);
                             let park_reason = if matches!(error.kind(), HandlerErrorKind::Permanent)
                             {
                                 ParkReason::Permanent
