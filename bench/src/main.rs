@@ -35,6 +35,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use watukuy_core::BoxError;
+use watukuy_store_sqlite::Synchronous;
 
 use crate::measure::{as_f64, fmt_mib, fmt_rate, fmt_ratio, median, median_u64};
 use crate::probe::Limit;
@@ -123,6 +124,10 @@ struct Args {
     /// Directory of the SQLite files.
     #[arg(long, default_value_t = std::env::temp_dir().display().to_string())]
     dir: String,
+    /// The SQLite store's durability level: `full` or `normal` (the limit probe always runs
+    /// `normal`).
+    #[arg(long, default_value_t = Synchronous::default(), value_parser = str::parse::<Synchronous>)]
+    sqlite_synchronous: Synchronous,
 }
 
 impl Args {
@@ -141,6 +146,19 @@ impl Args {
             redis: self.redis_url.clone(),
             dir: PathBuf::from(&self.dir),
             concurrency,
+            sqlite_synchronous: self.sqlite_synchronous,
+        }
+    }
+
+    /// A store's name in tables and plots; SQLite's says its durability level.
+    fn label(&self, backend: Backend) -> String {
+        match backend {
+            Backend::Sqlite => format!(
+                "{} (synchronous={})",
+                backend.name(),
+                self.sqlite_synchronous
+            ),
+            _ => backend.name().to_owned(),
         }
     }
 }
@@ -288,7 +306,7 @@ async fn suite(args: &Args) -> Result<(), BoxError> {
         };
         println!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} ms | {:.2} ms | {} | {} | {} |",
-            backend.name(),
+            args.label(*backend),
             fmt_rate(lb),
             fmt_rate(lp),
             fmt_rate(e2e),
@@ -315,7 +333,7 @@ async fn suite(args: &Args) -> Result<(), BoxError> {
         };
         println!(
             "- {}: limit batched {} · per-event {} · e2e {} · hot {} · dispatch {} · commit {} · apalis {}",
-            backend.name(),
+            args.label(*backend),
             list(&s.limit_batched),
             list(&s.limit_per_event),
             list(&s.e2e),
@@ -365,7 +383,7 @@ async fn sweep(args: &Args) -> Result<(), BoxError> {
             points.push((measure::as_f64(u64::try_from(c).unwrap_or(0)), r));
         }
         by_concurrency.push(plot::Series {
-            label: backend.name().to_owned(),
+            label: args.label(backend),
             points,
         });
         let mut points = Vec::new();
@@ -385,7 +403,7 @@ async fn sweep(args: &Args) -> Result<(), BoxError> {
             points.push((as_f64(k), r));
         }
         by_keys.push(plot::Series {
-            label: backend.name().to_owned(),
+            label: args.label(backend),
             points,
         });
     }

@@ -7,7 +7,7 @@ use watukuy_core::{BoxError, Store};
 use watukuy_store_memory::MemoryStore;
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};
 use watukuy_store_redis::{RedisOptions, RedisStore};
-use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
+use watukuy_store_sqlite::{SqliteOptions, SqliteStore, Synchronous};
 
 /// The Postgres schema every benchmark table lives in (dropped before each run).
 pub(crate) const PG_SCHEMA: &str = "watukuy_bench";
@@ -50,6 +50,8 @@ pub(crate) struct Targets {
     pub(crate) dir: PathBuf,
     /// The dispatcher's concurrency, to size the Postgres pool.
     pub(crate) concurrency: usize,
+    /// The SQLite store's durability level.
+    pub(crate) sqlite_synchronous: Synchronous,
 }
 
 impl Targets {
@@ -75,7 +77,9 @@ pub(crate) async fn fresh(backend: Backend, t: &Targets) -> Result<Arc<dyn Store
         Backend::Sqlite => {
             let path = t.sqlite_path();
             remove_sqlite(&path);
-            Arc::new(SqliteStore::open(SqliteOptions::file(path))?)
+            Arc::new(SqliteStore::open(
+                SqliteOptions::file(path).synchronous(t.sqlite_synchronous),
+            )?)
         }
         Backend::Postgres => {
             {

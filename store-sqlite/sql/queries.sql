@@ -101,9 +101,6 @@ VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9);
 -- name: outbox_delete
 DELETE FROM {prefix}outbox WHERE poller = ?1 AND "partition" = ?2 AND event_id = ?3;
 
--- name: outbox_delete_in
-DELETE FROM {prefix}outbox WHERE poller = ?1 AND "partition" = ?2 AND event_id IN ({ids});
-
 -- name: outbox_pending
 SELECT event_id, seq, event, attempts, next_attempt_at, last_error, created_at
 FROM {prefix}outbox WHERE poller = ?1 AND "partition" = ?2

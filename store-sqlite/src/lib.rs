@@ -13,6 +13,7 @@ pub use consumer::{
 };
 pub use options::{
     DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_READERS, DEFAULT_TABLE_PREFIX, Location, SqliteOptions,
+    Synchronous,
 };
 pub use sql::{SCHEMA_VERSION, ddl};
 pub use store::SqliteStore;

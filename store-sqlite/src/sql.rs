@@ -168,7 +168,6 @@ statements! {
     outbox_clear,
     outbox_upsert,
     outbox_delete,
-    outbox_delete_in,
     outbox_pending,
     outbox_count,
     outbox_attempt,

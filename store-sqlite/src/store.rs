@@ -11,7 +11,7 @@ use tokio::sync::Mutex as AsyncMutex;
 use watukuy_core::{
     Capabilities, CommitBatch, Error, Event, ItemRow, Lease, LogQuery, LoggedEvent, OutboxRow,
     PKey, ParkedQuery, ParkedRow, PollerState, Result, SerializedError, StatePatch, Store,
-    Validator,
+    StoreErrorKind, Validator,
 };
 
 use crate::codec::{
@@ -19,7 +19,7 @@ use crate::codec::{
 };
 use crate::db::{Ctx, Db, blocking};
 use crate::error::DbResult;
-use crate::options::{Location, SqliteOptions};
+use crate::options::{Location, SqliteOptions, Synchronous};
 use crate::sql::{IN_CHUNK, in_list};
 
 /// The [`Store`] on SQLite (rusqlite, bundled SQLite): a database file in WAL mode that several
@@ -27,9 +27,13 @@ use crate::sql::{IN_CHUNK, in_list};
 ///
 /// - **Lazy.** [`SqliteStore::open`] only checks the options; the file is created, switched to
 ///   WAL and migrated by [`Store::migrate`] or by the first call that needs the database.
-/// - **Off the runtime.** Every statement runs on tokio's blocking pool; writes go through one
-///   writer connection, reads through up to `max_readers` read connections (see
-///   [`SqliteOptions::max_readers`]). Use the store inside a tokio runtime.
+/// - **Off the runtime.** Writes go through one writer connection owned by a thread of the
+///   store's own, which runs them one after another; reads run on tokio's blocking pool through
+///   up to `max_readers` read connections (see [`SqliteOptions::max_readers`]). Use the store
+///   inside a tokio runtime.
+/// - **Durability** is [`SqliteOptions::synchronous`]: [`Synchronous::Full`] (the default) or
+///   [`Synchronous::Normal`], which trades the last commits before a power loss for writes
+///   without an `fsync` each.
 /// - **Fenced.** Every fenced write is ONE `BEGIN IMMEDIATE` transaction that first reads the
 ///   key's lease owner and epoch and, on a mismatch, rolls back and fails with
 ///   [`Error::LeaseLost`]. Lease acquisition is one upsert; epochs never go back, not even across
@@ -70,6 +74,28 @@ impl SqliteStore {
     /// Where this store keeps its data.
     pub fn location(&self) -> &Location {
         &self.ctx.location
+    }
+
+    /// Reads `PRAGMA synchronous` back from the writer connection, opening (and migrating) the
+    /// database first if needed: the durability level SQLite really applies to this store's
+    /// commits, which is [`SqliteOptions::synchronous`]. A diagnostic for operators and tests;
+    /// the engine never needs it.
+    pub async fn synchronous_in_effect(&self) -> Result<Synchronous> {
+        self.write(|conn, ctx| {
+            let level: i64 = conn.pragma_query_value(None, "synchronous", |r| r.get(0))?;
+            Synchronous::from_pragma(level).ok_or_else(|| {
+                Error::store(
+                    StoreErrorKind::Other,
+                    false,
+                    format!(
+                        "{} reports PRAGMA synchronous = {level}, a level this store never sets",
+                        ctx.location
+                    ),
+                )
+                .into()
+            })
+        })
+        .await
     }
 
     fn current(&self) -> Option<Arc<Db>> {
@@ -392,7 +418,10 @@ impl Store for SqliteStore {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        drop(db);
+        if let Some(db) = db.and_then(Arc::into_inner) {
+            // Nothing uses it any more: close the file before returning.
+            db.shutdown().await?;
+        }
         Ok(())
     }
 
@@ -662,7 +691,14 @@ impl Store for SqliteStore {
     async fn ack_events(&self, key: &PKey, lease: &Lease, ids: &[String]) -> Result<()> {
         let ids = ids.to_vec();
         self.fenced(key, lease, move |tx, ctx, key| {
-            execute_in(tx, &ctx.sql.outbox_delete_in, key, &ids)?;
+            // One cached statement executed per id rather than an `IN (...)` list: acks come in
+            // groups of every size, and a list per size would be one more statement to build and
+            // prepare per size, crowding the statement cache. Each execution is one primary-key
+            // lookup either way.
+            let mut delete = tx.prepare_cached(&ctx.sql.outbox_delete)?;
+            for id in &ids {
+                delete.execute(params![key.poller, key.partition, id])?;
+            }
             Ok(())
         })
         .await

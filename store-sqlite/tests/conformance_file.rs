@@ -1,21 +1,30 @@
-//! The whole conformance suite on a `SqliteStore` over a database file: a new file per case.
+//! The whole conformance suite on a `SqliteStore` over a database file: a new file per case,
+//! once with the default durability (`Synchronous::Full`, `conformance::*`) and once with
+//! `Synchronous::Normal` (`normal::conformance::*`). The level changes only what a power loss
+//! may undo, so every case must pass with both.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use watukuy_conformance::{CaseContext, CaseError, Fresh, Harness};
 use watukuy_core::Store;
-use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
+use watukuy_store_sqlite::{SqliteOptions, SqliteStore, Synchronous};
 
 /// A fresh, migrated store on a new file in its own temporary directory per case. The directory
 /// is removed only when the case passed, so a failing case leaves its database behind (the path
 /// is printed with the case's output).
-struct FileHarness;
+struct FileHarness {
+    /// The durability level of every store this harness opens.
+    synchronous: Synchronous,
+}
 
 #[async_trait::async_trait]
 impl Harness for FileHarness {
     fn name(&self) -> String {
-        "sqlite-file".to_owned()
+        match self.synchronous {
+            Synchronous::Full => "sqlite-file".to_owned(),
+            level => format!("sqlite-file-{level}"),
+        }
     }
 
     async fn fresh(&self, ctx: CaseContext) -> Result<Fresh, CaseError> {
@@ -26,13 +35,24 @@ impl Harness for FileHarness {
             .keep();
         let path = dir.join("watukuy.db");
         eprintln!(
-            "[sqlite-file] {}::{} uses {}",
+            "[{}] {}::{} uses {}",
+            self.name(),
             ctx.module,
             ctx.name,
             path.display()
         );
-        let store = SqliteStore::open(SqliteOptions::file(&path))?;
+        let options = SqliteOptions::file(&path).synchronous(self.synchronous);
+        let store = SqliteStore::open(options)?;
         store.migrate().await?;
+        // The level asked for is the level SQLite applies, or every case below proves nothing
+        // about it.
+        let applied = store.synchronous_in_effect().await?;
+        if applied != self.synchronous {
+            return Err(CaseError::failed(format!(
+                "asked for synchronous = {}, SQLite applies {applied}",
+                self.synchronous
+            )));
+        }
         let store = Arc::new(store);
         let cleanup = Arc::clone(&store);
         Ok(Fresh::new(store).with_cleanup(async move {
@@ -43,4 +63,15 @@ impl Harness for FileHarness {
     }
 }
 
-watukuy_conformance::store_tests!(FileHarness);
+watukuy_conformance::store_tests!(FileHarness {
+    synchronous: Synchronous::Full,
+});
+
+/// The same suite with `Synchronous::Normal`.
+mod normal {
+    use super::*;
+
+    watukuy_conformance::store_tests!(FileHarness {
+        synchronous: Synchronous::Normal,
+    });
+}

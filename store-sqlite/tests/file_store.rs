@@ -9,7 +9,7 @@ use watukuy_core::{
     CommitBatch, Error, ErrorCode, Lease, LogQuery, PKey, ParkedQuery, StatePatch, Store,
     StoreErrorKind,
 };
-use watukuy_store_sqlite::{SCHEMA_VERSION, SqliteOptions, SqliteStore, ddl};
+use watukuy_store_sqlite::{SCHEMA_VERSION, SqliteOptions, SqliteStore, Synchronous, ddl};
 
 fn temp_dir() -> tempfile::TempDir {
     tempfile::Builder::new()
@@ -384,6 +384,60 @@ async fn file_databases_use_wal() {
     assert_eq!(mode, "wal");
 }
 
+/// The durability level: `FULL` unless asked otherwise (file and in-memory databases), `NORMAL`
+/// when asked, applied again when a closed store reopens, and per store: two stores on one file
+/// each keep their own level (it is a setting of the connection, not of the file).
+#[tokio::test]
+async fn synchronous_is_full_by_default_and_normal_when_asked() {
+    let dir = temp_dir();
+    let path = dir.path().join("sync.db");
+    let full = file_store(&path);
+    assert_eq!(
+        full.synchronous_in_effect().await.unwrap(),
+        Synchronous::Full
+    );
+    let memory = SqliteStore::open(SqliteOptions::in_memory()).unwrap();
+    assert_eq!(
+        memory.synchronous_in_effect().await.unwrap(),
+        Synchronous::Full
+    );
+
+    let normal =
+        SqliteStore::open(SqliteOptions::file(&path).synchronous(Synchronous::Normal)).unwrap();
+    assert_eq!(
+        normal.synchronous_in_effect().await.unwrap(),
+        Synchronous::Normal
+    );
+    assert_eq!(
+        full.synchronous_in_effect().await.unwrap(),
+        Synchronous::Full,
+        "another store's level does not change this one's"
+    );
+    let key = key();
+    let lease = normal
+        .acquire_lease(&key, NODE_A, TTL, T0)
+        .await
+        .unwrap()
+        .unwrap();
+    normal
+        .commit_poll(&key, &lease, &page(&key, &["a"], 1))
+        .await
+        .unwrap();
+    normal.close().await.unwrap();
+    assert_eq!(
+        normal.synchronous_in_effect().await.unwrap(),
+        Synchronous::Normal,
+        "a reopened store applies its level again"
+    );
+    assert_eq!(full.count_items(&key).await.unwrap(), 1);
+    let memory_normal =
+        SqliteStore::open(SqliteOptions::in_memory().synchronous(Synchronous::Normal)).unwrap();
+    assert_eq!(
+        memory_normal.synchronous_in_effect().await.unwrap(),
+        Synchronous::Normal
+    );
+}
+
 /// After `close()` the data stays and the next call reopens the file; a new store on the same
 /// path sees everything; a closed in-memory store keeps its data too.
 #[tokio::test]
@@ -440,6 +494,45 @@ async fn reopen_after_close() {
     );
 }
 
+/// `close()` returns once every connection is closed: the last one to close checkpoints the WAL
+/// into the database and removes the WAL file, so the file is whole on its own (it can be
+/// copied or moved) as soon as `close()` returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_returns_after_the_connections_are_closed() {
+    let dir = temp_dir();
+    let path = dir.path().join("closed.db");
+    for synchronous in [Synchronous::Full, Synchronous::Normal] {
+        let store = SqliteStore::open(SqliteOptions::file(&path).synchronous(synchronous)).unwrap();
+        let key = key();
+        store.delete_key(&key).await.unwrap();
+        let lease = store
+            .acquire_lease(&key, NODE_A, TTL, T0)
+            .await
+            .unwrap()
+            .unwrap();
+        store
+            .commit_poll(&key, &lease, &page(&key, &["a", "b"], 1))
+            .await
+            .unwrap();
+        // A read opens a read connection too.
+        assert_eq!(store.count_items(&key).await.unwrap(), 2);
+        assert!(wal_path(&path).exists(), "the WAL is in use while open");
+        store.close().await.unwrap();
+        assert!(
+            !wal_path(&path).exists(),
+            "{synchronous}: close() returned before the last connection closed"
+        );
+        let count: i64 = rusqlite::Connection::open(&path)
+            .unwrap()
+            .query_row("SELECT COUNT(*) FROM watukuy_items", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(
+            count, 2,
+            "{synchronous}: the checkpointed file holds the data"
+        );
+    }
+}
+
 /// The exported DDL lets a team create the schema itself; the store then finds it current.
 #[tokio::test]
 async fn externally_managed_schema_is_used_as_is() {
@@ -483,6 +576,10 @@ fn invalid_options_are_config_errors() {
     }
     let error = SqliteStore::open(SqliteOptions::file("")).expect_err("empty path");
     assert!(error.to_string().contains("sqlite.path"), "{error}");
+    // The level is an enum, so only text can be wrong: `off` is refused, not mapped.
+    let error = "off".parse::<Synchronous>().expect_err("off");
+    assert_eq!(error.code(), ErrorCode::Config);
+    assert!(error.to_string().contains("sqlite.synchronous"), "{error}");
     assert!(!path.exists());
 }
 
