@@ -35,7 +35,7 @@ use crate::error::classify;
 pub use sqlx::PgPool;
 
 /// The newest schema version this crate's migrations create.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 type PgQuery<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
 

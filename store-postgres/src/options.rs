@@ -4,8 +4,39 @@ use std::time::Duration;
 
 use watukuy_core::{Error, Result};
 
-/// The longest table suffix the store derives from the prefix (`outbox_pending_idx`).
-const LONGEST_SUFFIX: usize = "outbox_pending_idx".len();
+/// Every name the migrations create from the table prefix: tables, and indexes named
+/// explicitly (primary keys are named by PostgreSQL, which shortens its own names to fit).
+/// `outbox_pending_idx` is created by migration 1 and dropped by migration 2, so it still
+/// counts. A unit test checks this list against the DDL.
+pub(crate) const DERIVED_NAMES: &[&str] = &[
+    "pollers",
+    "items",
+    "outbox",
+    "outbox_pending_idx",
+    "outbox_queue_idx",
+    "parked",
+    "parked_order_idx",
+    "parked_hold_idx",
+    "validators",
+    "log",
+    "log_time_idx",
+    "schema_version",
+];
+
+/// The longest of [`DERIVED_NAMES`] (18 bytes, `outbox_pending_idx`).
+const LONGEST_SUFFIX: usize = longest(DERIVED_NAMES);
+
+const fn longest(names: &[&str]) -> usize {
+    let mut longest = 0;
+    let mut i = 0;
+    while i < names.len() {
+        if names[i].len() > longest {
+            longest = names[i].len();
+        }
+        i += 1;
+    }
+    longest
+}
 
 /// PostgreSQL truncates identifiers longer than this many bytes.
 const MAX_IDENTIFIER: usize = 63;

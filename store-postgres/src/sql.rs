@@ -15,11 +15,18 @@ pub(crate) struct Migration {
 }
 
 /// Every migration, oldest first.
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "init",
-    template: include_str!("../sql/0001_init.sql"),
-}];
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "init",
+        template: include_str!("../sql/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "queue_indexes",
+        template: include_str!("../sql/0002_queue_indexes.sql"),
+    },
+];
 
 /// Creates the schema (run only when it is missing).
 pub(crate) const SCHEMA_TEMPLATE: &str = include_str!("../sql/schema.sql");
@@ -175,7 +182,55 @@ mod tests {
         let ddl = ddl(&options);
         assert!(!ddl.contains("{schema}") && !ddl.contains("{prefix}"));
         assert!(ddl.contains("CREATE TABLE IF NOT EXISTS \"s\".\"p_outbox\""));
-        assert!(ddl.contains("\"p_outbox_pending_idx\""));
+        assert!(ddl.contains("\"p_outbox_queue_idx\""));
+        assert!(ddl.contains("DROP INDEX IF EXISTS \"s\".\"p_outbox_pending_idx\""));
+    }
+
+    /// Every identifier the DDL derives from the prefix is in `DERIVED_NAMES` (which bounds the
+    /// prefix's length), and with the longest prefix the options accept, none is longer than
+    /// PostgreSQL's 63 bytes (longer ones would be truncated, and could collide).
+    #[test]
+    fn derived_names_fit_postgres_identifiers() {
+        let derived = |prefix: &str| -> Vec<String> {
+            let options = PostgresOptions::default().schema("s").table_prefix(prefix);
+            let ddl = ddl(&options);
+            let quoted = format!("\"{prefix}");
+            ddl.match_indices(&quoted)
+                .map(|(at, _)| {
+                    let rest = &ddl[at + 1..];
+                    rest[..rest.find('"').unwrap_or(rest.len())].to_owned()
+                })
+                .collect()
+        };
+        let names = derived("pfx_");
+        assert!(!names.is_empty());
+        for name in &names {
+            let suffix = name.strip_prefix("pfx_").unwrap_or(name);
+            assert!(
+                crate::options::DERIVED_NAMES.contains(&suffix),
+                "{suffix} is missing from options::DERIVED_NAMES"
+            );
+        }
+        let mut longest_prefix = "p".repeat(63);
+        while PostgresOptions::default()
+            .table_prefix(longest_prefix.as_str())
+            .validate()
+            .is_err()
+        {
+            longest_prefix.pop();
+        }
+        assert_eq!(longest_prefix.len(), 45, "the documented limit");
+        for name in derived(&longest_prefix) {
+            assert!(name.len() <= 63, "{name} is {} bytes", name.len());
+        }
+    }
+
+    #[test]
+    fn schema_version_is_the_last_migration() {
+        assert_eq!(
+            MIGRATIONS.last().map(|m| m.version),
+            Some(crate::SCHEMA_VERSION)
+        );
     }
 
     #[test]

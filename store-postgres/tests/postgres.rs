@@ -265,8 +265,8 @@ async fn two_instances_share_data_and_fence_each_other() {
 }
 
 /// Ten instances (ten pools) run `migrate()` at once on a schema that does not exist yet, plus
-/// two other prefixes in the same schema: every call succeeds, each prefix records version 1
-/// once, and the store works.
+/// two other prefixes in the same schema: every call succeeds, each prefix records each
+/// migration once, and the store works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_concurrent_migrations_succeed() {
     with_database("concurrent_migrate", |db: Database| async move {
@@ -308,7 +308,7 @@ async fn ten_concurrent_migrations_succeed() {
                 .map(|r| (r.get::<i32, _>(0), r.get::<String, _>(1)))
                 .collect();
             ensure!(
-                versions == vec![(1, "init".to_owned())],
+                versions == vec![(1, "init".to_owned()), (2, "queue_indexes".to_owned())],
                 "prefix {prefix:?}: versions {versions:?}"
             );
         }
@@ -850,12 +850,40 @@ async fn unmigrated_store_and_close_pool() {
     .await;
 }
 
+/// The tables, columns and indexes of `schema` (table and index names without the schema),
+/// for comparing two schemas.
+async fn catalog(pool: &sqlx::PgPool, schema: &str) -> Result<Vec<String>, CaseError> {
+    let columns: Vec<String> = sqlx::query_scalar(
+        "SELECT table_name || '.' || column_name || ' ' || data_type || ' ' || is_nullable \
+         FROM information_schema.columns WHERE table_schema = $1 \
+         ORDER BY table_name, ordinal_position",
+    )
+    .bind(schema)
+    .fetch_all(pool)
+    .await
+    .map_err(|e| fail(e.to_string()))?;
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT indexdef FROM pg_indexes WHERE schemaname = $1 ORDER BY indexname",
+    )
+    .bind(schema)
+    .fetch_all(pool)
+    .await
+    .map_err(|e| fail(e.to_string()))?;
+    let quoted = format!("{schema}.");
+    Ok(columns
+        .into_iter()
+        .chain(indexes.into_iter().map(|def| def.replace(&quoted, "")))
+        .collect())
+}
+
 /// The exported DDL is what `migrate()` applies: run by hand, it leaves a schema that
-/// `migrate()` accepts as current and the store uses.
+/// `migrate()` accepts as current and the store uses, with the same tables, columns and
+/// indexes as a migrated one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exported_ddl_matches_migrate() {
     with_database("exported_ddl", |db: Database| async move {
         let schema = unique_schema("exported_ddl");
+        let migrated = unique_schema("exported_ddl_migrated");
         let pool = pool(&db.url, 1).await?;
         drop_schema(&pool, &schema)
             .await
@@ -869,6 +897,26 @@ async fn exported_ddl_matches_migrate() {
         // Idempotent text: a second run changes nothing.
         sqlx::raw_sql(&ddl)
             .execute(&pool)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        store_in(
+            &pool,
+            &migrated,
+            PostgresOptions::default().table_prefix(""),
+        )
+        .await?;
+        let by_hand = catalog(&pool, &schema).await?;
+        let by_migrate = catalog(&pool, &migrated).await?;
+        ensure!(
+            by_hand == by_migrate,
+            "the exported DDL made {by_hand:#?}\nmigrate() made {by_migrate:#?}"
+        );
+        ensure!(
+            by_hand.iter().any(|def| def.contains("outbox_queue_idx"))
+                && !by_hand.iter().any(|def| def.contains("outbox_pending_idx")),
+            "the queue index replaces the old pending index: {by_hand:#?}"
+        );
+        drop_schema(&pool, &migrated)
             .await
             .map_err(|e| fail(e.to_string()))?;
         let store = PostgresStore::from_pool(pool.clone(), options)?;
@@ -1009,6 +1057,87 @@ async fn takeover_waits_for_the_commit_in_flight() {
             .map_err(|e| fail(e.to_string()))?;
         pool_a.close().await;
         pool_b.close().await;
+        Ok(())
+    })
+    .await;
+}
+
+/// A schema at version 1 (the tables and indexes of `sql/0001_init.sql`, with rows in them)
+/// is brought to the current version by `migrate()`: the outbox's pending index is replaced by
+/// the partial queue index, the parked table gets its hold-key index, and the rows survive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_upgrades_a_version_1_schema() {
+    with_database("upgrade_v1", |db: Database| async move {
+        let schema = unique_schema("upgrade_v1");
+        let pool = pool(&db.url, 1).await?;
+        drop_schema(&pool, &schema)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let render = |template: &str| {
+            template
+                .replace("{schema}", &schema)
+                .replace("{prefix}", "watukuy_")
+        };
+        let version_1 = format!(
+            "{};\n{};\n{}\nINSERT INTO \"{schema}\".\"watukuy_schema_version\" VALUES (1, 'init');",
+            render(include_str!("../sql/schema.sql")).trim_end(),
+            render(include_str!("../sql/schema_version.sql")).trim_end(),
+            render(include_str!("../sql/0001_init.sql")),
+        );
+        sqlx::raw_sql(&version_1)
+            .execute(&pool)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let store =
+            PostgresStore::from_pool(pool.clone(), PostgresOptions::default().schema(&schema))?;
+        // Rows written by a version 1 store (the statements do not depend on the indexes).
+        let lease = acquire(&store, "node-a", T0).await?;
+        store
+            .commit_poll(&key(), &lease, &page(&["o1", "o2", "o3"], 1)?)
+            .await?;
+
+        store.migrate().await?;
+        let versions: Vec<i32> = sqlx::query_scalar(&format!(
+            "SELECT version FROM \"{schema}\".\"watukuy_schema_version\" ORDER BY version"
+        ))
+        .fetch_all(&pool)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+        ensure!(
+            versions == vec![1, watukuy_store_postgres::SCHEMA_VERSION],
+            "versions after the upgrade: {versions:?}"
+        );
+        let indexes: Vec<String> = sqlx::query_scalar(
+            "SELECT indexname::text FROM pg_indexes WHERE schemaname = $1 ORDER BY indexname",
+        )
+        .bind(&schema)
+        .fetch_all(&pool)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+        ensure!(
+            indexes.contains(&"watukuy_outbox_queue_idx".to_owned())
+                && indexes.contains(&"watukuy_parked_hold_idx".to_owned())
+                && !indexes.contains(&"watukuy_outbox_pending_idx".to_owned()),
+            "indexes after the upgrade: {indexes:?}"
+        );
+        ensure!(
+            store.count_pending(&key()).await? == 3 && store.count_items(&key()).await? == 3,
+            "rows lost in the upgrade"
+        );
+        let pending = store.load_pending(&key(), 10).await?;
+        let ids: Vec<String> = pending.iter().map(|row| row.event_id.clone()).collect();
+        store.ack_events(&key(), &lease, &ids).await?;
+        ensure!(
+            store.count_pending(&key()).await? == 0,
+            "acks after the upgrade"
+        );
+        // Running it again changes nothing.
+        store.migrate().await?;
+
+        drop_schema(&pool, &schema)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        pool.close().await;
         Ok(())
     })
     .await;

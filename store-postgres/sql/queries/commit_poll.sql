@@ -8,6 +8,12 @@
 -- The sub-statements touch disjoint rows (the caller drops upserts of deleted identities and
 -- dedupes every list by its key, last wins), because one statement may not change a row twice.
 --
+-- The deletes take their ids as (poller, partition, id) rows of MATERIALIZED CTEs joined on the
+-- whole primary key (see ack_events.sql): one primary-key probe per id (or one scan of a table
+-- the planner finds small enough), nothing for an empty list. Written
+-- `poller = $1 AND "partition" = $2 AND identity = ANY($24)`, they read every item and every
+-- pending event of the key on every commit of a table never ANALYZEd, even with empty lists.
+--
 -- A larger page runs this statement once per chunk inside one transaction: the first chunk
 -- carries the patch and takes the lock, later chunks carry an empty patch and re-check the
 -- fence while already holding the lock.
@@ -39,9 +45,14 @@ WITH fence AS (
         schema_version = EXCLUDED.schema_version,
         payload = EXCLUDED.payload,
         seen_at = EXCLUDED.seen_at
+), gone_item_ids AS MATERIALIZED (
+    SELECT $1::text COLLATE "C" AS poller, $2::text COLLATE "C" AS "partition",
+           u.id COLLATE "C" AS identity
+    FROM unnest($24::text[]) AS u (id)
 ), gone_items AS (
-    DELETE FROM {items}
-    WHERE poller = $1 AND "partition" = $2 AND identity = ANY($24::text[])
+    DELETE FROM {items} AS d
+    USING gone_item_ids AS g
+    WHERE d.poller = g.poller AND d."partition" = g."partition" AND d.identity = g.identity
       AND EXISTS (SELECT 1 FROM fence)
 ), put_outbox AS (
     INSERT INTO {outbox} AS t
@@ -61,9 +72,14 @@ WITH fence AS (
         next_attempt_at = EXCLUDED.next_attempt_at,
         last_error = EXCLUDED.last_error,
         created_at = EXCLUDED.created_at
+), gone_event_ids AS MATERIALIZED (
+    SELECT $1::text COLLATE "C" AS poller, $2::text COLLATE "C" AS "partition",
+           u.id COLLATE "C" AS event_id
+    FROM unnest($32::text[]) AS u (id)
 ), gone_outbox AS (
-    DELETE FROM {outbox}
-    WHERE poller = $1 AND "partition" = $2 AND event_id = ANY($32::text[])
+    DELETE FROM {outbox} AS d
+    USING gone_event_ids AS g
+    WHERE d.poller = g.poller AND d."partition" = g."partition" AND d.event_id = g.event_id
       AND EXISTS (SELECT 1 FROM fence)
 ), put_log AS (
     INSERT INTO {log} AS t (poller, "partition", seq, event, created_at)

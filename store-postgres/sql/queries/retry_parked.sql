@@ -1,12 +1,18 @@
 -- retry_parked: ONE statement. Poison rows with an event leave the parked table (releasing their
 -- hold) and come back as pending outbox rows { event_id: parked id, seq: the event's sequence,
 -- attempts 0, no error, no next attempt, created_at: parked_at }. Returns how many moved.
+-- The ids are joined on the whole primary key (see ack_events.sql).
 -- $1 poller, $2 partition, $3 ids.
-WITH moved AS (
-    DELETE FROM {parked}
-    WHERE poller = $1 AND "partition" = $2 AND id = ANY($3::text[])
-      AND kind = 'poison' AND event IS NOT NULL AND event_seq IS NOT NULL
-    RETURNING id, event, event_seq, parked_at
+WITH ids AS MATERIALIZED (
+    SELECT $1::text COLLATE "C" AS poller, $2::text COLLATE "C" AS "partition",
+           u.id COLLATE "C" AS id
+    FROM unnest($3::text[]) AS u (id)
+), moved AS (
+    DELETE FROM {parked} AS p
+    USING ids
+    WHERE p.poller = ids.poller AND p."partition" = ids."partition" AND p.id = ids.id
+      AND p.kind = 'poison' AND p.event IS NOT NULL AND p.event_seq IS NOT NULL
+    RETURNING p.id, p.event, p.event_seq, p.parked_at
 ), put AS (
     INSERT INTO {outbox}
         (poller, "partition", event_id, seq, event, status, attempts, next_attempt_at,
