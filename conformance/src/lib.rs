@@ -74,6 +74,7 @@ macro_rules! for_each_case {
                 load_versions_returns_present_rows,
                 upserts_replace_and_deletes_remove,
                 stream_identities_batches,
+                stream_identities_in_byte_order,
                 count_items_counts_snapshot,
             }
             commit_poll {

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use watukuy_conformance::{CaseContext, CaseError, Fresh, Harness, Outcome, Report, run_all};
 use watukuy_core::{
     Capabilities, CommitBatch, ItemRow, Lease, LogQuery, LoggedEvent, OutboxRow, PKey, ParkedQuery,
@@ -23,6 +24,12 @@ enum Defect {
     PendingFilteredByNextAttempt,
     /// `commit_poll` writes the snapshot before checking the lease for the rest of the batch.
     CommitNotAtomic,
+    /// `stream_identities` yields the largest identity first (a store paging `ORDER BY
+    /// identity DESC`).
+    IdentitiesDescending,
+    /// `stream_identities` orders by UTF-16 code units, as a store on a UTF-16 string type
+    /// would: the same as byte order for most text, not above U+FFFF.
+    IdentitiesInUtf16Order,
 }
 
 /// The store's own clock, which the contract forbids it to have.
@@ -109,7 +116,39 @@ impl Store for Broken {
         key: &'a PKey,
         batch_size: usize,
     ) -> BoxStream<'a, Result<Vec<String>>> {
-        self.inner.stream_identities(key, batch_size)
+        let defect = self.defect;
+        if !matches!(
+            defect,
+            Defect::IdentitiesDescending | Defect::IdentitiesInUtf16Order
+        ) {
+            return self.inner.stream_identities(key, batch_size);
+        }
+        // Reads the whole snapshot, reorders it and hands it out in batches.
+        let all = async move {
+            let batches: Vec<Vec<String>> = self
+                .inner
+                .stream_identities(key, 1000)
+                .try_collect()
+                .await?;
+            let mut all: Vec<String> = batches.into_iter().flatten().collect();
+            match defect {
+                Defect::IdentitiesDescending => all.sort_by(|a, b| b.cmp(a)),
+                _ => all.sort_by(|a, b| a.encode_utf16().cmp(b.encode_utf16())),
+            }
+            Ok::<_, watukuy_core::Error>(all)
+        };
+        futures::stream::once(all)
+            .flat_map(move |all| {
+                let batches: Vec<Result<Vec<String>>> = match all {
+                    Ok(all) => all
+                        .chunks(batch_size.max(1))
+                        .map(|c| Ok(c.to_vec()))
+                        .collect(),
+                    Err(error) => vec![Err(error)],
+                };
+                futures::stream::iter(batches)
+            })
+            .boxed()
     }
     async fn count_items(&self, key: &PKey) -> Result<u64> {
         self.inner.count_items(key).await
@@ -264,5 +303,146 @@ async fn a_store_whose_commit_is_not_atomic_is_caught() {
     assert_fails(
         &report(Defect::CommitNotAtomic).await,
         "fencing::commit_poll_rejects_stale_lease",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_streaming_identities_out_of_byte_order_is_caught() {
+    for defect in [Defect::IdentitiesDescending, Defect::IdentitiesInUtf16Order] {
+        assert_fails(
+            &report(defect).await,
+            "items::stream_identities_in_byte_order",
+        );
+    }
+}
+
+/// The warnings of `watukuy_core::full_scan`, recorded by a process-wide subscriber with the
+/// thread that logged them. A global subscriber rather than `set_default`: a callsite first
+/// hit on another test's thread while a scoped subscriber is being installed can be cached as
+/// uninteresting, and its events lost.
+type Recorded = Arc<std::sync::Mutex<Vec<(std::thread::ThreadId, String)>>>;
+
+static WARNINGS: std::sync::OnceLock<Recorded> = std::sync::OnceLock::new();
+
+fn warnings() -> &'static Recorded {
+    use tracing_subscriber::layer::SubscriberExt;
+    WARNINGS.get_or_init(|| {
+        let recorded = Recorded::default();
+        let layer = Warnings(Arc::clone(&recorded));
+        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer))
+            .expect("no other global subscriber in this test binary");
+        recorded
+    })
+}
+
+struct Warnings(Recorded);
+
+struct Text<'a>(&'a mut String);
+
+impl tracing::field::Visit for Text<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!("{}={value:?} ", field.name()));
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
+    fn register_callsite(
+        &self,
+        metadata: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        if metadata.target() == "watukuy_core::full_scan"
+            && *metadata.level() == tracing::Level::WARN
+        {
+            tracing::subscriber::Interest::always()
+        } else {
+            tracing::subscriber::Interest::never()
+        }
+    }
+
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut text = String::new();
+        event.record(&mut Text(&mut text));
+        self.0
+            .lock()
+            .unwrap()
+            .push((std::thread::current().id(), text));
+    }
+}
+
+/// A full scan over a store whose `stream_identities` goes backwards cannot tell what is
+/// missing: it deletes nothing, keeps the snapshot and says which contract point was broken;
+/// the honest store deletes the two removed items.
+#[tokio::test]
+async fn a_full_scan_over_a_store_streaming_backwards_deletes_nothing_and_warns() {
+    use std::time::Duration;
+
+    use watukuy_conformance::world::{POLLER, Recorder, StrategyKind, World};
+    use watukuy_core::EventType;
+
+    warnings();
+    for (defect, deletes) in [(Defect::None, 2), (Defect::IdentitiesDescending, 0)] {
+        let world = World::new(30, 10).unwrap();
+        let store: Arc<dyn Store> = Arc::new(Broken {
+            inner: MemoryStore::new(),
+            defect,
+        });
+        let poller = world.poller(StrategyKind::SnapshotDiff).build().unwrap();
+        let engine = world
+            .engine(Arc::clone(&store), "node-a", poller, 1)
+            .unwrap();
+        let recorder = Recorder::default();
+        engine.on(POLLER, recorder.handler()).unwrap();
+        world.tick(&engine).await.unwrap();
+        assert_eq!(recorder.events().len(), 30, "{defect:?}");
+
+        world.api.remove("item-003");
+        world.api.remove("item-027");
+        world.advance(Duration::from_secs(60));
+        let result = world.tick(&engine).await.unwrap();
+        assert!(
+            result.polled.iter().all(|p| p.error.is_none()),
+            "{result:?}"
+        );
+        let deleted: Vec<String> = recorder
+            .events()
+            .iter()
+            .filter(|e| e.event_type == EventType::Deleted)
+            .map(|e| e.subject.clone())
+            .collect();
+        assert_eq!(deleted.len(), deletes, "{defect:?}: {deleted:?}");
+        let key = watukuy_core::PKey::new(POLLER, "");
+        assert_eq!(
+            store.count_items(&key).await.unwrap(),
+            30 - deletes as u64,
+            "{defect:?}"
+        );
+    }
+    // This test's engines run on its own thread (a current-thread runtime); other tests of this
+    // binary run the suite on the same broken store on theirs.
+    let me = std::thread::current().id();
+    let warnings: Vec<String> = warnings()
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(thread, _)| *thread == me)
+        .map(|(_, text)| text.clone())
+        .collect();
+    let broke: Vec<&String> = warnings
+        .iter()
+        .filter(|w| w.contains("stream_identities broke its contract (point 2"))
+        .collect();
+    assert_eq!(
+        broke.len(),
+        1,
+        "one warning, for the broken store: {warnings:?}"
+    );
+    assert!(
+        broke[0].contains("items/"),
+        "it names the key: {}",
+        broke[0]
     );
 }

@@ -11,6 +11,7 @@ pub mod engine;
 pub mod error;
 pub mod event;
 pub mod fetch;
+mod full_scan;
 pub mod hooks;
 pub mod json;
 pub mod model;

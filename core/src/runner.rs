@@ -1,7 +1,6 @@
 //! One run of one `(poller, partition)` (SPEC §2.6): lease, drain the outbox first, the live
 //! cycle page by page (one `commit_poll` per page), full-scan deletes, the schedule, release.
 
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::StreamExt;
@@ -17,6 +16,7 @@ use crate::diff::{EventIdParts, event_id, sha256_hex};
 use crate::error::{BoxError, Error, Result};
 use crate::event::{Event, EventType};
 use crate::fetch::{FetchContext, Page};
+use crate::full_scan::FullScan;
 use crate::hooks::{CommitInfo, FetchInfo, HookContext, Hooks, Phase};
 use crate::json::Json;
 use crate::model::{
@@ -598,10 +598,21 @@ impl Run<'_> {
         if let Some(traceparent) = &traceparent {
             tracing::Span::current().record("traceparent", traceparent.as_str());
         }
+        // A full scan merges its listing against the stored identities as the pages arrive
+        // (one stored batch at a time, see `full_scan`); the stream stays open across the
+        // cycle's pages and is read only while pages are listed and after the last one.
+        let mut scan = spec.full_scan.then(|| {
+            FullScan::new(
+                &self.key,
+                self.shared
+                    .store
+                    .stream_identities(&self.key, DEFAULT_IDENTITY_BATCH),
+            )
+        });
         let mut cycle = Cycle::new(state, schedule, spec, hook);
         cycle.traceparent = traceparent;
-        let outcome = match self.pages(&mut cycle).await {
-            Ok(()) => self.full_scan_deletes(&mut cycle).await,
+        let outcome = match self.pages(&mut cycle, scan.as_mut()).await {
+            Ok(()) => self.full_scan_deletes(&mut cycle, scan).await,
             Err(e) => Err(e),
         };
         report.delivered += cycle.delivered;
@@ -858,7 +869,11 @@ impl Run<'_> {
         }
     }
 
-    async fn pages(&self, cycle: &mut Cycle) -> Result<(), CycleError> {
+    async fn pages(
+        &self,
+        cycle: &mut Cycle,
+        mut scan: Option<&mut FullScan<'_>>,
+    ) -> Result<(), CycleError> {
         let strategy = Arc::clone(&cycle.spec.strategy);
         let fetch = cycle.spec.fetch.clone();
         let (lane, cap) = (cycle.spec.lane, cycle.spec.cap);
@@ -935,7 +950,9 @@ impl Run<'_> {
                 not_modified: page.not_modified,
             };
             self.shared.hooks.on_fetch(&cycle.hook, &info).await;
-            let processed = self.process(cycle, &cursor, page).await?;
+            let processed = self
+                .process(cycle, scan.as_deref_mut(), &cursor, page)
+                .await?;
             self.commit(cycle, processed).await?;
             let done = cycle.done;
             cursor = cycle.cursor.clone().unwrap_or(cursor);
@@ -986,10 +1003,12 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Advances the cursor, validates and diffs one page.
+    /// Advances the cursor, validates and diffs one page; a full scan merges the page's
+    /// identities before it is committed.
     async fn process(
         &self,
         cycle: &mut Cycle,
+        scan: Option<&mut FullScan<'_>>,
         cursor: &Cursor,
         page: crate::fetch::Page,
     ) -> Result<Processed, CycleError> {
@@ -1015,6 +1034,10 @@ impl Run<'_> {
         let mut valid = Vec::new();
         let mut parked = Vec::new();
         let mut quarantined = Vec::new();
+        // What the page lists for a full scan: valid items, and invalid ones whose identity
+        // can be read (they count as seen, so an item that starts failing validation is not
+        // reported deleted).
+        let mut listed = Vec::new();
         let keep = advance.keep.iter().copied().chain(std::iter::repeat(true));
         for (raw, _) in page.items.iter().zip(keep).filter(|(_, keep)| *keep) {
             match (def.prepare)(raw) {
@@ -1029,10 +1052,10 @@ impl Run<'_> {
                     }
                     OnInvalid::Skip => {
                         tracing::warn!(key = %self.key, ?issues, "invalid item skipped");
-                        self.note_seen_invalid(cycle, identity);
+                        self.note_seen_invalid(cycle, &mut listed, identity);
                     }
                     OnInvalid::Quarantine => {
-                        self.note_seen_invalid(cycle, identity);
+                        self.note_seen_invalid(cycle, &mut listed, identity);
                         let text = serde_json::to_string(raw).unwrap_or_default();
                         let item = Json::from_value(raw);
                         let message = issues
@@ -1065,8 +1088,9 @@ impl Run<'_> {
             valid.into_iter().map(|c| (c.identity.clone(), c)).collect();
         let kept = dedupe_last_wins(kept);
         let identities: Vec<String> = kept.iter().map(|(id, _)| id.clone()).collect();
-        if cycle.spec.full_scan {
-            cycle.seen.extend(identities.iter().cloned());
+        if let Some(scan) = scan {
+            listed.extend(identities.iter().cloned());
+            scan.list(listed).await?;
         }
         let stored = self
             .shared
@@ -1081,7 +1105,7 @@ impl Run<'_> {
             let row = stored.get(&identity);
             let version = candidate.version.clone();
             // Unchanged rows are not rewritten, full scans included: a scan of a million items
-            // must not rewrite a million rows (deletes use the cycle's seen set, not `seen_at`).
+            // must not rewrite a million rows (deletes come from the merge, not `seen_at`).
             if unchanged_by_version(row, version.as_deref(), def.schema_version)
                 && !cycle.spec.force
             {
@@ -1161,12 +1185,15 @@ impl Run<'_> {
         })
     }
 
-    fn note_seen_invalid(&self, cycle: &mut Cycle, identity: Option<String>) {
+    fn note_seen_invalid(
+        &self,
+        cycle: &mut Cycle,
+        listed: &mut Vec<String>,
+        identity: Option<String>,
+    ) {
         if cycle.spec.full_scan {
             match identity {
-                Some(identity) => {
-                    cycle.seen.insert(identity);
-                }
+                Some(identity) => listed.push(identity),
                 None => cycle.unknown_invalid = true,
             }
         }
@@ -1305,9 +1332,17 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// After a complete full listing: everything stored but not seen is deleted.
-    async fn full_scan_deletes(&self, cycle: &mut Cycle) -> Result<(), CycleError> {
+    /// After a complete full listing: everything stored but not listed is deleted (the merge
+    /// of `scan` says what that is).
+    async fn full_scan_deletes(
+        &self,
+        cycle: &mut Cycle,
+        scan: Option<FullScan<'_>>,
+    ) -> Result<(), CycleError> {
         let def = &self.rt.def;
+        let Some(scan) = scan else {
+            return Ok(());
+        };
         if !(cycle.done && cycle.spec.full_scan)
             || cycle.truncated
             || cycle.saw_not_modified
@@ -1319,19 +1354,14 @@ impl Run<'_> {
             tracing::warn!(key = %self.key, "an invalid item had no readable identity: no deletes this cycle (set `identity_field` or `raw_identity`)");
             return Ok(());
         }
-        let mut missing = Vec::new();
-        let mut stream = self
-            .shared
-            .store
-            .stream_identities(&self.key, DEFAULT_IDENTITY_BATCH);
-        while let Some(batch) = stream.next().await {
-            missing.extend(batch?.into_iter().filter(|id| !cycle.seen.contains(id)));
-        }
-        drop(stream);
+        // `None`: the store's stream broke its order, nothing can be deleted safely (the merge
+        // logged why).
+        let Some(missing) = scan.finish().await? else {
+            return Ok(());
+        };
         if missing.is_empty() {
             return Ok(());
         }
-        missing.sort();
         let now = self.now();
         let time = format_rfc3339_ms(now);
         let cursor_json = cycle
@@ -1485,7 +1515,6 @@ struct Cycle {
     counts: EventCounts,
     delivered: u64,
     next_retry_at: Option<i64>,
-    seen: HashSet<String>,
     unknown_invalid: bool,
     truncated: bool,
     saw_not_modified: bool,
@@ -1509,7 +1538,6 @@ impl Cycle {
             counts: EventCounts::default(),
             delivered: 0,
             next_retry_at: None,
-            seen: HashSet::new(),
             unknown_invalid: false,
             truncated: false,
             saw_not_modified: false,

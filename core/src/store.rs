@@ -176,11 +176,26 @@ pub trait Store: Send + Sync + 'static {
         identities: &[String],
     ) -> Result<HashMap<String, ItemRow>>;
 
-    /// Every identity of the snapshot exactly once, in batches of at most `batch_size`.
+    /// Every identity of the snapshot exactly once, in ascending byte order, in batches of at
+    /// most `batch_size`.
+    ///
+    /// A full scan merges its listing against this stream while it pages through the API, so
+    /// it holds one stored batch instead of a set of everything it listed. It keeps the stream
+    /// open across the cycle's pages and commits pages between two batches; each batch should
+    /// be a short read of its own (keyset pagination: the identities after the last one
+    /// yielded), not a transaction or a cursor held open for the whole stream.
     ///
     /// **Contract**
     /// 1. Batches are full except the last; together they cover the snapshot exactly once; an
     ///    empty snapshot yields no batch (`items::stream_identities_batches`).
+    /// 2. Identities come in strictly ascending byte order — the order of their UTF-8 bytes,
+    ///    which is Unicode code point order and `str`'s `Ord` — across the whole stream, not
+    ///    only within a batch: `"B" < "a"`, `"10" < "9"`, `"a b" < "ab"`, `"z" < "é"`,
+    ///    `"\u{FFFD}" < "😀"` (not a locale collation, not UTF-16 order). This holds while the
+    ///    snapshot changes under an open stream: an identity committed after the stream yielded
+    ///    a higher one is not yielded, and every identity stored throughout is yielded once
+    ///    (`items::stream_identities_in_byte_order`). A store that breaks this makes full scans
+    ///    emit no deletes (the engine logs a warning naming this point).
     fn stream_identities<'a>(
         &'a self,
         key: &'a PKey,

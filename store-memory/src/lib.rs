@@ -236,8 +236,8 @@ impl Store for MemoryStore {
         key: &'a PKey,
         batch_size: usize,
     ) -> BoxStream<'a, Result<Vec<String>>> {
-        // Keyset pagination over the sorted snapshot: one short lock per batch, never the whole
-        // snapshot copied at once.
+        // Keyset pagination over the sorted snapshot (a `BTreeMap<String, _>`, so byte order as
+        // the contract wants): one short lock per batch, never the whole snapshot copied at once.
         let batch_size = batch_size.max(1);
         stream::unfold(Some(None::<String>), move |after| async move {
             let after = after?;

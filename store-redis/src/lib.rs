@@ -453,8 +453,9 @@ impl Store for RedisStore {
         key: &'a PKey,
         batch_size: usize,
     ) -> BoxStream<'a, Result<Vec<String>>> {
-        // Keyset paging over a sorted set of the identities (byte order): every batch is exact,
-        // and identities that stay in the snapshot are seen exactly once.
+        // Keyset paging over a sorted set of the identities, all with score 0, so
+        // `ZRANGEBYLEX` orders them by memcmp: byte order, as the contract wants. Every batch
+        // is exact, and identities that stay in the snapshot are seen exactly once.
         let batch_size = batch_size.max(1);
         let ids = self.of(key).ids;
         stream::unfold(Some("-".to_owned()), move |min| {

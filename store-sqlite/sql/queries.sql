@@ -79,6 +79,8 @@ SELECT identity, version, hash, schema_version, payload, seen_at FROM {prefix}it
 WHERE poller = ?1 AND "partition" = ?2 AND identity IN ({ids});
 
 -- name: items_first_page
+-- The Store contract's byte order (stream_identities point 2): identity has SQLite's default
+-- BINARY collation, memcmp over the text's UTF-8 bytes (the store creates its files UTF-8).
 SELECT identity FROM {prefix}items WHERE poller = ?1 AND "partition" = ?2
 ORDER BY identity LIMIT ?3;
 

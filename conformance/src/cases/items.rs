@@ -301,6 +301,160 @@ pub async fn stream_identities_batches(env: Env) -> CaseResult {
     Ok(())
 }
 
+/// Identities whose byte order differs from numeric, case-insensitive, locale and UTF-16
+/// orders, of 0 to 300 bytes and 1- to 4-byte UTF-8 sequences (no NUL: PostgreSQL's `text`
+/// cannot hold it).
+const ORDER_IDENTITIES: &[&str] = &[
+    "z",
+    "B",
+    "a",
+    "10",
+    "9",
+    "a b",
+    "ab",
+    "a-b",
+    "A",
+    "é",
+    "ä",
+    "e",
+    "f",
+    "Z",
+    "😀",
+    "\u{FFFD}",
+    "\u{E000}",
+    "\u{7F}",
+    "\u{80}",
+    "\u{7FF}",
+    "\u{800}",
+    "\u{FFFF}",
+    "\u{10000}",
+    "\u{10FFFF}",
+    "item-2",
+    "item-10",
+    "aa",
+    "",
+    " ",
+    "~",
+    "ñandú",
+    "Ω",
+    "中文",
+    "-",
+    "+",
+    "(",
+    "[",
+    "_",
+];
+
+/// Pairs that a store ordering by something other than bytes gets wrong: `(lower, higher)`.
+const ORDER_PAIRS: &[(&str, &str)] = &[
+    ("B", "a"),                // case: uppercase first
+    ("Z", "a"),                // case-insensitive collations put "a" first
+    ("10", "9"),               // numeric order puts "9" first
+    ("item-10", "item-2"),     // natural sort puts "item-2" first
+    ("a b", "ab"),             // locale collations ignore the space
+    ("a-b", "ab"),             // ... and the hyphen
+    ("z", "é"),                // locale collations put "é" next to "e"
+    ("ä", "é"),                // code points U+E4 < U+E9
+    ("\u{FFFD}", "😀"),        // UTF-16 order puts the surrogate pair of U+1F600 first
+    ("\u{E000}", "\u{10000}"), // the same, at the edges
+    ("", " "),                 // the empty identity first
+];
+
+/// `Store::stream_identities` contract 2: identities come in strictly ascending byte order
+/// across batches of 1, 3, 7 and the default size (the pairs of `ORDER_PAIRS` in that order);
+/// with the stream open after its first batch, identities committed below the last one yielded
+/// are not yielded later, and every identity stored throughout comes exactly once, in order.
+pub async fn stream_identities_in_byte_order(env: Env) -> CaseResult {
+    use futures::StreamExt;
+
+    let store = env.store();
+    let k = key();
+    let lease = acquire(store, &k, NODE_A, T0).await?;
+    let long_a = "x".repeat(300);
+    let long_b = format!("{}y", "x".repeat(299));
+    let mut written: Vec<String> = ORDER_IDENTITIES.iter().map(|id| (*id).to_owned()).collect();
+    written.push(long_a.clone());
+    written.push(long_b.clone());
+    // Written in several commits and in an order that is not the expected one.
+    written.reverse();
+    for chunk in written.chunks(7) {
+        let upserts = chunk.iter().map(|id| item(id, "hash")).collect();
+        commit_items(store, &k, &lease, upserts, &[]).await?;
+    }
+    let mut expected = written.clone();
+    expected.sort();
+
+    for batch_size in [1, 3, 7, DEFAULT_IDENTITY_BATCH] {
+        let streamed: Vec<String> = identity_batches(store, &k, batch_size)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
+        for (lower, higher) in ORDER_PAIRS
+            .iter()
+            .chain([&(long_a.as_str(), long_b.as_str())])
+        {
+            let at = |id: &str| streamed.iter().position(|s| s == id);
+            check!(
+                at(lower).is_some() && at(lower) < at(higher),
+                "batch size {batch_size}: {lower:?} (bytes {:x?}) must come before {higher:?} (bytes {:x?}); streamed {streamed:?}",
+                lower.as_bytes(),
+                higher.as_bytes()
+            );
+        }
+        check_eq!(
+            streamed,
+            expected,
+            "batch size {batch_size}: every identity once, in strictly ascending byte order"
+        );
+    }
+
+    // The snapshot changes while the stream is open.
+    let mut stream = store.stream_identities(&k, 4);
+    let first = match stream.next().await {
+        Some(batch) => batch?,
+        None => return Err(CaseError::failed("the stream yielded no batch")),
+    };
+    let Some(last) = first.last().cloned() else {
+        return Err(CaseError::failed("the first batch is empty"));
+    };
+    // Below the last identity yielded ("" " " "(" "+" make the first batch of 4): "!" and
+    // "'" sort after " " and before "(".
+    let behind = ["!", "'"];
+    check!(
+        behind.iter().all(|id| *id < last.as_str()),
+        "the first batch of 4 ends at {last:?}, expected \"+\""
+    );
+    let deleted = "ñandú";
+    let ahead = "zz";
+    let upserts = behind
+        .iter()
+        .chain([&ahead])
+        .map(|id| item(id, "hash"))
+        .collect();
+    commit_items(store, &k, &lease, upserts, &[deleted]).await?;
+    let mut streamed = first;
+    while let Some(batch) = stream.next().await {
+        streamed.extend(batch?);
+    }
+    drop(stream);
+    check!(
+        streamed.windows(2).all(|w| w[0] < w[1]),
+        "with commits while the stream was open, identities still come strictly ascending, without the ones committed below {last:?}: {streamed:?}"
+    );
+    let kept: Vec<&String> = expected.iter().filter(|id| *id != deleted).collect();
+    let yielded: Vec<&String> = streamed
+        .iter()
+        .filter(|id| *id != deleted && *id != ahead)
+        .collect();
+    check_eq!(
+        yielded,
+        kept,
+        "every identity stored throughout the stream is yielded exactly once"
+    );
+    Ok(())
+}
+
 /// Fails unless the batches hold every expected identity exactly once and nothing else.
 fn check_covers_once(batches: &[Vec<String>], expected: &HashSet<String>) -> CaseResult {
     let total: usize = batches.iter().map(Vec::len).sum();
