@@ -124,6 +124,11 @@ struct Args {
     /// Directory of the SQLite files.
     #[arg(long, default_value_t = std::env::temp_dir().display().to_string())]
     dir: String,
+    /// End-to-end runs poll with `overlap_delivery(true)`: a page's events are delivered while
+    /// the next page is fetched and committed (default: the reference lifecycle, one after
+    /// the other).
+    #[arg(long)]
+    overlap_delivery: bool,
     /// The SQLite store's durability level: `full` or `normal` (the limit probe always runs
     /// `normal`).
     #[arg(long, default_value_t = Synchronous::default(), value_parser = str::parse::<Synchronous>)]
@@ -137,6 +142,7 @@ impl Args {
             keys: self.keys,
             concurrency: self.concurrency,
             payload: self.payload,
+            overlap: self.overlap_delivery,
         }
     }
 
@@ -285,8 +291,8 @@ async fn suite(args: &Args) -> Result<(), BoxError> {
         rows.push((backend, s));
     }
     println!(
-        "\n### Suite: {} events, {} keys, concurrency {}, payload {} B, median of {} (limit probe: {} rows, slices of 100)\n",
-        p.events, p.keys, p.concurrency, p.payload, args.reps, args.probe_events
+        "\n### Suite: {} events, {} keys, concurrency {}, payload {} B, overlap_delivery {}, median of {} (limit probe: {} rows, slices of 100)\n",
+        p.events, p.keys, p.concurrency, p.payload, p.overlap, args.reps, args.probe_events
     );
     println!(
         "| store | limit batched | limit per-event | end-to-end | e2e / batched | hot key (1 key) | hot / per-event | dispatch-only | dispatch / batched | commit (items) | p50 | p99 | peak RSS | apalis | apalis / batched |"
@@ -359,8 +365,8 @@ async fn sweep(args: &Args) -> Result<(), BoxError> {
     let mut by_concurrency = Vec::new();
     let mut by_keys = Vec::new();
     println!(
-        "\n### Sweep: end-to-end events/s, {} events, payload {} B, one run per point\n",
-        base.events, base.payload
+        "\n### Sweep: end-to-end events/s, {} events, payload {} B, overlap_delivery {}, one run per point\n",
+        base.events, base.payload, base.overlap
     );
     for &backend in &args.stores {
         let mut points = Vec::new();

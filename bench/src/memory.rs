@@ -78,6 +78,7 @@ pub(crate) async fn dispatcher_drain(
         keys: 1000,
         concurrency: 16,
         payload,
+        overlap: false,
     };
     let dispatcher = pipeline::dispatcher(Arc::clone(&store), &key.poller, &p, move |_| {
         let n = d.fetch_add(1, Ordering::Relaxed) + 1;

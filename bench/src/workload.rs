@@ -16,6 +16,8 @@ pub(crate) struct Params {
     pub(crate) concurrency: usize,
     /// Bytes of padding in each item (on top of ~70 bytes of fields).
     pub(crate) payload: usize,
+    /// End-to-end runs poll with `overlap_delivery` (a page drains while the next commits).
+    pub(crate) overlap: bool,
 }
 
 /// The identity of item `i`.

@@ -144,6 +144,9 @@ pub struct ChaosOptions {
     pub concurrency: usize,
     /// What the snapshot retains (default `Hash`; `Payload` checks `previous` and deleted data).
     pub retain: Retain,
+    /// Runs the pollers with [`PollerBuilder::overlap_delivery`](watukuy_core::PollerBuilder::overlap_delivery)
+    /// (default `false`).
+    pub overlap_delivery: bool,
     /// The store, shared by every instance of the run.
     pub store: Arc<dyn Store>,
     /// How the replay command names the store (`memory`, `sqlite:<path>`, `postgres`, `redis`).
@@ -164,6 +167,7 @@ impl fmt::Debug for ChaosOptions {
             .field("initial_items", &self.initial_items)
             .field("concurrency", &self.concurrency)
             .field("retain", &self.retain)
+            .field("overlap_delivery", &self.overlap_delivery)
             .field("store_label", &self.store_label)
             .field("trace", &self.trace)
             .finish_non_exhaustive()
@@ -216,6 +220,7 @@ impl ChaosOptions {
             initial_items: DEFAULT_ITEMS,
             concurrency: DEFAULT_CONCURRENCY,
             retain: Retain::Hash,
+            overlap_delivery: false,
             store,
             store_label: "memory".to_owned(),
             trace: false,
@@ -275,6 +280,13 @@ impl ChaosOptions {
     #[must_use]
     pub fn retain(mut self, retain: Retain) -> Self {
         self.retain = retain;
+        self
+    }
+
+    /// Sets `overlap_delivery`.
+    #[must_use]
+    pub fn overlap_delivery(mut self, on: bool) -> Self {
+        self.overlap_delivery = on;
         self
     }
 
@@ -371,6 +383,9 @@ impl ChaosOptions {
         if self.retain == Retain::Payload {
             flags.push("--retain payload".to_owned());
         }
+        if self.overlap_delivery {
+            flags.push("--overlap-delivery".to_owned());
+        }
         flags.join(" ")
     }
 
@@ -412,6 +427,9 @@ impl ChaosOptions {
         }
         if self.retain == Retain::Payload {
             rust.push_str(".retain(Retain::Payload)");
+        }
+        if self.overlap_delivery {
+            rust.push_str(".overlap_delivery(true)");
         }
         rust.push_str(".trace(true))");
         format!(
@@ -730,7 +748,8 @@ impl Sim {
             .world
             .poller(self.options.strategy.kind())
             .delivery(delivery)
-            .retain(self.options.retain);
+            .retain(self.options.retain)
+            .overlap_delivery(self.options.overlap_delivery);
         if self.options.strategy == ChaosStrategy::Timestamp {
             builder = builder
                 .cursor(

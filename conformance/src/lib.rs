@@ -149,6 +149,7 @@ macro_rules! for_each_case {
                 retain_payload_timestamp,
                 retain_payload_snapshot_diff,
                 each_kill_point_alone,
+                overlapped_delivery_seeds,
                 first_cycle_crash_is_recovered,
             }
         }

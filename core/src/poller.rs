@@ -164,6 +164,7 @@ pub(crate) struct PollerDef {
     pub(crate) on_schema_change: OnSchemaChange,
     pub(crate) max_pages_per_cycle: u32,
     pub(crate) full_scan_page_cap: u32,
+    pub(crate) overlap_delivery: bool,
     pub(crate) log_retention: Option<Duration>,
     pub(crate) reconcile: Option<Reconcile>,
     pub(crate) budget: Option<String>,
@@ -229,6 +230,7 @@ pub struct PollerBuilder<T> {
     on_schema_change: OnSchemaChange,
     max_pages_per_cycle: u32,
     full_scan_page_cap: u32,
+    overlap_delivery: bool,
     log_retention: Option<Duration>,
     reconcile: Option<Reconcile>,
     budget: Option<String>,
@@ -271,6 +273,7 @@ where
             on_schema_change: OnSchemaChange::Rebaseline,
             max_pages_per_cycle: DEFAULT_MAX_PAGES_PER_CYCLE,
             full_scan_page_cap: DEFAULT_FULL_SCAN_PAGE_CAP,
+            overlap_delivery: false,
             log_retention: None,
             reconcile: None,
             budget: None,
@@ -420,6 +423,25 @@ where
     #[must_use]
     pub fn full_scan_page_cap(mut self, pages: u32) -> Self {
         self.full_scan_page_cap = pages;
+        self
+    }
+
+    /// Delivers a page's events while the next page is fetched, validated and committed
+    /// (default `false`).
+    ///
+    /// Off, a cycle follows the reference lifecycle: each page is committed, then its events
+    /// are drained, then the next page is fetched, so a cycle costs the *sum* of committing and
+    /// delivering. On, the drain of the pages committed so far runs concurrently with the next
+    /// page's fetch and `commit_poll`, and a catch-up cycle approaches the *slower* of the two
+    /// (see BENCHMARKS.md). What stays: per-key order, at-least-once, one drain at a time per
+    /// key, every write fenced, the last page drained before the cycle ends. What changes: the
+    /// hooks of page *n + 1*'s fetch and commit interleave with page *n*'s deliveries, the
+    /// lease is renewed after the page's commit rather than after its drain, and a poison
+    /// `halt` stops the cycle after the page being committed when it fired (that page's events
+    /// stay pending, as a halt leaves them now).
+    #[must_use]
+    pub fn overlap_delivery(mut self, overlap: bool) -> Self {
+        self.overlap_delivery = overlap;
         self
     }
 
@@ -599,6 +621,7 @@ where
                 on_schema_change: self.on_schema_change,
                 max_pages_per_cycle: self.max_pages_per_cycle,
                 full_scan_page_cap: self.full_scan_page_cap,
+                overlap_delivery: self.overlap_delivery,
                 log_retention: self.log_retention,
                 reconcile: self.reconcile,
                 budget: self.budget,

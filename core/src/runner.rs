@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -26,7 +27,7 @@ use crate::model::{
 };
 use crate::poller::{FetchSource, OnInvalid, PollerDef, Prepared, Retain};
 use crate::rng::Rng;
-use crate::schedule::{self, FailureOutcome, SuccessOutcome};
+use crate::schedule::{self, FailureOutcome, ScheduleReason, SuccessOutcome};
 use crate::store::{DEFAULT_IDENTITY_BATCH, Store};
 
 /// What the engine shares with every run.
@@ -699,6 +700,7 @@ impl Run<'_> {
         now: i64,
     ) -> Result<(), CycleError> {
         let (def, u) = (&self.rt.def, self.shared.rng.next_f64());
+        let failure_free = failure.is_none();
         let change = match failure {
             None => {
                 let success = SuccessOutcome {
@@ -734,6 +736,22 @@ impl Run<'_> {
                 )
             }
         };
+        let mut change = change;
+        if cycle.halted && failure_free {
+            // A poison `halt` opened the circuit during this cycle (and announced it): the
+            // cycle's success must not close it again. The probe time and error stay the halt's.
+            let halted = &cycle.schedule;
+            change.state = ScheduleState {
+                circuit: halted.circuit,
+                circuit_opened_at: halted.circuit_opened_at,
+                next_due_at: halted.next_due_at,
+                consecutive_failures: halted.consecutive_failures,
+                last_error: halted.last_error.clone(),
+                ..change.state
+            };
+            change.reason = ScheduleReason::CircuitOpen;
+            change.circuit_closed = false;
+        }
         let patch = StatePatch {
             schedule: Some(change.state.clone()),
             updated_at: Some(now),
@@ -894,70 +912,43 @@ impl Run<'_> {
         };
         // The stream form is opened once per cycle, from the cycle's first cursor.
         let mut stream: Option<BoxStream<'static, Result<Page, BoxError>>> = None;
+        // With `overlap_delivery`, the drain of the pages committed so far runs while the next
+        // page is fetched, validated and committed (each step joins the drain before it ends).
+        let mut draining: Option<BoxFuture<'_, Result<DrainReport>>> = None;
         loop {
-            self.check_running()?;
-            if self.deadline_ms.is_some_and(|d| self.now() >= d) || u64::from(cap) <= cycle.pages {
-                cycle.truncated = true;
-                return Ok(());
-            }
-            let page_index = u32::try_from(cycle.pages + 1).unwrap_or(u32::MAX);
-            let ctx = FetchContext {
-                cursor: strategy.for_fetch(&cursor, cycle.pages == 0),
-                page: page_index,
-                partition: self.partition.clone(),
-                lane,
-                attempt: 1,
-                cancel: self.cancel.clone(),
-                budget: self.budget_charge(cycle),
-                validators: Some(crate::fetch::ValidatorAccess::new(
-                    Arc::clone(&self.shared.store),
-                    self.key.clone(),
-                    self.lease.clone(),
-                    Arc::clone(&self.shared.clock),
-                )),
-            };
-            let fetch_started = self.now();
-            let span = tracing::info_span!("watukuy.fetch", page = page_index);
-            let fetching = async {
-                match &fetch {
-                    FetchSource::Pages(fetch) => Some(fetch.fetch(ctx).await),
-                    FetchSource::Stream(source) => {
-                        stream.get_or_insert_with(|| source.pages(ctx)).next().await
-                    }
+            let step = self.page(
+                cycle,
+                scan.as_deref_mut(),
+                (&strategy, &fetch, lane, cap),
+                &mut cursor,
+                &mut stream,
+            );
+            let (drained, step) = match draining.take() {
+                Some(drain) => {
+                    let (drained, step) = tokio::join!(drain, step);
+                    (Some(drained), step)
                 }
+                None => (None, step.await),
             };
-            // A fetch that ignores its cancellation token is dropped when the run is cancelled.
-            let next = tokio::select! {
-                biased;
-                () = self.cancel.cancelled() => return Err(self.check_running().err().unwrap_or(CycleError::Aborted)),
-                next = fetching.instrument(span) => next,
-            };
-            let Some(fetched) = next else {
-                // The stream ended: the listing is complete.
-                return self.stream_ended(cycle, &cursor).await;
-            };
-            let page = fetched.map_err(fetch_failure)?;
-            cycle.pages += 1;
-            cycle.items += page.items.len() as u64;
-            if page.rate_limit.is_some() {
-                cycle.rate_limit.clone_from(&page.rate_limit);
+            if let Some(drained) = drained {
+                self.delivered(cycle, drained).await?;
             }
-            cycle.saw_not_modified |= page.not_modified;
-            let info = FetchInfo {
-                page: page_index,
-                duration_ms: self.now().saturating_sub(fetch_started),
-                items: page.items.len(),
-                not_modified: page.not_modified,
+            let PageStep::Page { events, last } = step? else {
+                return Ok(());
             };
-            self.shared.hooks.on_fetch(&cycle.hook, &info).await;
-            let processed = self
-                .process(cycle, scan.as_deref_mut(), &cursor, page)
-                .await?;
-            self.commit(cycle, processed).await?;
-            let done = cycle.done;
-            cursor = cycle.cursor.clone().unwrap_or(cursor);
             if cycle.halted {
                 return Ok(());
+            }
+            if events > 0 {
+                if self.rt.def.overlap_delivery && !last {
+                    draining = Some(Box::pin(self.drain()));
+                } else {
+                    let drained = self.drain().await;
+                    self.delivered(cycle, drained).await?;
+                    if cycle.halted {
+                        return Ok(());
+                    }
+                }
             }
             if !self
                 .keeper
@@ -966,10 +957,107 @@ impl Run<'_> {
             {
                 return Err(CycleError::LeaseLost(self.lease.epoch));
             }
-            if done && stream.is_none() {
+            if last {
                 return Ok(());
             }
         }
+    }
+
+    /// Fetches, processes and commits the next page (its events are delivered by the caller).
+    async fn page(
+        &self,
+        cycle: &mut Cycle,
+        scan: Option<&mut FullScan<'_>>,
+        (strategy, fetch, lane, cap): (&SharedStrategy, &FetchSource, Lane, u32),
+        cursor: &mut Cursor,
+        stream: &mut Option<BoxStream<'static, Result<Page, BoxError>>>,
+    ) -> Result<PageStep, CycleError> {
+        self.check_running()?;
+        if self.deadline_ms.is_some_and(|d| self.now() >= d) || u64::from(cap) <= cycle.pages {
+            cycle.truncated = true;
+            return Ok(PageStep::End);
+        }
+        let page_index = u32::try_from(cycle.pages + 1).unwrap_or(u32::MAX);
+        let ctx = FetchContext {
+            cursor: strategy.for_fetch(cursor, cycle.pages == 0),
+            page: page_index,
+            partition: self.partition.clone(),
+            lane,
+            attempt: 1,
+            cancel: self.cancel.clone(),
+            budget: self.budget_charge(cycle),
+            validators: Some(crate::fetch::ValidatorAccess::new(
+                Arc::clone(&self.shared.store),
+                self.key.clone(),
+                self.lease.clone(),
+                Arc::clone(&self.shared.clock),
+            )),
+        };
+        let fetch_started = self.now();
+        let span = tracing::info_span!("watukuy.fetch", page = page_index);
+        let fetching = async {
+            match fetch {
+                FetchSource::Pages(fetch) => Some(fetch.fetch(ctx).await),
+                FetchSource::Stream(source) => {
+                    stream.get_or_insert_with(|| source.pages(ctx)).next().await
+                }
+            }
+        };
+        // A fetch that ignores its cancellation token is dropped when the run is cancelled.
+        let next = tokio::select! {
+            biased;
+            () = self.cancel.cancelled() => return Err(self.check_running().err().unwrap_or(CycleError::Aborted)),
+            next = fetching.instrument(span) => next,
+        };
+        let Some(fetched) = next else {
+            // The stream ended: the listing is complete.
+            return self
+                .stream_ended(cycle, cursor)
+                .await
+                .map(|()| PageStep::End);
+        };
+        let page = fetched.map_err(fetch_failure)?;
+        cycle.pages += 1;
+        cycle.items += page.items.len() as u64;
+        if page.rate_limit.is_some() {
+            cycle.rate_limit.clone_from(&page.rate_limit);
+        }
+        cycle.saw_not_modified |= page.not_modified;
+        let info = FetchInfo {
+            page: page_index,
+            duration_ms: self.now().saturating_sub(fetch_started),
+            items: page.items.len(),
+            not_modified: page.not_modified,
+        };
+        self.shared.hooks.on_fetch(&cycle.hook, &info).await;
+        let processed = self.process(cycle, scan, cursor, page).await?;
+        let events = self.commit(cycle, processed).await?;
+        if let Some(next) = cycle.cursor.clone() {
+            *cursor = next;
+        }
+        Ok(PageStep::Page {
+            events,
+            last: cycle.done && stream.is_none(),
+        })
+    }
+
+    /// Folds a drain's report into the cycle; a poison `halt` opens the circuit.
+    async fn delivered(
+        &self,
+        cycle: &mut Cycle,
+        drained: Result<DrainReport>,
+    ) -> Result<(), CycleError> {
+        let drained = drained?;
+        cycle.delivered += drained.delivered;
+        cycle.next_retry_at = min_opt(cycle.next_retry_at, drained.next_retry_at);
+        if drained.halted {
+            cycle.schedule = self.halt(&cycle.schedule).await?;
+            cycle.halted = true;
+        }
+        if drained.aborted && self.cancel.is_cancelled() {
+            self.check_running()?;
+        }
+        Ok(())
     }
 
     /// A stream of pages ended: the cycle is complete, and the strategy's end-of-cycle cursor
@@ -1245,7 +1333,9 @@ impl Run<'_> {
 
     /// Commits one page (cursor, snapshot delta, events, quarantined items and the current
     /// schedule) in one transaction, then delivers.
-    async fn commit(&self, cycle: &mut Cycle, processed: Processed) -> Result<(), CycleError> {
+    /// Commits one page's work in one `commit_poll` and reports it to the hooks; returns how
+    /// many events it committed (the caller delivers them).
+    async fn commit(&self, cycle: &mut Cycle, processed: Processed) -> Result<usize, CycleError> {
         let now = self.now();
         let mut lanes = cycle.state.lanes.clone();
         let slot = lanes
@@ -1317,19 +1407,7 @@ impl Run<'_> {
                 .on_invalid(&cycle.hook, item, issues)
                 .await;
         }
-        if events > 0 {
-            let drained = self.drain().await?;
-            cycle.delivered += drained.delivered;
-            cycle.next_retry_at = min_opt(cycle.next_retry_at, drained.next_retry_at);
-            if drained.halted {
-                cycle.schedule = self.halt(&cycle.schedule).await?;
-                cycle.halted = true;
-            }
-            if drained.aborted && self.cancel.is_cancelled() {
-                self.check_running()?;
-            }
-        }
-        Ok(())
+        Ok(events)
     }
 
     /// After a complete full listing: everything stored but not listed is deleted (the merge
@@ -1398,7 +1476,10 @@ impl Run<'_> {
                 parked: Vec::new(),
                 quarantined: Vec::new(),
             };
-            self.commit(cycle, processed).await?;
+            if self.commit(cycle, processed).await? > 0 {
+                let drained = self.drain().await;
+                self.delivered(cycle, drained).await?;
+            }
             if cycle.halted {
                 break;
             }
@@ -1484,6 +1565,14 @@ struct Processed {
     events: Vec<Event>,
     parked: Vec<ParkedRow>,
     quarantined: Vec<(Json, Vec<crate::model::ValidationIssue>)>,
+}
+
+/// How one page step of a cycle ended.
+enum PageStep {
+    /// No page was fetched: the cycle was truncated, or the stream of pages ended.
+    End,
+    /// A page was committed with `events` events; `last` when no page follows.
+    Page { events: usize, last: bool },
 }
 
 /// What one lane cycle reads and how.

@@ -190,6 +190,43 @@ pub async fn each_kill_point_alone(env: Env) -> CaseResult {
     Ok(())
 }
 
+/// G1–G5, G7, G9 with `overlap_delivery` (a page's drain runs while the next page is fetched
+/// and committed): `timestamp`, `snapshot_diff` and `page`, every kill point, seeds 1..=N.
+pub async fn overlapped_delivery_seeds(env: Env) -> CaseResult {
+    let strategies = [
+        ChaosStrategy::Timestamp,
+        ChaosStrategy::SnapshotDiff,
+        ChaosStrategy::Page,
+    ];
+    let runs = strategies
+        .into_iter()
+        .flat_map(|strategy| (1..=seeds_from_env(DEFAULT_SEEDS)).map(move |seed| (strategy, seed)));
+    for (n, (strategy, seed)) in runs.enumerate() {
+        let (store, fresh) = store_for(&env, u32::try_from(n).unwrap_or(u32::MAX)).await?;
+        let report = chaos(
+            &env,
+            store,
+            |o| {
+                // 60 items in pages of 25: the first cycle already overlaps three pages.
+                o.strategy(strategy)
+                    .steps(CASE_STEPS)
+                    .initial_items(60)
+                    .overlap_delivery(true)
+            },
+            seed,
+        )
+        .await?;
+        holds(&report)?;
+        let label = report.describe();
+        check!(report.delivered > 0, "{label}: nothing delivered");
+        check!(report.restarts > 0, "{label}: no instance ever crashed");
+        if let Some(fresh) = fresh {
+            fresh.cleanup().await;
+        }
+    }
+    Ok(())
+}
+
 /// The first-cycle-crash regression (SPEC §4.1, last paragraph): a crash right after the very
 /// first commit of a new key must not leave the key stalled. A fresh instance drains the
 /// crashed page, polls again at once, and keeps polling on schedule; the 40-step timestamp run

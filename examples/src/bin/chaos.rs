@@ -17,7 +17,8 @@
 //! hash); `--steps N` (default 120); `--kill-points all|none|a,b,...`; `--kill-probability P`;
 //! `--mutations N`; `--items N`; `--concurrency N`; `--store memory|sqlite:<path>|postgres|
 //! redis` (default memory; `postgres:<url>` and `redis:<url>` name the server directly);
-//! `--trace` prints every step.
+//! `--overlap-delivery` runs the pollers with `overlap_delivery(true)`; `--trace` prints every
+//! step.
 //!
 //! The chaos binary lives here rather than in `watukuy-conformance` because the stores depend on
 //! the conformance crate (for their tests), so the conformance crate cannot depend on them.
@@ -193,6 +194,7 @@ struct Args {
     items: Option<usize>,
     concurrency: Option<usize>,
     store: StoreKind,
+    overlap_delivery: bool,
     trace: bool,
 }
 
@@ -208,12 +210,17 @@ fn parse_args() -> Result<Args, String> {
         items: None,
         concurrency: None,
         store: StoreKind::Memory,
+        overlap_delivery: false,
         trace: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--trace" {
             args.trace = true;
+            continue;
+        }
+        if flag == "--overlap-delivery" {
+            args.overlap_delivery = true;
             continue;
         }
         if flag == "--help" || flag == "-h" {
@@ -278,6 +285,7 @@ impl Args {
             .steps(self.steps)
             .retain(retain)
             .store_label(self.store.label())
+            .overlap_delivery(self.overlap_delivery)
             .trace(self.trace);
         if let Some(points) = &self.kill_points {
             options = options.kill_points(points.iter().copied());
