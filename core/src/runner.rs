@@ -701,7 +701,7 @@ impl Run<'_> {
     ) -> Result<(), CycleError> {
         let (def, u) = (&self.rt.def, self.shared.rng.next_f64());
         let failure_free = failure.is_none();
-        let change = match failure {
+        let mut change = match failure {
             None => {
                 let success = SuccessOutcome {
                     had_events,
@@ -736,7 +736,6 @@ impl Run<'_> {
                 )
             }
         };
-        let mut change = change;
         if cycle.halted && failure_free {
             // A poison `halt` opened the circuit during this cycle (and announced it): the
             // cycle's success must not close it again. The probe time and error stay the halt's.
