@@ -42,6 +42,25 @@ fn page(key: &PKey, identities: &[&str], first_seq: i64) -> CommitBatch {
     }
 }
 
+/// Takes `key`'s lease for `NODE_A` at `T0` and commits one page of `identities` under it.
+async fn leased_page(
+    store: &SqliteStore,
+    key: &PKey,
+    identities: &[&str],
+    first_seq: i64,
+) -> Lease {
+    let lease = store
+        .acquire_lease(key, NODE_A, TTL, T0)
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .commit_poll(key, &lease, &page(key, identities, first_seq))
+        .await
+        .unwrap();
+    lease
+}
+
 /// The store error's kind and transient flag, or a panic naming what came instead.
 fn store_kind<T: std::fmt::Debug>(result: Result<T, Error>) -> (StoreErrorKind, bool, String) {
     match result {
@@ -414,15 +433,7 @@ async fn synchronous_is_full_by_default_and_normal_when_asked() {
         "another store's level does not change this one's"
     );
     let key = key();
-    let lease = normal
-        .acquire_lease(&key, NODE_A, TTL, T0)
-        .await
-        .unwrap()
-        .unwrap();
-    normal
-        .commit_poll(&key, &lease, &page(&key, &["a"], 1))
-        .await
-        .unwrap();
+    leased_page(&normal, &key, &["a"], 1).await;
     normal.close().await.unwrap();
     assert_eq!(
         normal.synchronous_in_effect().await.unwrap(),
@@ -446,15 +457,7 @@ async fn reopen_after_close() {
     let path = dir.path().join("reopen.db");
     let store = SqliteStore::open(SqliteOptions::file(&path).table_prefix("t_")).unwrap();
     let key = key();
-    let lease = store
-        .acquire_lease(&key, NODE_A, TTL, T0)
-        .await
-        .unwrap()
-        .unwrap();
-    store
-        .commit_poll(&key, &lease, &page(&key, &["a", "b"], 1))
-        .await
-        .unwrap();
+    let lease = leased_page(&store, &key, &["a", "b"], 1).await;
     store.close().await.unwrap();
     store.close().await.unwrap();
     assert_eq!(store.count_items(&key).await.unwrap(), 2, "reopened lazily");
@@ -477,15 +480,7 @@ async fn reopen_after_close() {
     );
 
     let memory = SqliteStore::open(SqliteOptions::in_memory()).unwrap();
-    let lease = memory
-        .acquire_lease(&key, NODE_A, TTL, T0)
-        .await
-        .unwrap()
-        .unwrap();
-    memory
-        .commit_poll(&key, &lease, &page(&key, &["m"], 1))
-        .await
-        .unwrap();
+    leased_page(&memory, &key, &["m"], 1).await;
     memory.close().await.unwrap();
     assert_eq!(
         memory.count_items(&key).await.unwrap(),
@@ -505,15 +500,7 @@ async fn close_returns_after_the_connections_are_closed() {
         let store = SqliteStore::open(SqliteOptions::file(&path).synchronous(synchronous)).unwrap();
         let key = key();
         store.delete_key(&key).await.unwrap();
-        let lease = store
-            .acquire_lease(&key, NODE_A, TTL, T0)
-            .await
-            .unwrap()
-            .unwrap();
-        store
-            .commit_poll(&key, &lease, &page(&key, &["a", "b"], 1))
-            .await
-            .unwrap();
+        leased_page(&store, &key, &["a", "b"], 1).await;
         // A read opens a read connection too.
         assert_eq!(store.count_items(&key).await.unwrap(), 2);
         assert!(wal_path(&path).exists(), "the WAL is in use while open");
@@ -545,15 +532,7 @@ async fn externally_managed_schema_is_used_as_is() {
     store.migrate().await.unwrap();
     store.migrate().await.unwrap();
     let key = key();
-    let lease = store
-        .acquire_lease(&key, NODE_A, TTL, T0)
-        .await
-        .unwrap()
-        .unwrap();
-    store
-        .commit_poll(&key, &lease, &page(&key, &["x"], 1))
-        .await
-        .unwrap();
+    leased_page(&store, &key, &["x"], 1).await;
     let versions: i64 = rusqlite::Connection::open(&path)
         .unwrap()
         .query_row("SELECT COUNT(*) FROM managed_schema_version", [], |r| {

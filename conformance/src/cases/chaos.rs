@@ -58,12 +58,23 @@ async fn store_for(env: &Env, n: u32) -> Result<(Arc<dyn Store>, Option<Fresh>),
 /// nothing parked, restarts happened, at least 6 of the 8 kill points fired, and
 /// `duplicates == delivered − unique`.
 async fn strategy_seeds(env: Env, strategy: ChaosStrategy) -> CaseResult {
-    for (n, seed) in (1..=seeds_from_env(DEFAULT_SEEDS)).enumerate() {
-        let (store, fresh) = store_for(&env, u32::try_from(n).unwrap_or(u32::MAX)).await?;
+    seeds_with(&env, strategy, 0, |o| o).await
+}
+
+/// [`strategy_seeds`] with more options; the runs take the stores from `first_run` on (only
+/// run 0 uses the case's own store).
+async fn seeds_with(
+    env: &Env,
+    strategy: ChaosStrategy,
+    first_run: u32,
+    options: impl Fn(ChaosOptions) -> ChaosOptions + Sync,
+) -> CaseResult {
+    for (n, seed) in (first_run..).zip(1..=seeds_from_env(DEFAULT_SEEDS)) {
+        let (store, fresh) = store_for(env, n).await?;
         let report = chaos(
-            &env,
+            env,
             store,
-            |o| o.strategy(strategy).steps(CASE_STEPS),
+            |o| options(o.strategy(strategy).steps(CASE_STEPS)),
             seed,
         )
         .await?;
@@ -198,31 +209,14 @@ pub async fn overlapped_delivery_seeds(env: Env) -> CaseResult {
         ChaosStrategy::SnapshotDiff,
         ChaosStrategy::Page,
     ];
-    let runs = strategies
-        .into_iter()
-        .flat_map(|strategy| (1..=seeds_from_env(DEFAULT_SEEDS)).map(move |seed| (strategy, seed)));
-    for (n, (strategy, seed)) in runs.enumerate() {
-        let (store, fresh) = store_for(&env, u32::try_from(n).unwrap_or(u32::MAX)).await?;
-        let report = chaos(
-            &env,
-            store,
-            |o| {
-                // 60 items in pages of 25: the first cycle already overlaps three pages.
-                o.strategy(strategy)
-                    .steps(CASE_STEPS)
-                    .initial_items(60)
-                    .overlap_delivery(true)
-            },
-            seed,
-        )
+    for (i, strategy) in strategies.into_iter().enumerate() {
+        // Only the very first run uses the case's own store; every other one a fresh store.
+        let first_run = u32::from(i > 0);
+        // 60 items in pages of 25: the first cycle already overlaps three pages.
+        seeds_with(&env, strategy, first_run, |o| {
+            o.initial_items(60).overlap_delivery(true)
+        })
         .await?;
-        holds(&report)?;
-        let label = report.describe();
-        check!(report.delivered > 0, "{label}: nothing delivered");
-        check!(report.restarts > 0, "{label}: no instance ever crashed");
-        if let Some(fresh) = fresh {
-            fresh.cleanup().await;
-        }
     }
     Ok(())
 }
