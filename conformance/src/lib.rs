@@ -37,6 +37,7 @@ macro_rules! for_each_case {
             setup {
                 exposes_capabilities,
                 migrate_is_idempotent,
+                close_is_idempotent_and_keeps_data,
             }
             leases {
                 acquire_on_empty_key_returns_epoch_1,
@@ -82,6 +83,7 @@ macro_rules! for_each_case {
                 appends_log_only_when_asked,
                 recommitting_event_overwrites_row,
                 empty_batch_applies_patch,
+                writes_validators_with_the_page,
             }
             outbox {
                 load_pending_orders_by_sequence,

@@ -200,6 +200,15 @@ impl EngineBuilder {
                     ));
                 }
             }
+            if def.log_retention.is_some() && !self.store.capabilities().log {
+                return Err(Error::config(
+                    "log_retention",
+                    format!(
+                        "poller '{}' keeps a replay log, but the store has none (Capabilities::log is false)",
+                        def.name
+                    ),
+                ));
+            }
             if pollers.contains_key(&def.name) {
                 return Err(Error::config(
                     "pollers",

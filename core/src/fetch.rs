@@ -1,6 +1,6 @@
 //! What a poller's `fetch` receives and returns.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -11,7 +11,7 @@ use crate::hooks::{HookContext, Hooks};
 use crate::clock::Clock;
 use crate::cursor::Cursor;
 use crate::delivery::Partition;
-use crate::model::{Lane, Lease, PKey, RateLimitInfo, Validator};
+use crate::model::{Lane, PKey, RateLimitInfo, UrlValidator, Validator};
 use crate::store::Store;
 
 /// The context of one fetch call.
@@ -32,8 +32,10 @@ pub struct FetchContext {
     pub cancel: CancellationToken,
     /// The poller's rate budget, if it has one (see [`charge_budget`](Self::charge_budget)).
     pub budget: Option<BudgetCharge>,
-    /// This key's stored HTTP validators (`ETag`, `Last-Modified`), written with the run's lease;
-    /// `None` outside an engine run.
+    /// This key's committed HTTP validators (`ETag`, `Last-Modified`); a response's validators are
+    /// staged here and land with the page's commit. `None` outside an engine run, and in a full
+    /// scan (a `304` on one page of a listing says nothing about the others, so a full scan's
+    /// requests are unconditional).
     pub validators: Option<ValidatorAccess>,
 }
 
@@ -104,33 +106,40 @@ impl BudgetCharge {
     }
 }
 
-/// Access to one key's stored HTTP validators, fenced by the run's lease (the HTTP helper's
-/// conditional requests use it), and the engine's clock.
+/// One key's HTTP validators (`ETag`, `Last-Modified`) as a fetch sees them, and the engine's
+/// clock.
+///
+/// Reads return what was **committed**: a validator is written only by the `commit_poll` of the
+/// page built from its response, never on its own. [`stage`](Self::stage) keeps a response's
+/// validators with the fetch; the engine takes them into that page's commit, so they land with the
+/// page or not at all (a crash, a failed commit or a lost lease between the response and the
+/// commit drops them, and the next request is unconditional). A `304 Not Modified` is therefore
+/// only ever an answer to a validator whose `200` was committed.
 #[derive(Clone)]
 pub struct ValidatorAccess {
     store: Arc<dyn Store>,
     key: PKey,
-    lease: Lease,
     clock: Arc<dyn Clock>,
+    staged: Arc<Mutex<Vec<UrlValidator>>>,
 }
 
 impl std::fmt::Debug for ValidatorAccess {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ValidatorAccess")
             .field("key", &self.key)
-            .field("epoch", &self.lease.epoch)
+            .field("staged", &self.staged())
             .finish_non_exhaustive()
     }
 }
 
 impl ValidatorAccess {
-    /// Validators of `key` in `store`, written with `lease` and stamped with `clock`.
-    pub fn new(store: Arc<dyn Store>, key: PKey, lease: Lease, clock: Arc<dyn Clock>) -> Self {
+    /// The committed validators of `key` in `store`; staged ones are stamped with `clock`.
+    pub fn new(store: Arc<dyn Store>, key: PKey, clock: Arc<dyn Clock>) -> Self {
         Self {
             store,
             key,
-            lease,
             clock,
+            staged: Arc::default(),
         }
     }
 
@@ -144,27 +153,39 @@ impl ValidatorAccess {
         &self.clock
     }
 
-    /// The validators stored for a URL hash (see [`hash_url`](crate::diff::hash_url)).
+    /// The committed validators of a URL hash (see [`hash_url`](crate::diff::hash_url)). What
+    /// this fetch staged is not visible here until its page is committed.
     pub async fn get(&self, url_hash: &str) -> crate::error::Result<Option<Validator>> {
         self.store.get_validator(&self.key, url_hash).await
     }
 
-    /// Stores the validators of a URL hash, fenced by the run's lease (a lost lease is
-    /// [`Error::LeaseLost`](crate::Error::LeaseLost)), stamped with the clock's now.
-    pub async fn set(
-        &self,
-        url_hash: &str,
-        etag: Option<String>,
-        last_modified: Option<String>,
-    ) -> crate::error::Result<()> {
-        let validator = Validator {
-            etag,
-            last_modified,
-            stored_at: self.clock.now_ms(),
+    /// Keeps a response's validators for the commit of the page this fetch returns (a later
+    /// stage of the same URL hash replaces an earlier one), stamped with the clock's now.
+    pub fn stage(&self, url_hash: &str, etag: Option<String>, last_modified: Option<String>) {
+        let staged = UrlValidator {
+            url_hash: url_hash.to_owned(),
+            validator: Validator {
+                etag,
+                last_modified,
+                stored_at: self.clock.now_ms(),
+            },
         };
-        self.store
-            .set_validator(&self.key, &self.lease, url_hash, &validator)
-            .await
+        let mut list = self.staged.lock().unwrap_or_else(PoisonError::into_inner);
+        list.retain(|v| v.url_hash != staged.url_hash);
+        list.push(staged);
+    }
+
+    /// What was staged and not yet taken into a commit.
+    pub fn staged(&self) -> Vec<UrlValidator> {
+        self.staged
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Takes what was staged, for the commit of the page just fetched.
+    pub(crate) fn take_staged(&self) -> Vec<UrlValidator> {
+        std::mem::take(&mut *self.staged.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }
 

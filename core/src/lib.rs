@@ -41,9 +41,9 @@ pub use model::{
     Capabilities, Circuit, CommitBatch, EventCounts, ItemRow, Lane, LaneCursor, Lanes, Lease,
     LogQuery, LoggedEvent, OutboxRow, OutboxStatus, PKey, ParkedError, ParkedKind, ParkedQuery,
     ParkedRow, PollSummary, PollerState, RateLimitInfo, RateLimitSource, ScheduleState,
-    SerializedError, StatePatch, ValidationIssue, Validator,
+    SerializedError, StatePatch, UrlValidator, ValidationIssue, Validator,
 };
-pub use poller::{OnInvalid, Poller, PollerBuilder, Retain};
+pub use poller::{DeleteConfirmation, OnInvalid, Poller, PollerBuilder, Retain};
 pub use rng::{Rng, SeededRng, SystemRng};
 pub use runner::PollResult;
 pub use store::Store;

@@ -117,6 +117,11 @@ pub struct LaneCursor {
     /// Reconcile and backfill: after a failure, the lane waits until this time (epoch ms).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_at: Option<i64>,
+    /// Full scans: identities the last complete listing of several pages did not name, in
+    /// ascending order, not yet reported deleted. The next complete listing that misses one of
+    /// them again deletes it (see [`DeleteConfirmation`](crate::DeleteConfirmation)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspects: Option<Vec<String>>,
 }
 
 /// The cursors of every lane of a key.
@@ -723,17 +728,29 @@ pub struct CommitBatch {
     pub log: bool,
     /// Parked rows to insert or replace (by id), e.g. quarantined items.
     pub parked: Vec<ParkedRow>,
+    /// HTTP validators of the responses this page was built from, to insert or replace (by URL
+    /// hash). They land with the page or not at all, so a stored validator always belongs to a
+    /// committed response: a later `304 Not Modified` can be trusted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validators: Vec<UrlValidator>,
 }
 
-/// What a store supports.
+/// The validators of one URL, as a page's commit writes them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UrlValidator {
+    /// The URL's hash (see [`hash_url`](crate::diff::hash_url)).
+    pub url_hash: String,
+    /// Its validators.
+    pub validator: Validator,
+}
+
+/// What a store supports, as far as the engine acts on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Capabilities {
-    /// `commit_poll` is atomic.
-    pub transactions: bool,
-    /// The replay log is implemented.
+    /// The replay log is implemented (`commit_poll` appends when asked, `read_log` and
+    /// `prune_log` work). An engine refuses a poller with `log_retention` on a store without it.
     pub log: bool,
-    /// `stream_identities` streams without loading the snapshot at once.
-    pub streaming: bool,
 }
 
 /// Filters for [`crate::Store::read_log`].

@@ -164,6 +164,7 @@ pub(crate) struct PollerDef {
     pub(crate) on_schema_change: OnSchemaChange,
     pub(crate) max_pages_per_cycle: u32,
     pub(crate) full_scan_page_cap: u32,
+    pub(crate) delete_confirmation: DeleteConfirmation,
     pub(crate) overlap_delivery: bool,
     pub(crate) log_retention: Option<Duration>,
     pub(crate) reconcile: Option<Reconcile>,
@@ -230,6 +231,7 @@ pub struct PollerBuilder<T> {
     on_schema_change: OnSchemaChange,
     max_pages_per_cycle: u32,
     full_scan_page_cap: u32,
+    delete_confirmation: DeleteConfirmation,
     overlap_delivery: bool,
     log_retention: Option<Duration>,
     reconcile: Option<Reconcile>,
@@ -273,6 +275,7 @@ where
             on_schema_change: OnSchemaChange::Rebaseline,
             max_pages_per_cycle: DEFAULT_MAX_PAGES_PER_CYCLE,
             full_scan_page_cap: DEFAULT_FULL_SCAN_PAGE_CAP,
+            delete_confirmation: DeleteConfirmation::default(),
             overlap_delivery: false,
             log_retention: None,
             reconcile: None,
@@ -423,6 +426,14 @@ where
     #[must_use]
     pub fn full_scan_page_cap(mut self, pages: u32) -> Self {
         self.full_scan_page_cap = pages;
+        self
+    }
+
+    /// When a full scan (`snapshot_diff`, the reconcile lane) may report an unlisted item as
+    /// deleted (default [`DeleteConfirmation::NextListing`]).
+    #[must_use]
+    pub fn delete_confirmation(mut self, rule: DeleteConfirmation) -> Self {
+        self.delete_confirmation = rule;
         self
     }
 
@@ -621,6 +632,7 @@ where
                 on_schema_change: self.on_schema_change,
                 max_pages_per_cycle: self.max_pages_per_cycle,
                 full_scan_page_cap: self.full_scan_page_cap,
+                delete_confirmation: self.delete_confirmation,
                 overlap_delivery: self.overlap_delivery,
                 log_retention: self.log_retention,
                 reconcile: self.reconcile,
@@ -764,4 +776,26 @@ impl PollerDef {
             .clone()
             .unwrap_or_else(|| format!("{prefix}{}", self.name))
     }
+}
+
+/// When a full scan may report an item it did not list as deleted.
+///
+/// A listing of several pages is several requests, and an API that pages by offset or page
+/// number (`?page=2`, `?offset=50`) shifts every later item one place up when an item before
+/// them is deleted between two requests: the item that moved onto the page already fetched is
+/// listed by neither request, although it was never deleted. One response cannot shift under
+/// itself, so a listing of a single page is always trusted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DeleteConfirmation {
+    /// An item missing from a complete listing of several pages is a *suspect*, kept with the
+    /// lane's state; it is reported deleted only when the next complete listing misses it too,
+    /// and cleared when a listing names it. Costs: a delete arrives one full listing later,
+    /// and the suspects are stored in the key's state until then. A live item is then reported
+    /// deleted only if the listing shifted across it in two listings in a row.
+    #[default]
+    NextListing,
+    /// Every item missing from a complete listing is reported deleted at once (the TypeScript
+    /// reference's rule). Sound only for listings that cannot shift: one page, keyset
+    /// pagination (`?after=<last id>`), or a snapshot the API holds for the whole listing.
+    Immediate,
 }

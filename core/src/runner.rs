@@ -25,7 +25,7 @@ use crate::model::{
     ParkedKind, ParkedRow, PollSummary, PollerState, RateLimitInfo, ScheduleState, SerializedError,
     StatePatch,
 };
-use crate::poller::{FetchSource, OnInvalid, PollerDef, Prepared, Retain};
+use crate::poller::{DeleteConfirmation, FetchSource, OnInvalid, PollerDef, Prepared, Retain};
 use crate::rng::Rng;
 use crate::schedule::{self, FailureOutcome, ScheduleReason, SuccessOutcome};
 use crate::store::{DEFAULT_IDENTITY_BATCH, Store};
@@ -610,8 +610,16 @@ impl Run<'_> {
                     .stream_identities(&self.key, DEFAULT_IDENTITY_BATCH),
             )
         });
+        let full_scan = spec.full_scan;
         let mut cycle = Cycle::new(state, schedule, spec, hook);
         cycle.traceparent = traceparent;
+        cycle.validators = (!full_scan).then(|| {
+            crate::fetch::ValidatorAccess::new(
+                Arc::clone(&self.shared.store),
+                self.key.clone(),
+                Arc::clone(&self.shared.clock),
+            )
+        });
         let outcome = match self.pages(&mut cycle, scan.as_mut()).await {
             Ok(()) => self.full_scan_deletes(&mut cycle, scan).await,
             Err(e) => Err(e),
@@ -894,12 +902,19 @@ impl Run<'_> {
         let strategy = Arc::clone(&cycle.spec.strategy);
         let fetch = cycle.spec.fetch.clone();
         let (lane, cap) = (cycle.spec.lane, cycle.spec.cap);
-        let mut cursor = match cycle
-            .state
-            .lanes
-            .get(lane)
-            .and_then(|l| l.cursor.as_deref())
-        {
+        // A full scan always lists from its first page: its deletes come from one complete
+        // listing, so a scan interrupted at page k (a crash, a failed request, a deadline) starts
+        // over instead of resuming with pages 1..k unseen.
+        let stored = if cycle.spec.full_scan {
+            None
+        } else {
+            cycle
+                .state
+                .lanes
+                .get(lane)
+                .and_then(|l| l.cursor.as_deref())
+        };
+        let mut cursor = match stored {
             Some(text) => strategy
                 .deserialize(text)
                 .map_err(|error| CycleError::Failed {
@@ -985,12 +1000,7 @@ impl Run<'_> {
             attempt: 1,
             cancel: self.cancel.clone(),
             budget: self.budget_charge(cycle),
-            validators: Some(crate::fetch::ValidatorAccess::new(
-                Arc::clone(&self.shared.store),
-                self.key.clone(),
-                self.lease.clone(),
-                Arc::clone(&self.shared.clock),
-            )),
+            validators: cycle.validators.clone(),
         };
         let fetch_started = self.now();
         let span = tracing::info_span!("watukuy.fetch", page = page_index);
@@ -1015,6 +1025,12 @@ impl Run<'_> {
                 .await
                 .map(|()| PageStep::End);
         };
+        // What the fetch staged belongs to this page: it lands with its commit or not at all.
+        let staged = cycle
+            .validators
+            .as_ref()
+            .map(crate::fetch::ValidatorAccess::take_staged)
+            .unwrap_or_default();
         let page = fetched.map_err(fetch_failure)?;
         cycle.pages += 1;
         cycle.items += page.items.len() as u64;
@@ -1029,7 +1045,25 @@ impl Run<'_> {
             not_modified: page.not_modified,
         };
         self.shared.hooks.on_fetch(&cycle.hook, &info).await;
-        let processed = self.process(cycle, scan, cursor, page).await?;
+        if page.not_modified {
+            // No body: nothing to advance over, validate or commit (validators staged by other
+            // requests of this fetch are dropped with the body they came from).
+            return Ok(match cycle.spec.strategy.after_not_modified(cursor) {
+                Some(next) => {
+                    *cursor = next;
+                    PageStep::Page {
+                        events: 0,
+                        last: false,
+                    }
+                }
+                None => {
+                    cycle.done = true;
+                    PageStep::End
+                }
+            });
+        }
+        let mut processed = self.process(cycle, scan, cursor, page).await?;
+        processed.validators = staged;
         let events = self.commit(cycle, processed).await?;
         if let Some(next) = cycle.cursor.clone() {
             *cursor = next;
@@ -1269,6 +1303,7 @@ impl Run<'_> {
             events,
             parked,
             quarantined,
+            ..Processed::default()
         })
     }
 
@@ -1299,11 +1334,6 @@ impl Run<'_> {
         time: &str,
     ) -> Event {
         cycle.sequence += 1;
-        match event_type {
-            EventType::Created => cycle.counts.created += 1,
-            EventType::Updated => cycle.counts.updated += 1,
-            EventType::Deleted => cycle.counts.deleted += 1,
-        }
         let id = event_id(&EventIdParts {
             source: &self.rt.source,
             partition: &self.key.partition,
@@ -1343,6 +1373,9 @@ impl Run<'_> {
         if let Some(cursor) = &cycle.cursor {
             slot.cursor = Some(cycle.spec.strategy.serialize(cursor));
         }
+        if let Some(suspects) = processed.suspects {
+            slot.suspects = Some(suspects).filter(|s| !s.is_empty());
+        }
         let events = processed.events.len();
         let batch = CommitBatch {
             state_patch: StatePatch {
@@ -1362,6 +1395,7 @@ impl Run<'_> {
                 .collect(),
             log: self.rt.def.log_retention.is_some(),
             parked: processed.parked,
+            validators: processed.validators,
         };
         let started = self.now();
         match self
@@ -1390,6 +1424,14 @@ impl Run<'_> {
             }
         }
         cycle.state.lanes = lanes;
+        // Counted only now: a failed commit leaves the cycle's counts describing nothing of it.
+        for event in &processed.events {
+            match event.event_type {
+                EventType::Created => cycle.counts.created += 1,
+                EventType::Updated => cycle.counts.updated += 1,
+                EventType::Deleted => cycle.counts.deleted += 1,
+            }
+        }
         let info = CommitInfo {
             events,
             upserts: batch.upserts.len(),
@@ -1436,16 +1478,41 @@ impl Run<'_> {
         let Some(missing) = scan.finish().await? else {
             return Ok(());
         };
-        if missing.is_empty() {
-            return Ok(());
+        let lane = cycle.spec.lane;
+        let previous = cycle
+            .state
+            .lanes
+            .get(lane)
+            .and_then(|l| l.suspects.clone())
+            .unwrap_or_default();
+        let trusted = cycle.pages <= 1 || def.delete_confirmation == DeleteConfirmation::Immediate;
+        let (confirmed, suspects) = if trusted {
+            (missing, Vec::new())
+        } else {
+            confirm_missing(missing, &previous)
+        };
+        if !suspects.is_empty() {
+            tracing::info!(key = %self.key, lane = lane.as_str(), suspects = suspects.len(), confirmed = confirmed.len(), "items missing from a listing of several pages are reported deleted only if the next listing misses them too");
         }
+        let mut suspects = Some(suspects).filter(|s| *s != previous);
         let now = self.now();
         let time = format_rfc3339_ms(now);
         let cursor_json = cycle
             .cursor
             .as_ref()
             .and_then(|c| Json::parse(&cycle.spec.strategy.serialize(c)).ok());
-        for chunk in missing.chunks(DEFAULT_IDENTITY_BATCH) {
+        let mut chunks = confirmed.chunks(DEFAULT_IDENTITY_BATCH).peekable();
+        if chunks.peek().is_none() {
+            if let Some(suspects) = suspects.take() {
+                let processed = Processed {
+                    suspects: Some(suspects),
+                    ..Processed::default()
+                };
+                self.commit(cycle, processed).await?;
+            }
+            return Ok(());
+        }
+        while let Some(chunk) = chunks.next() {
             self.check_running()?;
             let rows = self.shared.store.load_versions(&self.key, chunk).await?;
             let mut events = Vec::new();
@@ -1468,12 +1535,17 @@ impl Run<'_> {
                     &time,
                 ));
             }
+            // The new suspects land with the last chunk: a crash before it keeps the old ones,
+            // so the confirmed deletes not yet committed are confirmed again next time.
             let processed = Processed {
-                upserts: Vec::new(),
                 deletes: chunk.to_vec(),
                 events,
-                parked: Vec::new(),
-                quarantined: Vec::new(),
+                suspects: if chunks.peek().is_none() {
+                    suspects.take()
+                } else {
+                    None
+                },
+                ..Processed::default()
             };
             if self.commit(cycle, processed).await? > 0 {
                 let drained = self.drain().await;
@@ -1485,6 +1557,15 @@ impl Run<'_> {
         }
         Ok(())
     }
+}
+
+/// Splits a listing's missing identities into those confirmed by the previous listing (missing
+/// there too: deleted now) and the new suspects (missing for the first time). Both ascending.
+fn confirm_missing(missing: Vec<String>, previous: &[String]) -> (Vec<String>, Vec<String>) {
+    let previous: std::collections::HashSet<&str> = previous.iter().map(String::as_str).collect();
+    missing
+        .into_iter()
+        .partition(|identity| previous.contains(identity.as_str()))
 }
 
 /// Whether the reconcile lane is due: never ran, or `every` passed since its last complete (or
@@ -1558,12 +1639,17 @@ fn fetch_failure(error: BoxError) -> CycleError {
 }
 
 /// The page work ready to commit.
+#[derive(Default)]
 struct Processed {
     upserts: Vec<ItemRow>,
     deletes: Vec<String>,
     events: Vec<Event>,
     parked: Vec<ParkedRow>,
     quarantined: Vec<(Json, Vec<crate::model::ValidationIssue>)>,
+    /// The validators of the responses the page was built from.
+    validators: Vec<crate::model::UrlValidator>,
+    /// A full scan's new suspects, replacing the lane's (see `DeleteConfirmation`).
+    suspects: Option<Vec<String>>,
 }
 
 /// How one page step of a cycle ended.
@@ -1609,6 +1695,9 @@ struct Cycle {
     done: bool,
     halted: bool,
     rate_limit: Option<RateLimitInfo>,
+    /// The fetch's view of the key's validators (`None` for a full scan); what a fetch stages
+    /// is taken into its page's commit.
+    validators: Option<crate::fetch::ValidatorAccess>,
 }
 
 impl Cycle {
@@ -1632,6 +1721,7 @@ impl Cycle {
             done: false,
             halted: false,
             rate_limit: None,
+            validators: None,
         }
     }
 }

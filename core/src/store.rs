@@ -40,7 +40,8 @@ pub trait Store: Send + Sync + 'static {
     /// What this store supports.
     ///
     /// **Contract**
-    /// 1. Returns the same three flags on every call (`setup::exposes_capabilities`).
+    /// 1. Returns the same value on every call, before and after `migrate`
+    ///    (`setup::exposes_capabilities`).
     fn capabilities(&self) -> Capabilities;
 
     /// Creates or upgrades the store's schema.
@@ -50,7 +51,13 @@ pub trait Store: Send + Sync + 'static {
     ///    (`setup::migrate_is_idempotent`).
     async fn migrate(&self) -> Result<()>;
 
-    /// Releases the store's resources. The store may reopen lazily on its next use.
+    /// Releases the store's resources (connections, file handles). The engine never calls it;
+    /// the application does, once, when it shuts down.
+    ///
+    /// **Contract**
+    /// 1. Idempotent; what was committed before it stays committed; a call after it either
+    ///    works (the store reopened lazily) or fails with [`Error::Store`](crate::Error::Store),
+    ///    never panics or hangs (`setup::close_is_idempotent_and_keeps_data`).
     async fn close(&self) -> Result<()>;
 
     /// Takes the lease on `key` for `owner` until `now_ms + ttl_ms`.
@@ -211,9 +218,10 @@ pub trait Store: Send + Sync + 'static {
     /// Fenced, atomic: applies one page's work in ONE transaction.
     ///
     /// Upserts and deletes of items, outbox rows (insert or replace by event id; a row with
-    /// status `Delivered` is not pending), parked rows (insert or replace by id), a log append of
-    /// the events when `batch.log` (one [`LoggedEvent`] per outbox row, keyed by its sequence, with
-    /// the row's `created_at`), and the state patch. All or nothing.
+    /// status `Delivered` is not pending), parked rows (insert or replace by id), HTTP validators
+    /// (insert or replace by URL hash), a log append of the events when `batch.log` (one
+    /// [`LoggedEvent`] per outbox row, keyed by its sequence, with the row's `created_at`), and
+    /// the state patch. All or nothing.
     ///
     /// **Contract**
     /// 1. Applies every part together; the state equals the zero state plus the patch
@@ -225,6 +233,9 @@ pub trait Store: Send + Sync + 'static {
     /// 5. Fenced: with a bad lease nothing of the batch lands (`fencing::commit_poll_rejects_stale_lease`).
     /// 6. Upserts replace existing rows and deletes remove them; deleting an identity that never
     ///    existed is fine (`items::upserts_replace_and_deletes_remove`).
+    /// 7. Writes `batch.validators` with the rest, replacing a URL hash's stored validators whole
+    ///    and leaving other URL hashes alone; with a bad lease none of them lands
+    ///    (`commit_poll::writes_validators_with_the_page`).
     async fn commit_poll(&self, key: &PKey, lease: &Lease, batch: &CommitBatch) -> Result<()>;
 
     /// Up to `limit` pending rows in sequence order. Not filtered by `next_attempt_at`: the

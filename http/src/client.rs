@@ -456,7 +456,7 @@ impl RequestBuilder<'_> {
     /// Sends the request once. In order: build the URL (absolute only), stop if the cycle was
     /// cancelled, charge the rate budget, add conditional headers from the stored validator,
     /// send (raced against the timeout and cancellation), read rate-limit headers; then 304 →
-    /// a not-modified response, 2xx → store `ETag` / `Last-Modified` and return the response,
+    /// a not-modified response, 2xx → stage `ETag` / `Last-Modified` for the page's commit and return the response,
     /// anything else → read up to 64 KiB of the body, parse problem details and `Retry-After`,
     /// and return [`Error::Http`] (or the response, with `throw_on_error(false)`).
     ///
@@ -575,7 +575,7 @@ impl RequestBuilder<'_> {
             ProblemDetails::parse(content_type, &body)
         };
         if let (true, Some(access)) = (status.is_success(), access) {
-            store_validators(access, &url_hash, &response_headers).await;
+            stage_validators(access, &url_hash, &response_headers);
         }
         let response = HttpResponse {
             method,
@@ -628,9 +628,9 @@ async fn conditional_headers(access: &ValidatorAccess, url_hash: &str, headers: 
     }
 }
 
-/// Stores the response's `ETag` / `Last-Modified` (fenced by the run's lease). A failure only
-/// warns.
-async fn store_validators(access: &ValidatorAccess, url_hash: &str, headers: &HeaderMap) {
+/// Stages the response's `ETag` / `Last-Modified` for the commit of the page this fetch
+/// returns: they become durable with that page or not at all.
+fn stage_validators(access: &ValidatorAccess, url_hash: &str, headers: &HeaderMap) {
     let value = |name: HeaderName| {
         headers
             .get(name)
@@ -641,9 +641,7 @@ async fn store_validators(access: &ValidatorAccess, url_hash: &str, headers: &He
     if etag.is_none() && last_modified.is_none() {
         return;
     }
-    if let Err(error) = access.set(url_hash, etag, last_modified).await {
-        tracing::warn!(%error, "could not store the response's validators");
-    }
+    access.stage(url_hash, etag, last_modified);
 }
 
 async fn cancelled(token: Option<&CancellationToken>) {

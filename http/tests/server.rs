@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use watukuy_core::diff::hash_url;
 use watukuy_core::schedule::ScheduleReason;
 use watukuy_core::{
-    BudgetPolicy, Engine, Error, ErrorCode, EventType, FetchContext, ManualClock, PKey, Page,
+    BudgetPolicy, CommitBatch, Engine, Error, ErrorCode, EventType, FetchContext, ManualClock, PKey, Page,
     Poller, RateLimitSource, Store, TickOptions, ValidatorAccess, cursor,
 };
 use watukuy_http::{HttpClient, MAX_ERROR_BODY_BYTES};
@@ -527,7 +527,7 @@ async fn cancellation_timeouts_and_network_errors() {
 // ----- validators -----
 
 #[tokio::test]
-async fn validators_are_written_with_the_run_lease_only() {
+async fn validators_are_staged_and_trusted_only_once_committed() {
     let server = Server::start(|seen| {
         if seen.header("if-none-match") == Some("W/\"7\"") {
             return Reply::status(304).header("ratelimit", "\"q\";r=9;t=1");
@@ -538,54 +538,51 @@ async fn validators_are_written_with_the_run_lease_only() {
     let store = Arc::new(MemoryStore::new());
     let key = PKey::new("direct", "");
     let clock = ManualClock::new(T0);
-    let stale = store
+    let lease = store
         .acquire_lease(&key, "me", 60_000, T0)
         .await
         .unwrap()
         .unwrap();
-    let current = store
-        .acquire_lease(&key, "me", 60_000, T0)
-        .await
-        .unwrap()
-        .unwrap();
-    let access = |lease| {
-        ValidatorAccess::new(
-            Arc::clone(&store) as Arc<dyn Store>,
-            key.clone(),
-            lease,
-            Arc::new(clock.clone()),
-        )
-    };
+    let access = ValidatorAccess::new(
+        Arc::clone(&store) as Arc<dyn Store>,
+        key.clone(),
+        Arc::new(clock.clone()),
+    );
     let http = client();
     let url = server.url("/items?x=1");
+    let ctx = context(Some(access.clone()));
 
-    // A stale lease: the response is fine, the fenced write is refused (and only warns).
-    let ctx = context(Some(access(stale)));
-    let page = http
-        .get(&ctx, &url)
-        .send()
-        .await
-        .unwrap()
-        .items_page()
-        .unwrap();
-    assert_eq!(page.items.len(), 2);
-    assert!(
-        store
-            .get_validator(&key, &hash_url(&url))
+    // A 200 stages its validators and stores nothing: until the page is committed, the next
+    // request for the URL is unconditional and gets the whole body again.
+    for _ in 0..2 {
+        let page = http
+            .get(&ctx, &url)
+            .send()
             .await
             .unwrap()
-            .is_none()
-    );
+            .items_page()
+            .unwrap();
+        assert_eq!(page.items.len(), 2);
+        assert!(
+            store
+                .get_validator(&key, &hash_url(&url))
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+    let staged = access.staged();
+    assert_eq!(staged.len(), 1, "one URL staged once: {staged:?}");
+    assert_eq!(staged[0].url_hash, hash_url(&url));
+    assert_eq!(staged[0].validator.etag.as_deref(), Some("W/\"7\""));
+    assert_eq!(staged[0].validator.stored_at, T0);
 
-    // The current lease stores it; the next request is conditional and gets a 304.
-    let ctx = context(Some(access(current)));
-    http.get(&ctx, &url).send().await.unwrap();
-    let stored = store
-        .get_validator(&key, &hash_url(&url))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(stored.etag.as_deref(), Some("W/\"7\""));
+    // The page's commit makes them durable; now the request is conditional and gets a 304.
+    let batch = CommitBatch {
+        validators: staged,
+        ..CommitBatch::default()
+    };
+    store.commit_poll(&key, &lease, &batch).await.unwrap();
     let response = http.get(&ctx, &url).send().await.unwrap();
     assert!(response.ok() && response.not_modified());
     assert!(response.json::<Value>().is_err(), "a 304 has no body");
@@ -603,6 +600,8 @@ async fn validators_are_written_with_the_run_lease_only() {
     http.get(&ctx, &url).validators(false).send().await.unwrap();
     let seen = server.seen();
     assert_eq!(seen.len(), 5);
+    assert!(seen[1].header("if-none-match").is_none(), "nothing committed yet");
+    assert_eq!(seen[2].header("if-none-match"), Some("W/\"7\""));
     assert!(seen[3].header("if-none-match").is_none());
     assert!(seen[4].header("if-none-match").is_none());
 }

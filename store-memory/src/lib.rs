@@ -105,9 +105,7 @@ fn holds(record: &Record, lease: &Lease) -> bool {
 impl Store for MemoryStore {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            transactions: true,
             log: true,
-            streaming: true,
         }
     }
 
@@ -293,6 +291,11 @@ impl Store for MemoryStore {
             }
             for row in &batch.parked {
                 record.parked.insert(row.id.clone(), row.clone());
+            }
+            for v in &batch.validators {
+                record
+                    .validators
+                    .insert(v.url_hash.clone(), v.validator.clone());
             }
             record.state = Some(PollerState::patched(
                 record.state.take(),

@@ -295,9 +295,7 @@ async fn migrate_in(conn: &mut PgConnection, options: &PostgresOptions) -> Resul
 impl Store for PostgresStore {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            transactions: true,
             log: true,
-            streaming: true,
         }
     }
 

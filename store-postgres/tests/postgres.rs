@@ -91,6 +91,7 @@ fn page(identities: &[&str], first_sequence: i64) -> Result<CommitBatch, CaseErr
         events,
         log: true,
         parked: Vec::new(),
+        validators: Vec::new(),
     })
 }
 

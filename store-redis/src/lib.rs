@@ -242,9 +242,7 @@ fn unique(ids: &[String]) -> Vec<&String> {
 impl Store for RedisStore {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            transactions: true,
             log: true,
-            streaming: true,
         }
     }
 

@@ -109,6 +109,7 @@ fn page(key: &PKey, identity: &str, sequence: i64, payload: &Json) -> CommitBatc
             payload.clone(),
             Some(identity),
         )],
+        validators: Vec::new(),
     }
 }
 

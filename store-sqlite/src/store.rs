@@ -390,9 +390,7 @@ impl EncodedBatch {
 impl Store for SqliteStore {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            transactions: true,
             log: true,
-            streaming: true,
         }
     }
 

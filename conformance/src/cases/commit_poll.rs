@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use watukuy_core::{
     CommitBatch, ItemRow, LaneCursor, Lanes, LogQuery, LoggedEvent, OutboxRow, OutboxStatus,
-    ParkedQuery, PollerState, ScheduleState, SerializedError, StatePatch,
+    ParkedQuery, PollerState, ScheduleState, SerializedError, StatePatch, UrlValidator, Validator,
 };
 
 use super::fixtures::{
@@ -80,6 +80,7 @@ pub async fn applies_everything_together(env: Env) -> CaseResult {
         events: events.clone(),
         log: false,
         parked: vec![quarantined.clone()],
+        validators: Vec::new(),
     };
     store.commit_poll(&k, &lease, &batch).await?;
 
@@ -139,6 +140,7 @@ pub async fn applies_everything_together(env: Env) -> CaseResult {
         events: vec![event_3.clone()],
         log: false,
         parked: Vec::new(),
+        validators: Vec::new(),
     };
     store.commit_poll(&k, &lease, &batch_2).await?;
 
@@ -357,6 +359,96 @@ pub async fn empty_batch_applies_patch(env: Env) -> CaseResult {
         store.load_state(&k).await?,
         Some(state_2),
         "an empty patch changes nothing"
+    );
+    Ok(())
+}
+
+/// A validator as a page's commit carries it.
+fn url_validator(url_hash: &str, etag: Option<&str>, stored_at: i64) -> UrlValidator {
+    UrlValidator {
+        url_hash: url_hash.to_owned(),
+        validator: Validator {
+            etag: etag.map(str::to_owned),
+            last_modified: Some("Wed, 21 Oct 2015 07:28:00 GMT".to_owned()),
+            stored_at,
+        },
+    }
+}
+
+/// `Store::commit_poll` contract 7: the validators of a page land with its commit: two URL
+/// hashes written by one commit read back whole; a later commit replaces one of them whole (a
+/// field set to `None` is cleared) and leaves the other alone; a commit without validators
+/// changes none; another key sees none of them.
+pub async fn writes_validators_with_the_page(env: Env) -> CaseResult {
+    let store = env.store();
+    let k = key();
+    let lease = acquire(store, &k, NODE_A, T0).await?;
+    let (a, b) = (
+        url_validator("url-a", Some("W/\"a1\""), T0),
+        url_validator("url-b", Some("\"b1\""), T0),
+    );
+    let batch = CommitBatch {
+        state_patch: StatePatch {
+            sequence: Some(1),
+            updated_at: Some(T0),
+            ..StatePatch::default()
+        },
+        events: vec![pending(&k, "e1", 1, "i1")],
+        upserts: vec![item("i1", "h1")],
+        validators: vec![a.clone(), b.clone()],
+        ..CommitBatch::default()
+    };
+    store.commit_poll(&k, &lease, &batch).await?;
+    for v in [&a, &b] {
+        check_eq!(
+            store.get_validator(&k, &v.url_hash).await?,
+            Some(v.validator.clone()),
+            "{} after the commit that carried it",
+            v.url_hash
+        );
+    }
+
+    let replaced = UrlValidator {
+        validator: Validator {
+            last_modified: None,
+            ..url_validator("url-a", Some("W/\"a2\""), T0 + 1_000).validator
+        },
+        ..a.clone()
+    };
+    let batch = CommitBatch {
+        state_patch: StatePatch {
+            updated_at: Some(T0 + 1_000),
+            ..StatePatch::default()
+        },
+        validators: vec![replaced.clone()],
+        ..CommitBatch::default()
+    };
+    store.commit_poll(&k, &lease, &batch).await?;
+    check_eq!(
+        store.get_validator(&k, "url-a").await?,
+        Some(replaced.validator.clone()),
+        "url-a replaced whole by a later commit (last_modified cleared)"
+    );
+    check_eq!(
+        store.get_validator(&k, "url-b").await?,
+        Some(b.validator.clone()),
+        "url-b untouched by a commit that did not carry it"
+    );
+
+    store
+        .commit_poll(&k, &lease, &CommitBatch::default())
+        .await?;
+    check_eq!(
+        store.get_validator(&k, "url-a").await?,
+        Some(replaced.validator),
+        "an empty commit leaves validators alone"
+    );
+    check!(
+        store
+            .get_validator(&super::fixtures::key_b(), "url-a")
+            .await?
+            .is_none(),
+        "another partition sees no validator"
     );
     Ok(())
 }

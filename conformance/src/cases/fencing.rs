@@ -158,7 +158,7 @@ pub async fn save_state_rejects_stale_lease(env: Env) -> CaseResult {
 
 /// `Store::commit_poll` contract 5: with a bad lease `commit_poll` fails with `LeaseLost` and
 /// nothing of the batch lands: no upsert, no delete, no event (new or overwritten), no parked
-/// row, no log entry, no state patch.
+/// row, no validator, no log entry, no state patch.
 pub async fn commit_poll_rejects_stale_lease(env: Env) -> CaseResult {
     let store = env.store();
     let (seeded, stale) = seed(store).await?;
@@ -182,6 +182,14 @@ pub async fn commit_poll_rejects_stale_lease(env: Env) -> CaseResult {
             r#"{"id":"bad","total":"x"}"#,
             T0 + TTL,
         )],
+        validators: vec![watukuy_core::UrlValidator {
+            url_hash: URL.to_owned(),
+            validator: watukuy_core::Validator {
+                etag: Some("\"v2\"".to_owned()),
+                last_modified: None,
+                stored_at: T0 + TTL,
+            },
+        }],
     };
     for (lease, label) in seeded.rejected(&stale) {
         let what = format!("commit_poll with {label}");
@@ -207,6 +215,11 @@ pub async fn commit_poll_rejects_stale_lease(env: Env) -> CaseResult {
         after.identities,
         vec!["i2".to_owned()],
         "snapshot after commit_poll with the current lease"
+    );
+    check_eq!(
+        after.validators,
+        vec![(URL.to_owned(), Some(batch.validators[0].validator.clone()))],
+        "validators after commit_poll with the current lease"
     );
     check!(
         after.pending.iter().any(|row| row.event_id == "e2"),

@@ -40,6 +40,7 @@ async fn populate(store: &dyn Store, key: &PKey, lease: &Lease) -> CaseResult {
         ],
         log: store.capabilities().log,
         parked: vec![invalid("invalid:a", r#"{"id":"bad-a"}"#, T0)],
+        validators: Vec::new(),
     };
     store.commit_poll(key, lease, &batch).await?;
     let parked = poison(event(key, "evt-3", 3, "o1"), Some("o1"), T0 + 100);
@@ -68,6 +69,7 @@ async fn expect_fenced_out(store: &dyn Store, key: &PKey, lease: &Lease, what: &
         events: vec![pending(key, "evt-9", 9, "intruder")],
         log: true,
         parked: Vec::new(),
+        validators: Vec::new(),
     };
     let error = SerializedError::new("HandlerError", "intruder");
     let parked = poison(event(key, "evt-1", 1, "o1"), Some("o1"), T0);
@@ -212,6 +214,7 @@ async fn check_isolated(store: &dyn Store, other: &PKey) -> CaseResult {
         )],
         log,
         parked: vec![invalid("invalid:a", r#"{"id":"bad-other"}"#, T0 + 5_000)],
+        validators: Vec::new(),
     };
     store.commit_poll(other, &lease_o, &batch).await?;
     check_eq!(

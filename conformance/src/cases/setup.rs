@@ -6,8 +6,8 @@ use super::fixtures::{NODE_A, Observation, T0, acquire, key, observe};
 use crate::harness::{CaseResult, Env};
 use crate::{check, check_eq};
 
-/// `Store::capabilities` contract 1: the store reports its three flags (`transactions`, `log`,
-/// `streaming`) and reports the same flags on every call, before and after `migrate()`.
+/// `Store::capabilities` contract 1: the store reports the same capabilities on every call,
+/// before and after `migrate()`.
 pub async fn exposes_capabilities(env: Env) -> CaseResult {
     let store = env.store();
     let first = store.capabilities();
@@ -77,5 +77,39 @@ pub async fn migrate_is_idempotent(env: Env) -> CaseResult {
         Some(lease),
         "lease changed by migrate()"
     );
+    Ok(())
+}
+
+/// `Store::close` contract 1: closing twice succeeds; afterwards a read either returns what was
+/// committed before the close (the store reopened) or fails with `Error::Store`, and never
+/// panics.
+pub async fn close_is_idempotent_and_keeps_data(env: Env) -> CaseResult {
+    let store = env.store();
+    let key = key();
+    let lease = acquire(store, &key, NODE_A, T0).await?;
+    let patch = StatePatch {
+        sequence: Some(3),
+        updated_at: Some(T0),
+        ..StatePatch::default()
+    };
+    store.save_state(&key, &lease, &patch).await?;
+    store.close().await?;
+    store.close().await?;
+    match store.load_state(&key).await {
+        Ok(state) => check_eq!(
+            state,
+            Some(PollerState {
+                sequence: 3,
+                ..PollerState::zero(T0)
+            }),
+            "the state read after close()"
+        ),
+        Err(watukuy_core::Error::Store { .. }) => {}
+        Err(other) => {
+            return Err(crate::harness::CaseError::failed(format!(
+                "a read after close() failed with {other:?}, not Error::Store"
+            )));
+        }
+    }
     Ok(())
 }

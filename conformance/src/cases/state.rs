@@ -90,6 +90,7 @@ fn full_patch(updated_at: i64) -> StatePatch {
                 force: Some(false),
                 failures: None,
                 retry_at: None,
+                suspects: None,
             }),
             reconcile: Some(LaneCursor {
                 cursor: Some(r#"{"page":3,"nested":{"a":[1,2,{"b":null}],"c":true}}"#.to_owned()),
@@ -99,6 +100,7 @@ fn full_patch(updated_at: i64) -> StatePatch {
                 force: None,
                 failures: Some(2),
                 retry_at: Some(T0 + 4_000),
+                suspects: Some(vec!["o-9".to_owned(), "o-10 \u{e9}\u{1f600}".to_owned()]),
             }),
             backfill: Some(LaneCursor {
                 cursor: Some(r#"{"since":"2025-01-01"}"#.to_owned()),
@@ -108,6 +110,7 @@ fn full_patch(updated_at: i64) -> StatePatch {
                 force: Some(true),
                 failures: Some(0),
                 retry_at: Some(T0),
+                suspects: None,
             }),
             replay: Some(LaneCursor {
                 cursor: Some("42".to_owned()),
@@ -117,6 +120,7 @@ fn full_patch(updated_at: i64) -> StatePatch {
                 force: None,
                 failures: None,
                 retry_at: None,
+                suspects: None,
             }),
         }),
         schedule: Some(full_schedule()),
@@ -171,6 +175,7 @@ async fn seed_everything(store: &dyn Store, key: &PKey) -> Result<Observation, C
         events: vec![pending(key, "e1", 1, "i1"), pending(key, "e2", 2, "i2")],
         log,
         parked: vec![invalid("invalid:x", r#"{"id":"x","total":"NaN"}"#, T0)],
+        validators: Vec::new(),
     };
     store.commit_poll(key, &lease, &batch).await?;
     store
@@ -348,6 +353,7 @@ pub async fn patches_replace_top_level_fields(env: Env) -> CaseResult {
                 force: Some(true),
                 failures: None,
                 retry_at: None,
+                suspects: None,
             }),
             ..Lanes::default()
         }),

@@ -101,6 +101,17 @@ pub trait CursorStrategy: Send + Sync + 'static {
 
     /// True when every cycle lists everything (so deletes can be detected).
     fn is_full_scan(&self) -> bool;
+
+    /// Where the listing goes on after a `304 Not Modified` page at `cursor`: a 304 has no body,
+    /// so no items and no next-page token to advance over. `None` (the default) ends the
+    /// cycle with the cursor where it is: nothing changed since the last committed response to
+    /// this request. `Some(next)` goes on at `next` without a commit (the page strategy: the
+    /// next page number is known without the body, so an unchanged page 1 does not hide a
+    /// changed page 2).
+    fn after_not_modified(&self, cursor: &Cursor) -> Option<Cursor> {
+        let _ = cursor;
+        None
+    }
 }
 
 /// A shared strategy.

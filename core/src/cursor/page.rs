@@ -104,6 +104,14 @@ impl CursorStrategy for PageCursor {
         self.initial()
     }
 
+    /// The next page: an unchanged page says nothing about the pages after it.
+    fn after_not_modified(&self, cursor: &Cursor) -> Option<Cursor> {
+        match cursor {
+            Cursor::Page { page } => page.checked_add(1).map(|page| Cursor::Page { page }),
+            _ => None,
+        }
+    }
+
     fn lag_ms(&self, _cursor: &Cursor, _now_ms: i64) -> Option<i64> {
         None
     }
