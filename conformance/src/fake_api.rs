@@ -398,8 +398,6 @@ struct State {
     latency: Duration,
     log: Vec<LogEntry>,
     calls: u64,
-    /// The adapters' stored ETags, per partition, lane and request URL.
-    validators: BTreeMap<String, String>,
 }
 
 struct Inner {
@@ -419,7 +417,7 @@ struct Inner {
 /// The `fetch_*` adapters are poller fetch functions, one per cursor strategy (see the module
 /// documentation for an example).
 ///
-/// Cheap to clone: clones share the dataset, faults, settings, log and stored validators, so a
+/// Cheap to clone: clones share the dataset, faults, settings and log, so a
 /// test and a poller's fetch closure can hold the same fake.
 #[derive(Clone)]
 pub struct FakeApi {
@@ -1005,26 +1003,27 @@ impl FakeApi {
         Ok(into_page(listing, has_more, None))
     }
 
-    /// Sends an adapter's request with the ETag stored for the same partition, lane and URL,
-    /// cancelled by the fetch context, and stores the response's ETag.
+    /// Sends an adapter's request, conditional on the `ETag` committed for its URL (through the
+    /// fetch context's validators, as `watukuy-http` does), cancelled by the fetch context, and
+    /// stages the response's `ETag` for the commit of the page. Without validators in the
+    /// context (outside an engine run, and in full scans) every request is unconditional.
     async fn adapter_request(
         &self,
         ctx: &FetchContext,
         query: &Query,
     ) -> Result<Listing, BoxError> {
-        let key = format!(
-            "{}\u{1f}{}\u{1f}{}",
-            ctx.partition.key,
-            ctx.lane.as_str(),
-            self.url(query)
-        );
+        let url_hash = watukuy_core::diff::hash_url(&self.url(query));
+        let if_none_match = match &ctx.validators {
+            Some(access) => access.get(&url_hash).await?.and_then(|v| v.etag),
+            None => None,
+        };
         let options = RequestOptions {
-            if_none_match: self.lock().validators.get(&key).cloned(),
+            if_none_match,
             cancel: Some(ctx.cancel.clone()),
         };
         let listing = self.request(query, &options).await?;
-        if let Some(etag) = &listing.etag {
-            self.lock().validators.insert(key, etag.clone());
+        if let (Some(access), Some(etag)) = (&ctx.validators, &listing.etag) {
+            access.stage(&url_hash, Some(etag.clone()), None);
         }
         Ok(listing)
     }
@@ -1191,6 +1190,7 @@ fn into_page(listing: Listing, has_more: Option<bool>, cursor: Option<String>) -
         has_more,
         not_modified: false,
         rate_limit: listing.rate_limit,
+        ..Page::default()
     }
 }
 

@@ -390,7 +390,11 @@ async fn a_full_scan_over_a_store_streaming_backwards_deletes_nothing_and_warns(
             inner: MemoryStore::new(),
             defect,
         });
-        let poller = world.poller(StrategyKind::SnapshotDiff).build().unwrap();
+        let poller = world
+            .poller(StrategyKind::SnapshotDiff)
+            .delete_confirmation(watukuy_core::DeleteConfirmation::Immediate)
+            .build()
+            .unwrap();
         let engine = world
             .engine(Arc::clone(&store), "node-a", poller, 1)
             .unwrap();

@@ -91,10 +91,15 @@ async fn a_stream_of_pages_is_processed_page_by_page_until_it_ends() {
     let sequences: Vec<i64> = recorder.events().iter().map(|e| e.sequence).collect();
     assert_eq!(sequences, (1..=10).collect::<Vec<_>>());
 
-    // A full listing through the stream detects deletes.
+    // A full listing through the stream detects deletes: a listing of three pages reports an
+    // item missing once the next listing misses it too (`DeleteConfirmation::NextListing`).
     world.api.remove("item-003");
     world.advance(Duration::from_secs(60));
     world.tick(&engine).await.unwrap();
+    assert_eq!(recorder.events().len(), 10, "a suspect, not yet a delete");
+    world.advance(Duration::from_secs(60));
+    world.tick(&engine).await.unwrap();
+    assert_eq!(recorder.events().len(), 11);
     let last = recorder.events().pop().unwrap();
     assert_eq!(
         (last.event_type, last.subject.as_str()),

@@ -13,8 +13,10 @@ use watukuy_conformance::{
 use watukuy_core::clock::format_rfc3339_ms;
 use watukuy_core::cursor::Cursor;
 use watukuy_core::{
-    BoxError, Error, FetchContext, Lane, ManualClock, Page, Partition, RateLimitSource,
+    BoxError, CommitBatch, Error, FetchContext, Lane, ManualClock, PKey, Page, Partition,
+    RateLimitSource, Store, ValidatorAccess,
 };
+use watukuy_store_memory::MemoryStore;
 
 /// 2026-01-01T00:00:00Z.
 const T0: i64 = 1_767_225_600_000;
@@ -743,8 +745,44 @@ async fn adapters_reject_the_wrong_cursor_kind() {
     assert_eq!(api.calls(), 0, "a wrong cursor sends no request");
 }
 
+/// A fetch context whose validators live in `store` under `partition`.
+fn ctx_with_validators(
+    cursor: Cursor,
+    store: &Arc<MemoryStore>,
+    clock: &ManualClock,
+    partition: &str,
+) -> FetchContext {
+    let key = PKey::new("fake", partition);
+    FetchContext {
+        partition: Partition::new(partition),
+        validators: Some(ValidatorAccess::new(
+            Arc::clone(store) as Arc<dyn Store>,
+            key,
+            Arc::new(clock.clone()),
+        )),
+        ..ctx(cursor, 1)
+    }
+}
+
+/// Commits what a context's fetch staged, as the engine does with the page.
+async fn commit_staged(store: &MemoryStore, ctx: &FetchContext, now: i64) {
+    let access = ctx.validators.as_ref().unwrap();
+    let key = access.key().clone();
+    let lease = store
+        .acquire_lease(&key, "test", 60_000, now)
+        .await
+        .unwrap()
+        .unwrap();
+    let batch = CommitBatch {
+        validators: access.staged(),
+        ..CommitBatch::default()
+    };
+    store.commit_poll(&key, &lease, &batch).await.unwrap();
+    store.release_lease(&key, &lease).await.unwrap();
+}
+
 #[tokio::test]
-async fn adapters_send_stored_etags_per_partition_lane_and_url() {
+async fn adapters_send_committed_etags_per_key_and_url_and_stage_new_ones() {
     let (api, clock) = setup();
     api.seed(fake_items(3)).unwrap();
     api.set_etags(true);
@@ -754,49 +792,69 @@ async fn adapters_send_stored_etags_per_partition_lane_and_url() {
         1_000,
         RateLimitSource::Legacy,
     )));
+    let store = Arc::new(MemoryStore::new());
 
-    let page = api.fetch_all(&ctx(Cursor::Snapshot, 1)).await.unwrap();
-    assert_eq!(page.items.len(), 3);
-    let repeat = api.fetch_all(&ctx(Cursor::Snapshot, 1)).await.unwrap();
+    // Without validators in the context, every request is unconditional.
+    assert!(
+        !api.fetch_all(&ctx(Cursor::Snapshot, 1))
+            .await
+            .unwrap()
+            .not_modified
+    );
+    assert!(
+        !api.fetch_all(&ctx(Cursor::Snapshot, 1))
+            .await
+            .unwrap()
+            .not_modified
+    );
+
+    // A 200 stages its ETag; until it is committed, the same request is unconditional again.
+    let first = ctx_with_validators(Cursor::Snapshot, &store, &clock, "");
+    assert_eq!(api.fetch_all(&first).await.unwrap().items.len(), 3);
+    let again = ctx_with_validators(Cursor::Snapshot, &store, &clock, "");
+    assert!(
+        !api.fetch_all(&again).await.unwrap().not_modified,
+        "nothing committed yet"
+    );
+    commit_staged(&store, &first, T0).await;
+    let repeat = api.fetch_all(&again).await.unwrap();
     assert!(repeat.not_modified, "an identical listing is not modified");
     assert!(repeat.items.is_empty());
     assert_eq!(repeat.has_more, None);
-    assert_eq!(repeat.rate_limit.unwrap().remaining, Some(98));
+    assert_eq!(repeat.rate_limit.unwrap().remaining, Some(95));
 
-    // Another partition (or lane) has its own validators.
-    let mut other = ctx(Cursor::Snapshot, 1);
-    other.partition = Partition::new("tenant-b");
+    // Another partition has its own validators.
+    let other = ctx_with_validators(Cursor::Snapshot, &store, &clock, "tenant-b");
     assert!(!api.fetch_all(&other).await.unwrap().not_modified);
-    let mut reconcile = ctx(Cursor::Snapshot, 1);
-    reconcile.lane = Lane::Reconcile;
-    assert!(!api.fetch_all(&reconcile).await.unwrap().not_modified);
 
     // A change makes the listing modified again.
     clock.advance(Duration::from_secs(1));
     api.add(json!({ "id": "item-004" })).unwrap();
-    let changed = api.fetch_all(&ctx(Cursor::Snapshot, 1)).await.unwrap();
+    let changed = api.fetch_all(&again).await.unwrap();
     assert!(!changed.not_modified);
     assert_eq!(changed.items.len(), 4);
 
-    let since = Cursor::Timestamp {
-        value: None,
-        tie_break: None,
-    };
-    assert!(
-        !api.fetch_since(&ctx(since.clone(), 1))
-            .await
-            .unwrap()
-            .not_modified
-    );
-    assert!(api.fetch_since(&ctx(since, 1)).await.unwrap().not_modified);
-    let token = Cursor::Token { value: None };
-    assert!(
-        !api.fetch_token(&ctx(token.clone(), 1))
-            .await
-            .unwrap()
-            .not_modified
-    );
-    assert!(api.fetch_token(&ctx(token, 1)).await.unwrap().not_modified);
+    for cursor in [
+        Cursor::Timestamp {
+            value: None,
+            tie_break: None,
+        },
+        Cursor::Token { value: None },
+    ] {
+        let fetch = |c: &FetchContext| {
+            let (api, c) = (api.clone(), c.clone());
+            async move {
+                match &c.cursor {
+                    Cursor::Token { .. } => api.fetch_token(&c).await,
+                    _ => api.fetch_since(&c).await,
+                }
+            }
+        };
+        let ctx = ctx_with_validators(cursor.clone(), &store, &clock, "");
+        assert!(!fetch(&ctx).await.unwrap().not_modified, "{cursor:?}");
+        commit_staged(&store, &ctx, T0).await;
+        assert!(fetch(&ctx).await.unwrap().not_modified, "{cursor:?}");
+    }
 }
 
 #[tokio::test]

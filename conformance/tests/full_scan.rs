@@ -15,8 +15,8 @@ use tracing::subscriber::Interest;
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use watukuy_conformance::world::{POLLER, Recorder};
 use watukuy_core::{
-    BoxError, Engine, Event, EventType, FetchContext, ManualClock, OnInvalid, Page, Poller,
-    SeededRng, Store, TickOptions, cursor,
+    BoxError, DeleteConfirmation, Engine, Event, EventType, FetchContext, ManualClock, OnInvalid,
+    Page, Poller, SeededRng, Store, TickOptions, cursor,
 };
 use watukuy_store_memory::MemoryStore;
 
@@ -98,6 +98,10 @@ fn engine(listing: &Listing, store: Arc<dyn Store>) -> (Engine, Recorder) {
         .identity_field("id")
         .on_invalid(OnInvalid::Quarantine)
         .cursor(cursor::snapshot_diff())
+        // These tests prove the merge: what one listing did not name. Whether a missing item is
+        // reported at once or after a second listing is `DeleteConfirmation`'s job, proven by
+        // the conformance case `lanes::a_shifting_listing_never_deletes_a_live_item`.
+        .delete_confirmation(DeleteConfirmation::Immediate)
         .fetch(move |ctx: FetchContext| {
             let page = api.page(ctx.page);
             async move { Ok::<Page, BoxError>(page) }

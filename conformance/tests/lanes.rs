@@ -142,9 +142,13 @@ fn recording_page_fetch(world: &World, asked: &Asked) -> impl Fetch {
 }
 
 /// A `token` poller (it cannot see deletes) with a reconcile every 60 s over `/page`.
+/// The lane's timing is under test here, so a missing item is deleted by the listing that
+/// misses it (`Immediate`); the default second-listing confirmation is proven by the conformance
+/// cases `lanes::reconcile_finds_deletes` and `lanes::a_shifting_listing_never_deletes_a_live_item`.
 fn token_with_reconcile(world: &World, asked: &Asked) -> watukuy_core::PollerBuilder<Value> {
     world
         .poller(StrategyKind::Token)
+        .delete_confirmation(watukuy_core::DeleteConfirmation::Immediate)
         .reconcile(Duration::from_secs(60), recording_page_fetch(world, asked))
 }
 

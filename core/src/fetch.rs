@@ -202,6 +202,18 @@ pub struct Page {
     pub not_modified: bool,
     /// Rate-limit information from the response, used to pace the schedule.
     pub rate_limit: Option<RateLimitInfo>,
+    /// Items of the response that could not be decoded into JSON values at all (see
+    /// [`reject`](Self::reject)); they are invalid items with an unknown identity.
+    pub rejected: Vec<RejectedItem>,
+}
+
+/// An item of a response that could not be decoded, kept with the reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RejectedItem {
+    /// The item's text as the API sent it.
+    pub text: String,
+    /// Why it could not be decoded (e.g. `a lone surrogate escape at line 1 column 9`).
+    pub reason: String,
 }
 
 impl Page {
@@ -243,6 +255,19 @@ impl Page {
             not_modified: true,
             ..Self::default()
         }
+    }
+
+    /// Adds an item that could not be decoded (a lone UTF-16 surrogate escape such as
+    /// `"\ud800"`, nesting past the parser's limit, ...). The engine treats it as an invalid
+    /// item without a readable identity: by `on_invalid`, quarantined (its text kept as a JSON
+    /// string), skipped or failing the cycle; a full scan with one emits no deletes that cycle.
+    #[must_use]
+    pub fn reject(mut self, text: impl Into<String>, reason: impl Into<String>) -> Self {
+        self.rejected.push(RejectedItem {
+            text: text.into(),
+            reason: reason.into(),
+        });
+        self
     }
 
     /// Sets the rate-limit information.

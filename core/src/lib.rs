@@ -35,7 +35,7 @@ pub use engine::{
 };
 pub use error::{BoxError, Error, ErrorCode, Result, StoreErrorKind};
 pub use event::{CloudEvent, Event, EventType};
-pub use fetch::{BudgetCharge, FetchContext, Page, ValidatorAccess};
+pub use fetch::{BudgetCharge, FetchContext, Page, RejectedItem, ValidatorAccess};
 pub use json::Json;
 pub use model::{
     Capabilities, Circuit, CommitBatch, EventCounts, ItemRow, Lane, LaneCursor, Lanes, Lease,
@@ -43,7 +43,7 @@ pub use model::{
     ParkedRow, PollSummary, PollerState, RateLimitInfo, RateLimitSource, ScheduleState,
     SerializedError, StatePatch, UrlValidator, ValidationIssue, Validator,
 };
-pub use poller::{DeleteConfirmation, OnInvalid, Poller, PollerBuilder, Retain};
+pub use poller::{DeleteConfirmation, MAX_ITEM_DEPTH, OnInvalid, Poller, PollerBuilder, Retain};
 pub use rng::{Rng, SeededRng, SystemRng};
 pub use runner::PollResult;
 pub use store::Store;

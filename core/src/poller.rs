@@ -667,6 +667,30 @@ pub fn validate_name(name: &str) -> Result<()> {
 }
 
 /// The value at a dot path as an identity: strings verbatim, numbers as JSON writes them.
+/// The deepest nesting of arrays and objects an item may have (the item itself is level 1);
+/// a deeper item is invalid (quarantined by default). Stored rows wrap an item in a few more
+/// levels, and JSON parsers commonly stop at 128 (serde_json's default), so every store can read
+/// back what it wrote.
+pub const MAX_ITEM_DEPTH: usize = 100;
+
+/// Whether `value` nests arrays and objects more than `max` levels deep (iterative: no stack
+/// growth however deep the value is).
+pub(crate) fn nested_deeper_than(value: &serde_json::Value, max: usize) -> bool {
+    let mut stack = vec![(value, 1_usize)];
+    while let Some((value, depth)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &serde_json::Value>> = match value {
+            serde_json::Value::Array(items) => Box::new(items.iter()),
+            serde_json::Value::Object(map) => Box::new(map.values()),
+            _ => continue,
+        };
+        if depth > max {
+            return true;
+        }
+        stack.extend(children.map(|child| (child, depth + 1)));
+    }
+    false
+}
+
 pub(crate) fn field_string(value: &serde_json::Value, path: &str) -> Option<String> {
     let mut current = value;
     for segment in path.split('.') {
@@ -695,6 +719,18 @@ where
 {
     Arc::new(move |raw: &serde_json::Value| {
         let raw_id = || raw_identity.as_ref().and_then(|f| f(raw));
+        if nested_deeper_than(raw, MAX_ITEM_DEPTH) {
+            let issue = ValidationIssue {
+                message: format!(
+                    "the item is nested deeper than {MAX_ITEM_DEPTH} levels of arrays and objects, which watukuy does not store"
+                ),
+                path: None,
+            };
+            return Prepared::Invalid {
+                issues: vec![issue],
+                identity: raw_id(),
+            };
+        }
         let item: T = match serde_path_to_error::deserialize(raw) {
             Ok(item) => item,
             Err(error) => {

@@ -1153,7 +1153,6 @@ impl Run<'_> {
                 throttle: None,
             })?;
         let mut valid = Vec::new();
-        let mut parked = Vec::new();
         let mut quarantined = Vec::new();
         // What the page lists for a full scan: valid items, and invalid ones whose identity
         // can be read (they count as seen, so an item that starts failing validation is not
@@ -1177,32 +1176,35 @@ impl Run<'_> {
                     }
                     OnInvalid::Quarantine => {
                         self.note_seen_invalid(cycle, &mut listed, identity);
-                        let text = serde_json::to_string(raw).unwrap_or_default();
-                        let item = Json::from_value(raw);
-                        let message = issues
-                            .iter()
-                            .map(|i| i.message.as_str())
-                            .collect::<Vec<_>>()
-                            .join("; ");
-                        parked.push(ParkedRow {
-                            id: format!("invalid:{}", &sha256_hex(text.as_bytes())[..32]),
-                            kind: ParkedKind::Invalid,
-                            event: None,
-                            item: Some(item.clone()),
-                            error: ParkedError {
-                                error: SerializedError::new("ValidationError", message)
-                                    .with_code("VALIDATION"),
-                                history: None,
-                                issues: Some(issues.clone()),
-                                details: Default::default(),
-                            },
-                            attempts: 0,
-                            parked_at: now,
-                            hold_key: None,
-                        });
-                        quarantined.push((item, issues));
+                        let row = quarantine_row(Json::from_value(raw), issues, now);
+                        quarantined.push(row);
                     }
                 },
+            }
+        }
+        // Items the fetch could not even decode (see `Page::reject`): invalid, identity unknown.
+        for rejected in &page.rejected {
+            let issues = vec![crate::model::ValidationIssue {
+                message: rejected.reason.clone(),
+                path: None,
+            }];
+            match def.on_invalid {
+                OnInvalid::Fail => {
+                    return Err(CycleError::Failed {
+                        error: Error::Validation { issues },
+                        phase: Phase::Fetch,
+                        throttle: None,
+                    });
+                }
+                OnInvalid::Skip => {
+                    tracing::warn!(key = %self.key, ?issues, "undecodable item skipped");
+                    self.note_seen_invalid(cycle, &mut listed, None);
+                }
+                OnInvalid::Quarantine => {
+                    self.note_seen_invalid(cycle, &mut listed, None);
+                    let item = Json::from_value(&serde_json::Value::String(rejected.text.clone()));
+                    quarantined.push(quarantine_row(item, issues, now));
+                }
             }
         }
         let kept: Vec<(String, crate::poller::Candidate)> =
@@ -1233,16 +1235,33 @@ impl Run<'_> {
                 continue;
             }
             let value = candidate.value.clone();
-            let hash = (candidate.fingerprint)().map_err(|e| CycleError::Failed {
-                error: Error::Validation {
-                    issues: vec![crate::model::ValidationIssue {
-                        message: format!("item {identity:?}: {e}"),
+            let hash = match (candidate.fingerprint)() {
+                Ok(hash) => hash,
+                Err(error) => {
+                    // An item that cannot be fingerprinted is invalid like any other: it never
+                    // fails the page it came with.
+                    let issues = vec![crate::model::ValidationIssue {
+                        message: format!("item {identity:?} cannot be fingerprinted: {error}"),
                         path: None,
-                    }],
-                },
-                phase: Phase::Fetch,
-                throttle: None,
-            })?;
+                    }];
+                    match def.on_invalid {
+                        OnInvalid::Fail => {
+                            return Err(CycleError::Failed {
+                                error: Error::Validation { issues },
+                                phase: Phase::Fetch,
+                                throttle: None,
+                            });
+                        }
+                        OnInvalid::Skip => {
+                            tracing::warn!(key = %self.key, ?issues, "invalid item skipped");
+                        }
+                        OnInvalid::Quarantine => {
+                            quarantined.push(quarantine_row(Json::from_value(&value), issues, now));
+                        }
+                    }
+                    continue;
+                }
+            };
             let mut decision = decide(
                 row,
                 &hash,
@@ -1299,9 +1318,7 @@ impl Run<'_> {
         cycle.cursor = Some(lane_cursor);
         Ok(Processed {
             upserts,
-            deletes: Vec::new(),
             events,
-            parked,
             quarantined,
             ..Processed::default()
         })
@@ -1394,7 +1411,7 @@ impl Run<'_> {
                 .map(|e| OutboxRow::pending(e.clone(), now))
                 .collect(),
             log: self.rt.def.log_retention.is_some(),
-            parked: processed.parked,
+            parked: processed.quarantined.clone(),
             validators: processed.validators,
         };
         let started = self.now();
@@ -1442,7 +1459,10 @@ impl Run<'_> {
         for event in &processed.events {
             self.shared.hooks.on_event(&cycle.hook, event).await;
         }
-        for (item, issues) in &processed.quarantined {
+        for row in &processed.quarantined {
+            let (Some(item), Some(issues)) = (&row.item, &row.error.issues) else {
+                continue;
+            };
             self.shared
                 .hooks
                 .on_invalid(&cycle.hook, item, issues)
@@ -1559,6 +1579,31 @@ impl Run<'_> {
     }
 }
 
+/// The parked row of a quarantined item: its id is derived from the item's text, so the same
+/// invalid item parks once however often it is listed.
+fn quarantine_row(item: Json, issues: Vec<crate::model::ValidationIssue>, now: i64) -> ParkedRow {
+    let message = issues
+        .iter()
+        .map(|i| i.message.as_str())
+        .collect::<Vec<_>>()
+        .join("; ");
+    ParkedRow {
+        id: format!("invalid:{}", &sha256_hex(item.as_str().as_bytes())[..32]),
+        kind: ParkedKind::Invalid,
+        event: None,
+        item: Some(item),
+        error: ParkedError {
+            error: SerializedError::new("ValidationError", message).with_code("VALIDATION"),
+            history: None,
+            issues: Some(issues),
+            details: Default::default(),
+        },
+        attempts: 0,
+        parked_at: now,
+        hold_key: None,
+    }
+}
+
 /// Splits a listing's missing identities into those confirmed by the previous listing (missing
 /// there too: deleted now) and the new suspects (missing for the first time). Both ascending.
 fn confirm_missing(missing: Vec<String>, previous: &[String]) -> (Vec<String>, Vec<String>) {
@@ -1644,8 +1689,8 @@ struct Processed {
     upserts: Vec<ItemRow>,
     deletes: Vec<String>,
     events: Vec<Event>,
-    parked: Vec<ParkedRow>,
-    quarantined: Vec<(Json, Vec<crate::model::ValidationIssue>)>,
+    /// Invalid items, parked with the page (`on_invalid: quarantine`).
+    quarantined: Vec<ParkedRow>,
     /// The validators of the responses the page was built from.
     validators: Vec<crate::model::UrlValidator>,
     /// A full scan's new suspects, replacing the lane's (see `DeleteConfirmation`).

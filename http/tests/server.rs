@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 use watukuy_core::diff::hash_url;
 use watukuy_core::schedule::ScheduleReason;
 use watukuy_core::{
-    BudgetPolicy, CommitBatch, Engine, Error, ErrorCode, EventType, FetchContext, ManualClock, PKey, Page,
-    Poller, RateLimitSource, Store, TickOptions, ValidatorAccess, cursor,
+    BudgetPolicy, CommitBatch, Engine, Error, ErrorCode, EventType, FetchContext, ManualClock,
+    PKey, Page, Poller, RateLimitSource, Store, TickOptions, ValidatorAccess, cursor,
 };
 use watukuy_http::{HttpClient, MAX_ERROR_BODY_BYTES};
 use watukuy_store_memory::MemoryStore;
@@ -600,7 +600,10 @@ async fn validators_are_staged_and_trusted_only_once_committed() {
     http.get(&ctx, &url).validators(false).send().await.unwrap();
     let seen = server.seen();
     assert_eq!(seen.len(), 5);
-    assert!(seen[1].header("if-none-match").is_none(), "nothing committed yet");
+    assert!(
+        seen[1].header("if-none-match").is_none(),
+        "nothing committed yet"
+    );
     assert_eq!(seen[2].header("if-none-match"), Some("W/\"7\""));
     assert!(seen[3].header("if-none-match").is_none());
     assert!(seen[4].header("if-none-match").is_none());

@@ -104,9 +104,7 @@ fn holds(record: &Record, lease: &Lease) -> bool {
 #[async_trait]
 impl Store for MemoryStore {
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            log: true,
-        }
+        Capabilities { log: true }
     }
 
     async fn migrate(&self) -> Result<()> {

@@ -294,9 +294,7 @@ async fn migrate_in(conn: &mut PgConnection, options: &PostgresOptions) -> Resul
 #[async_trait]
 impl Store for PostgresStore {
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            log: true,
-        }
+        Capabilities { log: true }
     }
 
     /// Creates the schema when missing and applies every pending migration, in one transaction

@@ -241,9 +241,7 @@ fn unique(ids: &[String]) -> Vec<&String> {
 #[async_trait]
 impl Store for RedisStore {
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            log: true,
-        }
+        Capabilities { log: true }
     }
 
     async fn migrate(&self) -> Result<()> {

@@ -389,9 +389,7 @@ impl EncodedBatch {
 #[async_trait]
 impl Store for SqliteStore {
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            log: true,
-        }
+        Capabilities { log: true }
     }
 
     async fn migrate(&self) -> Result<()> {

@@ -499,7 +499,8 @@ pub async fn circuit_opens_probes_and_closes(env: Env) -> CaseResult {
 /// SPEC §8.4 (reconcile): a `token` cursor cannot see deletes; the reconcile lane lists
 /// everything through its own fetch at once, then not before `every` has elapsed since its last
 /// complete listing, and reports the deleted item exactly once, as `deleted` on the reconcile
-/// lane; the lane's `last_run_at` and `done` are persisted.
+/// lane, once a second listing of several pages confirmed it missing (the suspect is kept in
+/// the lane's state between the two); the lane's `last_run_at` and `done` are persisted.
 pub async fn reconcile_finds_deletes(env: Env) -> CaseResult {
     let w = world(5, 2)?;
     let api = w.api.clone();
@@ -542,11 +543,25 @@ pub async fn reconcile_finds_deletes(env: Env) -> CaseResult {
     check_eq!(calls_to(&w, "/page"), 3, "the reconcile waits `every`");
     check_eq!(recorder.ids().len(), 5, "no delete from the live lane");
 
-    // At `every`: exactly one delete, from the reconcile lane.
+    // At `every`: the listing of 2 pages misses item-003, which becomes a suspect
+    // (`DeleteConfirmation::NextListing`): nothing is reported yet.
     w.advance(ms(1));
     let result = clean_tick(&w, &engine).await?;
     check!(lanes_of(&result).contains(&Lane::Reconcile), "{result:?}");
     check_eq!(calls_to(&w, "/page"), 3 + 2, "4 items: 2 pages");
+    check_eq!(recorder.ids().len(), 5, "a suspect is not a delete");
+    check_eq!(
+        lanes(&env).await?.reconcile.and_then(|r| r.suspects),
+        Some(vec!["item-003".to_owned()])
+    );
+
+    // `every` later the next listing misses it again: exactly one delete, from the reconcile
+    // lane, and the suspect is gone.
+    w.advance(Duration::from_secs(60));
+    let result = clean_tick(&w, &engine).await?;
+    check!(lanes_of(&result).contains(&Lane::Reconcile), "{result:?}");
+    check_eq!(calls_to(&w, "/page"), 3 + 2 + 2);
+    check_eq!(lanes(&env).await?.reconcile.and_then(|r| r.suspects), None);
     let events = recorder.events();
     check_eq!(
         summary(after_first(&events, 5)),
@@ -561,7 +576,7 @@ pub async fn reconcile_finds_deletes(env: Env) -> CaseResult {
     let reconcile = lanes(&env).await?.reconcile;
     check_eq!(
         reconcile.map(|r| (r.last_run_at, r.done)),
-        Some((Some(t0 + 60_000), Some(true)))
+        Some((Some(t0 + 120_000), Some(true)))
     );
 
     // The next listing, `every` later, finds nothing more to delete.
