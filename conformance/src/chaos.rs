@@ -147,6 +147,10 @@ pub struct ChaosOptions {
     /// Runs the pollers with [`PollerBuilder::overlap_delivery`](watukuy_core::PollerBuilder::overlap_delivery)
     /// (default `false`).
     pub overlap_delivery: bool,
+    /// The API answers with `ETag`s and the pollers send `If-None-Match` from the validators
+    /// committed with their pages (default `false`): a crash between a `200` and its page's
+    /// commit must not turn the next request into a `304` that hides the change.
+    pub etags: bool,
     /// The store, shared by every instance of the run.
     pub store: Arc<dyn Store>,
     /// How the replay command names the store (`memory`, `sqlite:<path>`, `postgres`, `redis`).
@@ -168,6 +172,7 @@ impl fmt::Debug for ChaosOptions {
             .field("concurrency", &self.concurrency)
             .field("retain", &self.retain)
             .field("overlap_delivery", &self.overlap_delivery)
+            .field("etags", &self.etags)
             .field("store_label", &self.store_label)
             .field("trace", &self.trace)
             .finish_non_exhaustive()
@@ -221,6 +226,7 @@ impl ChaosOptions {
             concurrency: DEFAULT_CONCURRENCY,
             retain: Retain::Hash,
             overlap_delivery: false,
+            etags: false,
             store,
             store_label: "memory".to_owned(),
             trace: false,
@@ -287,6 +293,13 @@ impl ChaosOptions {
     #[must_use]
     pub fn overlap_delivery(mut self, on: bool) -> Self {
         self.overlap_delivery = on;
+        self
+    }
+
+    /// Sets `etags`.
+    #[must_use]
+    pub fn etags(mut self, on: bool) -> Self {
+        self.etags = on;
         self
     }
 
@@ -386,6 +399,9 @@ impl ChaosOptions {
         if self.overlap_delivery {
             flags.push("--overlap-delivery".to_owned());
         }
+        if self.etags {
+            flags.push("--etags".to_owned());
+        }
         flags.join(" ")
     }
 
@@ -430,6 +446,9 @@ impl ChaosOptions {
         }
         if self.overlap_delivery {
             rust.push_str(".overlap_delivery(true)");
+        }
+        if self.etags {
+            rust.push_str(".etags(true)");
         }
         rust.push_str(".trace(true))");
         format!(
@@ -484,6 +503,8 @@ pub struct ChaosReport {
     pub lease_acquisitions: u64,
     /// Writes the lease audit made with a superseded or released lease (each must be rejected).
     pub lease_probes: u64,
+    /// Requests the API answered `304 Not Modified` (only with `etags`).
+    pub not_modified: u64,
     /// Every broken guarantee, each message starting with the guarantee (`G1: ...`).
     pub violations: Vec<String>,
     /// The last [`TRACE_LINES`] trace lines.
@@ -645,6 +666,7 @@ pub async fn run_chaos(options: ChaosOptions) -> Result<ChaosReport, ChaosError>
     options.validate()?;
     let world = World::new(options.initial_items, PAGE_SIZE)
         .map_err(|e| ChaosError::Setup(format!("cannot build the fake API: {e}")))?;
+    world.api.set_etags(options.etags);
     let master = SeededRng::new(options.seed);
     let (kill_rng, mutation_rng, clock_rng, engine_rng) =
         (master.fork(), master.fork(), master.fork(), master.fork());
@@ -1062,6 +1084,13 @@ impl Sim {
             quiescence_ticks,
             lease_acquisitions: self.audit.acquisitions(),
             lease_probes: self.audit.probes(),
+            not_modified: self
+                .world
+                .api
+                .log()
+                .iter()
+                .filter(|entry| entry.status == Some(304))
+                .count() as u64,
             violations: std::mem::take(&mut self.violations),
             trace: Vec::new(),
         };

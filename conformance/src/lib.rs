@@ -143,6 +143,9 @@ macro_rules! for_each_case {
                 replay_redelivers_with_same_ids,
                 log_retention_prunes,
             }
+            full_scans {
+                a_shifting_listing_never_deletes_a_live_item,
+            }
             chaos {
                 timestamp_seeds,
                 snapshot_diff_seeds,
@@ -152,6 +155,7 @@ macro_rules! for_each_case {
                 retain_payload_snapshot_diff,
                 each_kill_point_alone,
                 overlapped_delivery_seeds,
+                validators_seeds,
                 first_cycle_crash_is_recovered,
             }
         }

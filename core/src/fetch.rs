@@ -33,9 +33,10 @@ pub struct FetchContext {
     /// The poller's rate budget, if it has one (see [`charge_budget`](Self::charge_budget)).
     pub budget: Option<BudgetCharge>,
     /// This key's committed HTTP validators (`ETag`, `Last-Modified`); a response's validators are
-    /// staged here and land with the page's commit. `None` outside an engine run, and in a full
-    /// scan (a `304` on one page of a listing says nothing about the others, so a full scan's
-    /// requests are unconditional).
+    /// staged here and land with the page's commit. `None` outside an engine run, in a full scan
+    /// (a `304` on one page of a listing says nothing about the others), and for strategies
+    /// whose next request depends on the body (see
+    /// [`CursorStrategy::conditional_requests`](crate::cursor::CursorStrategy::conditional_requests)).
     pub validators: Option<ValidatorAccess>,
 }
 

@@ -610,10 +610,10 @@ impl Run<'_> {
                     .stream_identities(&self.key, DEFAULT_IDENTITY_BATCH),
             )
         });
-        let full_scan = spec.full_scan;
+        let conditional = !spec.full_scan && spec.strategy.conditional_requests();
         let mut cycle = Cycle::new(state, schedule, spec, hook);
         cycle.traceparent = traceparent;
-        cycle.validators = (!full_scan).then(|| {
+        cycle.validators = conditional.then(|| {
             crate::fetch::ValidatorAccess::new(
                 Arc::clone(&self.shared.store),
                 self.key.clone(),
@@ -1740,8 +1740,8 @@ struct Cycle {
     done: bool,
     halted: bool,
     rate_limit: Option<RateLimitInfo>,
-    /// The fetch's view of the key's validators (`None` for a full scan); what a fetch stages
-    /// is taken into its page's commit.
+    /// The fetch's view of the key's validators (`None` for a full scan and for strategies
+    /// without conditional requests); what a fetch stages is taken into its page's commit.
     validators: Option<crate::fetch::ValidatorAccess>,
 }
 

@@ -58,17 +58,18 @@ async fn store_for(env: &Env, n: u32) -> Result<(Arc<dyn Store>, Option<Fresh>),
 /// nothing parked, restarts happened, at least 6 of the 8 kill points fired, and
 /// `duplicates == delivered − unique`.
 async fn strategy_seeds(env: Env, strategy: ChaosStrategy) -> CaseResult {
-    seeds_with(&env, strategy, 0, |o| o).await
+    seeds_with(&env, strategy, 0, |o| o).await.map(drop)
 }
 
 /// [`strategy_seeds`] with more options; the runs take the stores from `first_run` on (only
-/// run 0 uses the case's own store).
+/// run 0 uses the case's own store). Returns the reports.
 async fn seeds_with(
     env: &Env,
     strategy: ChaosStrategy,
     first_run: u32,
     options: impl Fn(ChaosOptions) -> ChaosOptions + Sync,
-) -> CaseResult {
+) -> Result<Vec<ChaosReport>, CaseError> {
+    let mut reports = Vec::new();
     for (n, seed) in (first_run..).zip(1..=seeds_from_env(DEFAULT_SEEDS)) {
         let (store, fresh) = store_for(env, n).await?;
         let report = chaos(
@@ -100,8 +101,9 @@ async fn seeds_with(
         if let Some(fresh) = fresh {
             fresh.cleanup().await;
         }
+        reports.push(report);
     }
-    Ok(())
+    Ok(reports)
 }
 
 /// G1–G5, G7, G9 under every kill point, `timestamp` strategy, seeds 1..=N.
@@ -198,6 +200,35 @@ pub async fn each_kill_point_alone(env: Env) -> CaseResult {
             fresh.cleanup().await;
         }
     }
+    Ok(())
+}
+
+/// G1 with HTTP validators in play (`etags`): the API answers with `ETag`s and every request is
+/// conditional on the validators committed with the pages; `timestamp` and `page` (the
+/// strategies that send conditional requests), every kill point, seeds 1..=N. The `after-fetch` kill lands between a `200` (whose
+/// validators were only staged) and its page's commit: after recovery the request is sent
+/// unconditionally again and every change is delivered. `304`s must have happened, and the
+/// `after-fetch` kill must have fired.
+pub async fn validators_seeds(env: Env) -> CaseResult {
+    let strategies = [ChaosStrategy::Timestamp, ChaosStrategy::Page];
+    let (mut not_modified, mut after_fetch) = (0, 0);
+    for (i, strategy) in strategies.into_iter().enumerate() {
+        // Only the very first run uses the case's own store; every other one a fresh store.
+        let first_run = u32::from(i > 0);
+        for report in seeds_with(&env, strategy, first_run, |o| o.etags(true)).await? {
+            not_modified += report.not_modified;
+            after_fetch += report
+                .kills
+                .get(&KillPoint::AfterFetch)
+                .copied()
+                .unwrap_or(0);
+        }
+    }
+    check!(
+        not_modified > 0,
+        "no request was ever answered 304: validators were not in play"
+    );
+    check!(after_fetch > 0, "the after-fetch kill never fired");
     Ok(())
 }
 

@@ -7,6 +7,7 @@ pub mod chaos;
 pub mod commit_poll;
 pub mod engine;
 pub mod fencing;
+pub mod full_scans;
 pub mod guarantees;
 pub mod isolation;
 pub mod items;

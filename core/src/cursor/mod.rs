@@ -102,12 +102,21 @@ pub trait CursorStrategy: Send + Sync + 'static {
     /// True when every cycle lists everything (so deletes can be detected).
     fn is_full_scan(&self) -> bool;
 
-    /// Where the listing goes on after a `304 Not Modified` page at `cursor`: a 304 has no body,
-    /// so no items and no next-page token to advance over. `None` (the default) ends the
-    /// cycle with the cursor where it is: nothing changed since the last committed response to
-    /// this request. `Some(next)` goes on at `next` without a commit (the page strategy: the
-    /// next page number is known without the body, so an unchanged page 1 does not hide a
-    /// changed page 2).
+    /// Whether the fetch may send conditional requests (`If-None-Match` / `If-Modified-Since`
+    /// from the validators committed with earlier pages) for this strategy. Default `false`: the
+    /// fetch context then carries no validators. A `304 Not Modified` has no body, so it is only
+    /// safe where the request itself says what comes after it: `timestamp` (`since=` the
+    /// watermark: a 304 means nothing changed since) and `page` (the next page number is known
+    /// without the body, see [`after_not_modified`](Self::after_not_modified)). Not `token`
+    /// (the next token lives in the body: a 304 on page 1 would hide every later page), and
+    /// never a full scan.
+    fn conditional_requests(&self) -> bool {
+        false
+    }
+
+    /// Where the listing goes on after a `304 Not Modified` page at `cursor`. `None` (the
+    /// default) ends the cycle with the cursor where it is: nothing changed since the last
+    /// committed response to this request. `Some(next)` goes on at `next` without a commit.
     fn after_not_modified(&self, cursor: &Cursor) -> Option<Cursor> {
         let _ = cursor;
         None

@@ -104,6 +104,10 @@ impl CursorStrategy for PageCursor {
         self.initial()
     }
 
+    fn conditional_requests(&self) -> bool {
+        true
+    }
+
     /// The next page: an unchanged page says nothing about the pages after it.
     fn after_not_modified(&self, cursor: &Cursor) -> Option<Cursor> {
         match cursor {

@@ -302,6 +302,12 @@ struct PageMax {
 }
 
 impl CursorStrategy for TimestampCursor {
+    /// A request reads `since=` the watermark: a 304 means nothing changed since, and the
+    /// cycle ends with the cursor where it is.
+    fn conditional_requests(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         NAME
     }

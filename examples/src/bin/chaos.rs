@@ -17,8 +17,8 @@
 //! hash); `--steps N` (default 120); `--kill-points all|none|a,b,...`; `--kill-probability P`;
 //! `--mutations N`; `--items N`; `--concurrency N`; `--store memory|sqlite:<path>|postgres|
 //! redis` (default memory; `postgres:<url>` and `redis:<url>` name the server directly);
-//! `--overlap-delivery` runs the pollers with `overlap_delivery(true)`; `--trace` prints every
-//! step.
+//! `--overlap-delivery` runs the pollers with `overlap_delivery(true)`; `--etags` makes the API
+//! answer with `ETag`s and the pollers send conditional requests; `--trace` prints every step.
 //!
 //! The chaos binary lives here rather than in `watukuy-conformance` because the stores depend on
 //! the conformance crate (for their tests), so the conformance crate cannot depend on them.
@@ -195,6 +195,7 @@ struct Args {
     concurrency: Option<usize>,
     store: StoreKind,
     overlap_delivery: bool,
+    etags: bool,
     trace: bool,
 }
 
@@ -211,6 +212,7 @@ fn parse_args() -> Result<Args, String> {
         concurrency: None,
         store: StoreKind::Memory,
         overlap_delivery: false,
+        etags: false,
         trace: false,
     };
     let mut it = std::env::args().skip(1);
@@ -221,6 +223,10 @@ fn parse_args() -> Result<Args, String> {
         }
         if flag == "--overlap-delivery" {
             args.overlap_delivery = true;
+            continue;
+        }
+        if flag == "--etags" {
+            args.etags = true;
             continue;
         }
         if flag == "--help" || flag == "-h" {
@@ -286,6 +292,7 @@ impl Args {
             .retain(retain)
             .store_label(self.store.label())
             .overlap_delivery(self.overlap_delivery)
+            .etags(self.etags)
             .trace(self.trace);
         if let Some(points) = &self.kill_points {
             options = options.kill_points(points.iter().copied());
@@ -364,7 +371,7 @@ async fn main() -> ExitCode {
                 eprintln!("chaos: {message}");
             }
             eprintln!(
-                "usage: chaos [--seeds N | --seed S] [--strategy all|timestamp|snapshotDiff|token|page] [--retain hash|payload|both] [--steps N] [--kill-points all|none|a,b] [--kill-probability P] [--mutations N] [--items N] [--concurrency N] [--store memory|sqlite:<path>|postgres|redis] [--trace]"
+                "usage: chaos [--seeds N | --seed S] [--strategy all|timestamp|snapshotDiff|token|page] [--retain hash|payload|both] [--steps N] [--kill-points all|none|a,b] [--kill-probability P] [--mutations N] [--items N] [--concurrency N] [--store memory|sqlite:<path>|postgres|redis] [--overlap-delivery] [--etags] [--trace]"
             );
             return ExitCode::from(2);
         }

@@ -1,0 +1,268 @@
+//! Conformance cases: `full_scans` — a full scan (`snapshot_diff`, the reconcile lane) reports an
+//! item deleted only when it is gone, whatever happens to the listing while it is paged through.
+//!
+//! The API here pages by offset (`/page?page=N`, items in id order), the common shape and the
+//! one that shifts: an item deleted from a page already fetched moves every later item one place
+//! up, so the first item of the next page lands on the page already fetched and no request lists
+//! it.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use serde_json::json;
+use watukuy_core::cursor::{self, Cursor};
+use watukuy_core::{
+    BoxError, DeleteConfirmation, Engine, Event, EventType, FetchContext, Lane, Page, Poller,
+    SeededRng,
+};
+
+use crate::fake_api::FakeApi;
+use crate::harness::{CaseError, CaseResult, Env};
+use crate::world::{Recorder, StrategyKind, World};
+use crate::{check, check_eq};
+
+/// Items of the API and items a page.
+const ITEMS: usize = 12;
+const PAGE_SIZE: usize = 4;
+
+/// A change the API makes right after it answered a page, before the next request.
+#[derive(Clone)]
+struct Shift {
+    after_page: u64,
+    remove: &'static str,
+    add: &'static str,
+}
+
+/// At every page boundary of one listing (after page 1 and after page 2 of 3): an item already
+/// listed is deleted and a new one appears after the boundary. Each delete shifts the next
+/// page's first item onto the page already fetched.
+const SHIFTS: [Shift; 2] = [
+    Shift {
+        after_page: 1,
+        remove: "item-002",
+        add: "item-009a",
+    },
+    Shift {
+        after_page: 2,
+        remove: "item-006",
+        add: "item-011a",
+    },
+];
+
+/// Where the full scan runs.
+#[derive(Clone, Copy, Debug)]
+enum Scan {
+    /// The live lane of a `snapshot_diff` poller.
+    SnapshotDiff,
+    /// The reconcile lane of a `token` poller.
+    Reconcile,
+}
+
+impl Scan {
+    fn lane(self) -> Lane {
+        match self {
+            Scan::SnapshotDiff => Lane::Live,
+            Scan::Reconcile => Lane::Reconcile,
+        }
+    }
+}
+
+/// Lists page `page` of the API and then applies the shifts armed for after it.
+async fn shifting_page(
+    api: &FakeApi,
+    shifts: &Mutex<Vec<Shift>>,
+    page: u64,
+) -> Result<Page, BoxError> {
+    let listing = api.list_page(page, Some(PAGE_SIZE)).await?;
+    let mut out = Page::new(listing.items);
+    out.has_more = listing.has_more;
+    let due: Vec<Shift> = {
+        let mut armed = shifts.lock().unwrap_or_else(PoisonError::into_inner);
+        let (due, rest) = armed.drain(..).partition(|s| s.after_page == page);
+        *armed = rest;
+        due
+    };
+    for shift in due {
+        api.remove(shift.remove);
+        api.add(json!({ "id": shift.add, "name": shift.add, "value": 0 }))?;
+    }
+    Ok(out)
+}
+
+/// One poller named `name` whose full scan (`scan`) lists through the shifting API.
+fn poller(
+    w: &World,
+    name: &str,
+    scan: Scan,
+    rule: DeleteConfirmation,
+    shifts: &Arc<Mutex<Vec<Shift>>>,
+) -> Result<Poller, CaseError> {
+    let (api, shifts) = (w.api.clone(), Arc::clone(shifts));
+    let builder = match scan {
+        Scan::SnapshotDiff => w
+            .poller_named(name, StrategyKind::SnapshotDiff)
+            .cursor(cursor::snapshot_diff())
+            .fetch(move |ctx: FetchContext| {
+                let (api, shifts) = (api.clone(), Arc::clone(&shifts));
+                async move { shifting_page(&api, &shifts, u64::from(ctx.page)).await }
+            }),
+        Scan::Reconcile => w.poller_named(name, StrategyKind::Token).reconcile(
+            Duration::from_secs(60),
+            move |ctx: FetchContext| {
+                let (api, shifts) = (api.clone(), Arc::clone(&shifts));
+                async move {
+                    let Cursor::Page { page } = ctx.cursor else {
+                        return Err(format!("a reconcile got a {:?} cursor", ctx.cursor).into());
+                    };
+                    shifting_page(&api, &shifts, page).await
+                }
+            },
+        ),
+    };
+    Ok(builder.delete_confirmation(rule).build()?)
+}
+
+/// What one run of the scenario saw.
+struct Outcome {
+    /// Subjects of `deleted` events for items the API still has.
+    live_deleted: Vec<String>,
+    /// Subjects of `deleted` events, in order.
+    deleted: Vec<String>,
+    /// The events delivered.
+    events: Vec<Event>,
+    /// The API's items at the end.
+    api_ids: Vec<String>,
+}
+
+/// Learns the listing, runs one listing that shifts at every page boundary, then quiet
+/// listings, on the case's store under its own poller name.
+async fn run(
+    env: &Env,
+    name: &str,
+    scan: Scan,
+    rule: DeleteConfirmation,
+) -> Result<Outcome, CaseError> {
+    let w = World::new(ITEMS, PAGE_SIZE)
+        .map_err(|e| CaseError::failed(format!("cannot build the fake API: {e}")))?;
+    let shifts = Arc::new(Mutex::new(Vec::new()));
+    let engine = Engine::builder(Arc::clone(&env.store))
+        .poller(poller(&w, name, scan, rule, &shifts)?)
+        .clock(Arc::new(w.clock.clone()))
+        .rng(Arc::new(SeededRng::new(7)))
+        .instance_id("node-a")
+        .build()?;
+    let recorder = Recorder::default();
+    engine.on(name, recorder.handler())?;
+    let listing = async || -> Result<(), CaseError> {
+        // Past the live schedule's max (30 s) and the reconcile's `every` (60 s).
+        w.advance(Duration::from_secs(61));
+        let result = w.tick(&engine).await?;
+        check!(
+            result.polled.iter().all(|p| p.error.is_none()),
+            "{name}: a cycle failed: {result:?}"
+        );
+        check!(
+            result.polled.iter().any(|p| p.lane == scan.lane()),
+            "{name}: the full scan did not run: {result:?}"
+        );
+        Ok(())
+    };
+    listing().await?;
+    check_eq!(
+        recorder.events().len(),
+        ITEMS,
+        "{name}: the listing learned"
+    );
+    *shifts.lock().unwrap_or_else(PoisonError::into_inner) = SHIFTS.to_vec();
+    listing().await?;
+    check!(
+        shifts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty(),
+        "{name}: every shift happened during the listing"
+    );
+    for _ in 0..3 {
+        listing().await?;
+    }
+    let events = recorder.events();
+    let api_ids: Vec<String> = w
+        .api
+        .all()
+        .iter()
+        .filter_map(|item| item["id"].as_str().map(str::to_owned))
+        .collect();
+    let deleted: Vec<String> = events
+        .iter()
+        .filter(|e| e.event_type == EventType::Deleted)
+        .map(|e| e.subject.clone())
+        .collect();
+    let live_deleted = deleted
+        .iter()
+        .filter(|s| api_ids.contains(s))
+        .cloned()
+        .collect();
+    Ok(Outcome {
+        live_deleted,
+        deleted,
+        events,
+        api_ids,
+    })
+}
+
+/// `DeleteConfirmation::NextListing` (the default): an offset-paged listing that shifts at
+/// every page boundary (a delete of an item already listed and an insert after the boundary,
+/// between two page requests) never commits a `deleted` event for a live item, in a
+/// `snapshot_diff` live lane and in a reconcile lane; the real deletes are reported exactly
+/// once (after the next listing confirmed them), the inserts are created, and the snapshot ends
+/// equal to the API. The control, `Immediate` (the reference's rule), reports a live item
+/// deleted in the same scenario, which proves the listing did shift.
+pub async fn a_shifting_listing_never_deletes_a_live_item(env: Env) -> CaseResult {
+    for scan in [Scan::SnapshotDiff, Scan::Reconcile] {
+        let name = format!("shifting-{scan:?}").to_lowercase();
+        let out = run(&env, &name, scan, DeleteConfirmation::NextListing).await?;
+        check!(
+            out.live_deleted.is_empty(),
+            "{scan:?}: live items reported deleted: {:?}",
+            out.live_deleted
+        );
+        let mut deleted = out.deleted.clone();
+        deleted.sort();
+        check_eq!(
+            deleted,
+            ["item-002", "item-006"],
+            "{scan:?}: each real delete exactly once"
+        );
+        let mut created: Vec<&str> = out
+            .events
+            .iter()
+            .filter(|e| e.event_type == EventType::Created)
+            .map(|e| e.subject.as_str())
+            .skip(ITEMS)
+            .collect();
+        created.sort_unstable();
+        check_eq!(created, ["item-009a", "item-011a"], "{scan:?}: the inserts");
+        let key = watukuy_core::PKey::new(name.as_str(), "");
+        check_eq!(
+            env.store.count_items(&key).await?,
+            out.api_ids.len() as u64,
+            "{scan:?}: the snapshot ends equal to the API"
+        );
+        check_eq!(
+            env.store
+                .load_state(&key)
+                .await?
+                .and_then(|s| s.lanes.get(scan.lane()).and_then(|l| l.suspects.clone())),
+            None,
+            "{scan:?}: no suspect left once the listing is quiet"
+        );
+
+        let control = format!("{name}-immediate");
+        let out = run(&env, &control, scan, DeleteConfirmation::Immediate).await?;
+        check!(
+            !out.live_deleted.is_empty(),
+            "{scan:?}: the control (Immediate) reported no live item deleted, so the listing never shifted"
+        );
+    }
+    Ok(())
+}
