@@ -12,7 +12,7 @@ use sqlx::Row;
 use sqlx::postgres::PgRow;
 use watukuy_core::{
     Error, Event, ItemRow, Json, Lanes, LoggedEvent, OutboxRow, OutboxStatus, ParkedKind,
-    ParkedRow, PollerState, Result, ScheduleState, StatePatch, StoreErrorKind,
+    ParkedRow, PollerState, Result, ScheduleState, StatePatch, StoreErrorKind, UrlValidator,
 };
 
 use crate::PgQuery;
@@ -353,6 +353,39 @@ impl ParkedParams {
             .bind(self.attempts)
             .bind(self.parked_at)
             .bind(self.hold_key)
+    }
+}
+
+/// A URL's validators as `commit_poll` parameters.
+#[derive(Debug)]
+pub(crate) struct ValidatorParams {
+    url_hash: String,
+    etag: Option<String>,
+    last_modified: Option<String>,
+    stored_at: i64,
+}
+
+impl ValidatorParams {
+    pub(crate) fn new(row: &UrlValidator) -> Self {
+        Self {
+            url_hash: row.url_hash.clone(),
+            etag: row.validator.etag.clone(),
+            last_modified: row.validator.last_modified.clone(),
+            stored_at: row.validator.stored_at,
+        }
+    }
+
+    /// Binds the four validator arrays.
+    pub(crate) fn bind<'q>(query: PgQuery<'q>, rows: &[Self]) -> PgQuery<'q> {
+        query
+            .bind(rows.iter().map(|r| r.url_hash.clone()).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.etag.clone()).collect::<Vec<_>>())
+            .bind(
+                rows.iter()
+                    .map(|r| r.last_modified.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(rows.iter().map(|r| r.stored_at).collect::<Vec<_>>())
     }
 }
 

@@ -20,7 +20,8 @@ use watukuy_core::{
 };
 
 use crate::codec::{
-    ItemParams, LogParams, OutboxParams, ParkedParams, StateParams, count, last_wins, limit,
+    ItemParams, LogParams, OutboxParams, ParkedParams, StateParams, ValidatorParams, count,
+    last_wins, limit,
 };
 pub use crate::consumer::{
     DEFAULT_PROCESSED_EVENTS_TABLE, PROCESSED_EVENTS_VERSION, ProcessedEvents, apply_once,
@@ -524,7 +525,7 @@ impl Store for PostgresStore {
         let state = StateParams::new(&batch.state_patch)?;
         // One statement may not change a row twice, so every list is reduced to distinct keys
         // first, with the reference store's outcome: upserts then deletes (a deleted identity
-        // stays deleted), the last row of an event id, sequence or parked id wins.
+        // stays deleted), the last row of an event id, sequence, parked id or URL hash wins.
         let deleted: BTreeSet<&str> = batch.deletes.iter().map(String::as_str).collect();
         let upserts: Vec<ItemParams> = last_wins(
             batch
@@ -558,6 +559,11 @@ impl Store for PostgresStore {
             .into_iter()
             .map(ParkedParams::new)
             .collect::<Result<_>>()?;
+        let validators: Vec<ValidatorParams> =
+            last_wins(batch.validators.iter(), |row| row.url_hash.as_str())
+                .into_iter()
+                .map(ValidatorParams::new)
+                .collect();
 
         let per = self.options.max_rows_per_statement;
         let longest = [
@@ -567,6 +573,7 @@ impl Store for PostgresStore {
             delivered.len(),
             log.len(),
             parked.len(),
+            validators.len(),
         ]
         .into_iter()
         .max()
@@ -591,7 +598,11 @@ impl Store for PostgresStore {
             let query = OutboxParams::bind(query, &pending[range(pending.len())])
                 .bind(delivered[range(delivered.len())].to_vec());
             let query = LogParams::bind(query, &log[range(log.len())]);
-            queries.push(ParkedParams::bind(query, &parked[range(parked.len())]));
+            let query = ParkedParams::bind(query, &parked[range(parked.len())]);
+            queries.push(ValidatorParams::bind(
+                query,
+                &validators[range(validators.len())],
+            ));
         }
         self.run_fenced(key, lease, queries).await
     }

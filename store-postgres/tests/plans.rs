@@ -291,7 +291,7 @@ fn checks(schema: &str, lease: &Lease) -> Vec<Check> {
     let acked: Vec<String> = (0..ACK_IDS).map(|i| event_id(i * 7)).collect();
     let page: Vec<String> = (0..PAGE).map(|i| identity(ROWS - PAGE + i)).collect();
     // A page as commit_poll gets it: 100 upserts of known items, 100 new events, two deleted
-    // identities, no delivered ids, no log, nothing parked.
+    // identities, no delivered ids, no log, nothing parked, no validators.
     let new_events: Vec<String> = (ROWS..ROWS + PAGE).map(event_id).collect();
     let bodies: Vec<String> = (ROWS..ROWS + PAGE)
         .map(|i| format!(r#"{{"id":"{}"}}"#, identity(i)))
@@ -323,6 +323,9 @@ fn checks(schema: &str, lease: &Lease) -> Vec<Check> {
     for ty in [
         "text", "text", "text", "bigint", "text", "text", "bigint", "bigint", "text",
     ] {
+        commit_args.push(nulls(0, ty));
+    }
+    for ty in ["text", "text", "text", "bigint"] {
         commit_args.push(nulls(0, ty));
     }
     let outbox_probe = || Expect::Probe {

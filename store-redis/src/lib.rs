@@ -506,6 +506,7 @@ impl Store for RedisStore {
             &k.log,
             &k.log_rows,
             &k.log_at,
+            &k.validators,
         ]);
         call.push(&lease.owner)
             .push(lease.epoch.to_string())
@@ -551,6 +552,11 @@ impl Store for RedisStore {
                 .push(encode("a parked row", row)?)
                 .push(if row.hold_key.is_some() { "1" } else { "0" })
                 .push(row.hold_key.as_deref().unwrap_or(""));
+        }
+        call.push(batch.validators.len());
+        for row in &batch.validators {
+            call.push(&row.url_hash)
+                .push(encode("a validator", &row.validator)?);
         }
         call.push(state_args(&batch.state_patch)?);
         self.fenced(key, lease, call).await

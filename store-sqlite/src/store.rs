@@ -11,7 +11,7 @@ use tokio::sync::Mutex as AsyncMutex;
 use watukuy_core::{
     Capabilities, CommitBatch, Error, Event, ItemRow, Lease, LogQuery, LoggedEvent, OutboxRow,
     PKey, ParkedQuery, ParkedRow, PollerState, Result, SerializedError, StatePatch, Store,
-    StoreErrorKind, Validator,
+    StoreErrorKind, UrlValidator, Validator,
 };
 
 use crate::codec::{
@@ -305,6 +305,7 @@ struct EncodedBatch {
     events: Vec<OutboxValues>,
     log: bool,
     parked: Vec<ParkedValues>,
+    validators: Vec<UrlValidator>,
 }
 
 impl EncodedBatch {
@@ -324,11 +325,13 @@ impl EncodedBatch {
                 .iter()
                 .map(ParkedValues::new)
                 .collect::<Result<_>>()?,
+            validators: batch.validators.clone(),
         })
     }
 
     /// Applies the page inside the caller's (fenced) transaction, in the reference order:
-    /// upserts, deletes, events (and their log entries), parked rows, the state patch.
+    /// upserts, deletes, events (and their log entries), parked rows, validators, the state
+    /// patch.
     fn apply(&self, tx: &Connection, ctx: &Ctx, key: &PKey) -> DbResult<()> {
         let sql = &ctx.sql;
         if !self.upserts.is_empty() {
@@ -381,6 +384,19 @@ impl EncodedBatch {
         }
         for row in &self.parked {
             put_parked(tx, ctx, key, row)?;
+        }
+        if !self.validators.is_empty() {
+            let mut set = tx.prepare_cached(&sql.validator_set)?;
+            for v in &self.validators {
+                set.execute(params![
+                    key.poller,
+                    key.partition,
+                    v.url_hash,
+                    v.validator.etag,
+                    v.validator.last_modified,
+                    v.validator.stored_at
+                ])?;
+            }
         }
         patch_state(tx, ctx, key, &self.patch, true)
     }

@@ -26,7 +26,9 @@
 --   $29 next_attempt_at, $30 last_error, $31 created_at; delivered ids to remove: $32;
 -- log entries: $33 seq, $34 event, $35 created_at;
 -- parked rows: $36 id, $37 kind, $38 event, $39 event_seq, $40 item, $41 error, $42 attempts,
---   $43 parked_at, $44 hold_key.
+--   $43 parked_at, $44 hold_key;
+-- validators to insert or replace whole (as set_validator.sql): $45 url_hash, $46 etag,
+--   $47 last_modified, $48 stored_at.
 WITH fence AS (
     UPDATE {pollers} AS p SET
 {state_assignments}
@@ -108,5 +110,15 @@ WITH fence AS (
         attempts = EXCLUDED.attempts,
         parked_at = EXCLUDED.parked_at,
         hold_key = EXCLUDED.hold_key
+), put_validators AS (
+    INSERT INTO {validators} AS t (poller, "partition", url_hash, etag, last_modified, stored_at)
+    SELECT $1, $2, u.url_hash, u.etag, u.last_modified, u.stored_at
+    FROM unnest($45::text[], $46::text[], $47::text[], $48::bigint[])
+        AS u (url_hash, etag, last_modified, stored_at)
+    WHERE EXISTS (SELECT 1 FROM fence)
+    ON CONFLICT (poller, "partition", url_hash) DO UPDATE SET
+        etag = EXCLUDED.etag,
+        last_modified = EXCLUDED.last_modified,
+        stored_at = EXCLUDED.stored_at
 )
 SELECT EXISTS (SELECT 1 FROM fence) AS fenced
