@@ -919,33 +919,44 @@ fn ratio_fingerprint(item: &Value) -> (f64, Value) {
 }
 
 #[tokio::test]
-async fn a_nan_fingerprint_fails_the_cycle_and_the_engine_recovers() {
+async fn a_nan_fingerprint_quarantines_the_item_and_the_page_goes_through() {
     for kind in StrategyKind::ALL {
         let label = format!("{kind:?}");
 
-        // Always NaN: every cycle fails with a Validation error, nothing is committed.
+        // Always NaN: every item is quarantined with the reason; no cycle fails, nothing is
+        // emitted, and listing again parks nothing twice.
         let world = World::new(4, 3).unwrap();
+        let store = memory();
         let poller = world
             .poller(kind)
             .fingerprint(|_: &Value| f64::NAN)
             .build()
             .unwrap();
-        let engine = world.engine(memory(), "node-a", poller, 1).unwrap();
+        let engine = world
+            .engine(Arc::clone(&store), "node-a", poller, 1)
+            .unwrap();
         let recorder = Recorder::default();
         engine.on(POLLER, recorder.handler()).unwrap();
         for _ in 0..2 {
-            let result = world.tick(&engine).await.unwrap();
-            let error = result.polled[0].error.as_ref().unwrap();
-            assert_eq!(
-                error.code.as_deref(),
-                Some("VALIDATION"),
-                "{label}: {error:?}"
-            );
+            assert_no_errors(&label, &world.tick(&engine).await.unwrap());
             world.advance(Duration::from_secs(120));
         }
         assert!(recorder.events().is_empty(), "{label}");
+        let key = watukuy_core::PKey::new(POLLER, "");
+        let parked = store
+            .list_parked(&key, watukuy_core::ParkedQuery::default())
+            .await
+            .unwrap();
+        assert_eq!(parked.len(), 4, "{label}: {parked:?}");
+        assert!(
+            parked
+                .iter()
+                .all(|p| p.error.error.message.contains("cannot be fingerprinted")),
+            "{label}: {parked:?}"
+        );
 
-        // NaN for one item only, until the data is fixed.
+        // NaN for one item only: the item is quarantined, the others go through; once the
+        // data is fixed its update comes.
         let world = World::new(9, 3).unwrap();
         let poller = world
             .poller(kind)
@@ -961,18 +972,19 @@ async fn a_nan_fingerprint_fails_the_cycle_and_the_engine_recovers() {
             .api
             .update("item-006", json!({ "ratio": "oops" }))
             .unwrap();
+        world
+            .api
+            .update("item-007", json!({ "value": 70 }))
+            .unwrap();
         world.advance(PAST_MAX);
-        let result = world.tick(&engine).await.unwrap();
-        let error = result.polled[0]
-            .error
-            .as_ref()
-            .unwrap_or_else(|| panic!("{label}: no error in {result:?}"));
+        assert_no_errors(&label, &world.tick(&engine).await.unwrap());
+        let events = recorder.events();
         assert_eq!(
-            error.code.as_deref(),
-            Some("VALIDATION"),
-            "{label}: {error:?}"
+            subjects(&events[9..], EventType::Updated),
+            ["item-007"],
+            "{label}: the rest of the page goes through"
         );
-        assert!(error.message.contains("item-006"), "{label}: {error:?}");
+        assert!(subjects(&events, EventType::Deleted).is_empty(), "{label}");
 
         world
             .api
@@ -983,7 +995,7 @@ async fn a_nan_fingerprint_fails_the_cycle_and_the_engine_recovers() {
         assert_no_errors(&label, &result);
         let events = recorder.events();
         assert_eq!(
-            subjects(&events[9..], EventType::Updated),
+            subjects(&events[10..], EventType::Updated),
             ["item-006"],
             "{label}: {result:?}"
         );

@@ -57,6 +57,7 @@ fn ctx(cursor: Cursor, page: u32) -> FetchContext {
         cancel: CancellationToken::new(),
         budget: None,
         validators: None,
+        clock: None,
     }
 }
 

@@ -15,7 +15,7 @@ use crate::model::{Lane, PKey, RateLimitInfo, UrlValidator, Validator};
 use crate::store::Store;
 
 /// The context of one fetch call.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct FetchContext {
     /// Where to read from (see [`Cursor`]); already adjusted for overlap on a cycle's first
     /// request.
@@ -38,6 +38,24 @@ pub struct FetchContext {
     /// whose next request depends on the body (see
     /// [`CursorStrategy::conditional_requests`](crate::cursor::CursorStrategy::conditional_requests)).
     pub validators: Option<ValidatorAccess>,
+    /// The engine's clock: read "now" through it (rate-limit resets, `Retry-After` dates,
+    /// timeouts), never through the system clock, so tests on a manual clock stay exact.
+    /// `None` outside an engine run.
+    pub clock: Option<Arc<dyn Clock>>,
+}
+
+impl std::fmt::Debug for FetchContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FetchContext")
+            .field("cursor", &self.cursor)
+            .field("page", &self.page)
+            .field("partition", &self.partition)
+            .field("lane", &self.lane)
+            .field("attempt", &self.attempt)
+            .field("budget", &self.budget)
+            .field("validators", &self.validators)
+            .finish_non_exhaustive()
+    }
 }
 
 impl FetchContext {

@@ -1001,6 +1001,7 @@ impl Run<'_> {
             cancel: self.cancel.clone(),
             budget: self.budget_charge(cycle),
             validators: cycle.validators.clone(),
+            clock: Some(Arc::clone(&self.shared.clock)),
         };
         let fetch_started = self.now();
         let span = tracing::info_span!("watukuy.fetch", page = page_index);

@@ -480,11 +480,7 @@ impl RequestBuilder<'_> {
         let inner = &*self.client.inner;
         let ctx = self.ctx;
         let method = self.method.clone();
-        let clock = Arc::clone(
-            ctx.validators
-                .as_ref()
-                .map_or(&inner.clock, ValidatorAccess::clock),
-        );
+        let clock = Arc::clone(ctx.clock.as_ref().unwrap_or(&inner.clock));
         let fail = |message: String| Error::Http {
             method: method.to_string(),
             url: url.to_string(),

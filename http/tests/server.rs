@@ -16,80 +16,110 @@ use watukuy_core::{
 use watukuy_http::{HttpClient, MAX_ERROR_BODY_BYTES};
 use watukuy_store_memory::MemoryStore;
 
-use common::{Harness, Item, POLLER, Reply, Server, T0, client, context, http_status, items};
+use common::{Harness, Item, POLLER, Reply, Seen, Server, T0, client, context, http_status, items};
 
 // ----- ETag → 304 -----
 
-#[tokio::test]
-async fn etag_304_is_an_idle_cycle_and_never_an_empty_listing() {
-    let server = Server::start(|seen| {
-        if seen.header("if-none-match") == Some("\"v1\"") {
-            return Reply::status(304).header("etag", "\"v1\"");
+/// The API of the ETag tests: two pages of two items (`?page=1`, `?page=2`) and an empty page 3,
+/// each with an ETag derived from its content (`"p<page>-<version>"`), answering 304 to a
+/// matching `If-None-Match`.
+fn paged_etag_api(version: &'static str) -> impl Fn(&Seen) -> Reply + Send + Sync + 'static {
+    move |seen: &Seen| {
+        let page = seen.query("page").unwrap_or_default();
+        let body = match (page.as_str(), version) {
+            ("1", _) => json!([{ "id": "a", "v": 1 }, { "id": "b", "v": 1 }]),
+            ("2", "v1") => json!([{ "id": "c", "v": 1 }, { "id": "d", "v": 1 }]),
+            ("2", _) => json!([{ "id": "c", "v": 2 }, { "id": "d", "v": 1 }]),
+            _ => json!([]),
+        };
+        let etag = format!("\"p{page}-{version}\"");
+        if page != "1" && page != "2" {
+            return Reply::json(200, &body);
         }
-        Reply::json(200, &items())
-            .header("etag", "\"v1\"")
+        let etag = if page == "1" {
+            "\"p1\"".to_owned()
+        } else {
+            etag
+        };
+        if seen.header("if-none-match") == Some(etag.as_str()) {
+            return Reply::status(304).header("etag", &etag);
+        }
+        Reply::json(200, &body)
+            .header("etag", &etag)
             .header("last-modified", "Wed, 31 Dec 2025 23:00:00 GMT")
-    })
-    .await;
-    let h = Harness::new(server.url("/items"), client()).await;
+    }
+}
+
+#[tokio::test]
+async fn etag_304_is_an_idle_page_and_never_hides_a_later_page() {
+    let server = Server::start(paged_etag_api("v1")).await;
+    let h = Harness::with_cursor(server.url("/items"), client(), cursor::page(1).into()).await;
 
     let first = h.poll().await;
     assert_eq!(first.error, None);
-    assert_eq!(
-        h.events(),
-        [
-            (EventType::Created, "a".to_owned()),
-            (EventType::Created, "b".to_owned())
-        ]
-    );
+    assert_eq!(h.events().len(), 4);
+    let page_1 = format!("{}?page=1", h.url);
     let stored = h
         .store
-        .get_validator(&Harness::key(), &hash_url(&h.url))
+        .get_validator(&Harness::key(), &hash_url(&page_1))
         .await
         .unwrap()
-        .expect("the ETag was stored under the hash of the final URL");
-    assert_eq!(stored.etag.as_deref(), Some("\"v1\""));
+        .expect("the ETag was committed under the hash of the final URL");
+    assert_eq!(stored.etag.as_deref(), Some("\"p1\""));
     assert_eq!(
         stored.last_modified.as_deref(),
         Some("Wed, 31 Dec 2025 23:00:00 GMT")
     );
     assert_eq!(stored.stored_at, T0, "stamped with the engine's clock");
 
+    // Nothing changed: pages 1 and 2 answer 304, page 3 (empty, no ETag) ends the listing.
+    let seen_before = server.seen().len();
     let second = h.poll().await;
     assert_eq!(second.error, None);
-    let request = server.seen().pop().unwrap();
-    assert_eq!(request.header("if-none-match"), Some("\"v1\""));
+    let requests = server.seen().split_off(seen_before);
+    assert_eq!(requests.len(), 3, "{requests:?}");
+    assert_eq!(requests[0].header("if-none-match"), Some("\"p1\""));
     assert_eq!(
-        request.header("if-modified-since"),
+        requests[0].header("if-modified-since"),
         Some("Wed, 31 Dec 2025 23:00:00 GMT")
     );
-    assert_eq!(h.events().len(), 2, "a 304 on a full scan deletes nothing");
-    let report = h.engine.inspect().await.unwrap();
-    let key = &report.pollers[0];
-    assert_eq!(key.items, 2);
-    assert!(key.last_poll.as_ref().unwrap().not_modified);
-    let fetch = *h.recorder.fetches.lock().unwrap().last().unwrap();
+    assert_eq!(requests[1].header("if-none-match"), Some("\"p2-v1\""));
+    assert_eq!(h.events().len(), 4, "unchanged pages emit nothing");
+    let fetch = h.recorder.fetches.lock().unwrap()[4];
     assert!(fetch.not_modified);
-    let (reason, next_due_at) = h.recorder.last_reason();
-    assert_eq!(reason, ScheduleReason::NotModified);
-    // After the first cycle (events) the interval stayed at the 10 s minimum; idle grows it 1.5x.
-    assert_eq!(next_due_at, T0 + 15_000);
 
-    // The resource changes: a 200 with a new ETag, and the full listing finds the delete.
-    server.script(|seen| {
-        if seen.header("if-none-match") == Some("\"v2\"") {
-            return Reply::status(304);
-        }
-        Reply::json(200, &json!([{ "id": "a", "v": 1 }])).header("etag", "\"v2\"")
-    });
+    // Page 2 changes while page 1 does not: page 1's 304 does not hide it.
+    server.script(paged_etag_api("v2"));
     h.poll().await;
     assert_eq!(
         h.events().last().unwrap(),
-        &(EventType::Deleted, "b".to_owned())
+        &(EventType::Updated, "c".to_owned())
     );
+    assert_eq!(h.events().len(), 5);
+    let report = h.engine.inspect().await.unwrap();
+    assert_eq!(report.pollers[0].items, 4);
+}
+
+#[tokio::test]
+async fn a_full_scan_sends_no_conditional_request() {
+    let server = Server::start(|_| Reply::json(200, &items()).header("etag", "\"v1\"")).await;
+    let h = Harness::new(server.url("/items"), client()).await;
     h.poll().await;
-    assert_eq!(h.recorder.last_reason().0, ScheduleReason::NotModified);
-    assert_eq!(h.events().len(), 3);
+    h.poll().await;
+    assert!(
+        server
+            .seen()
+            .iter()
+            .all(|r| r.header("if-none-match").is_none()),
+        "a 304 on one page of a full listing would say nothing about the others"
+    );
+    assert!(
+        h.store
+            .get_validator(&Harness::key(), &hash_url(&h.url))
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 // ----- rate-limit headers -----

@@ -42,6 +42,15 @@ impl Seen {
     pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
+
+    /// The first value of a query parameter (no percent-decoding: the tests send plain values).
+    pub(crate) fn query(&self, name: &str) -> Option<String> {
+        let query = self.uri.split_once('?')?.1;
+        query.split('&').find_map(|pair| {
+            let (key, value) = pair.split_once('=')?;
+            (key == name).then(|| value.to_owned())
+        })
+    }
 }
 
 /// What the server answers.
@@ -203,12 +212,22 @@ impl Harness {
     /// A snapshot-diff poller listing `url` with the helper; schedule 10 s to 60 s, no jitter,
     /// backoff 1 s x 2.
     pub(crate) async fn new(url: String, http: HttpClient) -> Self {
+        Self::with_cursor(url, http, cursor::snapshot_diff().into()).await
+    }
+
+    /// Like [`new`](Self::new) with another cursor; with the page strategy, the fetch sends the
+    /// page number as `?page=N` and a page is the last unless it is full (two items).
+    pub(crate) async fn with_cursor(
+        url: String,
+        http: HttpClient,
+        strategy: cursor::CursorConfig,
+    ) -> Self {
         let store = Arc::new(MemoryStore::new());
         let clock = ManualClock::new(T0);
         let recorder = Arc::new(Recorder::default());
         let poller = Poller::builder::<Item>(POLLER)
             .identity(|item: &Item| item.id.clone())
-            .cursor(cursor::snapshot_diff())
+            .cursor(strategy)
             .schedule(ScheduleOptions {
                 min: Duration::from_secs(10),
                 max: Duration::from_secs(60),
@@ -220,7 +239,15 @@ impl Harness {
                 let url = url.clone();
                 move |ctx: FetchContext| {
                     let (http, url) = (http.clone(), url.clone());
-                    async move { Ok(http.get(&ctx, url).send().await?.items_page()?) }
+                    async move {
+                        let request = http.get(&ctx, url);
+                        let cursor::Cursor::Page { page } = ctx.cursor else {
+                            return Ok(request.send().await?.items_page()?);
+                        };
+                        let page = request.query("page", page).send().await?.items_page()?;
+                        let full = page.items.len() == 2;
+                        Ok(page.has_more(full))
+                    }
                 }
             })
             .build()
@@ -295,6 +322,7 @@ pub(crate) fn context(validators: Option<ValidatorAccess>) -> FetchContext {
         attempt: 1,
         cancel: CancellationToken::new(),
         budget: None,
+        clock: validators.as_ref().map(|v| Arc::clone(v.clock())),
         validators,
     }
 }
