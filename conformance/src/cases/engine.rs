@@ -167,18 +167,43 @@ pub async fn g4_crash_after_commit_is_recovered_with_same_ids(env: Env) -> CaseR
 }
 
 /// G4: a failed commit persists nothing of the page (no cursor move, no items, no events) and
-/// the page is fetched again on the next cycle.
+/// reports nothing of it either: the poll result and the cycle's summary count no event, no
+/// `on_commit` or `on_event` hook fires, and the sequence is not consumed (the page's events,
+/// fetched again on the next cycle, are delivered with sequences 1, 2, 3).
 pub async fn g4_failed_commit_persists_nothing(env: Env) -> CaseResult {
     let w = world(3)?;
     let faulty = Arc::new(FaultyStore::new(Arc::clone(&env.store)));
     faulty.fail(Op::CommitPoll, Timing::Before, 1);
-    let engine = engine(&w, faulty.clone(), "node-a", StrategyKind::Timestamp)?;
+    let trace = Arc::new(Trace::default());
+    let engine = Engine::builder(faulty.clone())
+        .poller(w.poller(StrategyKind::Timestamp).build()?)
+        .clock(Arc::new(w.clock.clone()))
+        .rng(Arc::new(watukuy_core::SeededRng::new(11)))
+        .instance_id("node-a")
+        .hooks(trace.clone())
+        .build()?;
     let recorder = Recorder::default();
     engine.on(POLLER, recorder.handler())?;
     let result = w.tick(&engine).await?;
     check!(
         result.polled.iter().any(|p| p.error.is_some()),
         "the failed commit is reported: {result:?}"
+    );
+    check!(
+        result.polled.iter().all(|p| p.events == 0 && p.delivered == 0),
+        "the poll result counts no event of the failed page: {result:?}"
+    );
+    check_eq!(
+        trace.ends(),
+        vec![watukuy_core::EventCounts::default()],
+        "the cycle's summary counts no event"
+    );
+    let seen = trace.seen();
+    check!(
+        !seen
+            .iter()
+            .any(|s| s.starts_with("commit@") || s.starts_with("event@")),
+        "no commit or event hook for a failed commit: {seen:?}"
     );
     let store = env.store();
     check_eq!(store.count_pending(&key()).await?, 0, "no event persisted");
@@ -195,6 +220,8 @@ pub async fn g4_failed_commit_persists_nothing(env: Env) -> CaseResult {
     tick(&w, &engine).await?;
     check!(w.api.calls() > calls, "the page is fetched again");
     check_eq!(recorder.ids().len(), 3, "and delivered");
+    let sequences: Vec<i64> = recorder.events().iter().map(|e| e.sequence).collect();
+    check_eq!(sequences, vec![1, 2, 3], "the failed commit consumed no sequence");
     Ok(())
 }
 
@@ -443,16 +470,33 @@ pub async fn g6_shared_budget_is_never_exceeded(env: Env) -> CaseResult {
     Ok(())
 }
 
-/// Records the order hooks fire in.
+/// Records the order hooks fire in, and the event counts each cycle's end reported.
 #[derive(Default)]
-struct Trace(Mutex<Vec<String>>);
+struct Trace {
+    seen: Mutex<Vec<String>>,
+    ends: Mutex<Vec<watukuy_core::EventCounts>>,
+}
 
 impl Trace {
     fn push(&self, ctx: &HookContext, what: &str) {
-        self.0
+        self.seen
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(format!("{what}@{}", ctx.lane));
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn ends(&self) -> Vec<watukuy_core::EventCounts> {
+        self.ends
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -485,8 +529,12 @@ impl Hooks for Trace {
     ) {
         self.push(ctx, "schedule");
     }
-    async fn on_poll_end(&self, ctx: &HookContext, _summary: &PollSummary) {
+    async fn on_poll_end(&self, ctx: &HookContext, summary: &PollSummary) {
         self.push(ctx, "end");
+        self.ends
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(summary.events);
     }
 }
 
@@ -506,11 +554,7 @@ pub async fn hooks_fire_in_lifecycle_order(env: Env) -> CaseResult {
     let recorder = Recorder::default();
     engine.on(POLLER, recorder.handler())?;
     tick(&w, &engine).await?;
-    let seen: Vec<String> = trace
-        .0
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
+    let seen = trace.seen();
     // Page size 4, 3 items: one page with 3 events, then the listing is done.
     let expected: Vec<String> = [
         "lease",
