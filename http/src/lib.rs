@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod client;
+mod items;
 mod num;
 mod problem;
 mod query;
@@ -13,6 +14,7 @@ pub use client::{
     DEFAULT_MAX_BODY_BYTES, DEFAULT_TIMEOUT, DEFAULT_USER_AGENT, HttpClient, HttpClientBuilder,
     MAX_ERROR_BODY_BYTES, RequestBuilder,
 };
+pub use items::Items;
 pub use problem::ProblemDetails;
 pub use query::QueryValue;
 pub use rate_limit::parse_rate_limit;

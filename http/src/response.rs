@@ -1,12 +1,15 @@
 //! A response, and how it becomes a [`Page`].
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use reqwest::header::HeaderMap;
 use reqwest::{Method, StatusCode, Url};
 use serde::de::DeserializeOwned;
+use serde_json::value::RawValue;
 use watukuy_core::{Error, Page, RateLimitInfo};
 
+use crate::items::Items;
 use crate::problem::ProblemDetails;
 use crate::redact::redact_headers;
 
@@ -145,8 +148,11 @@ impl HttpResponse {
 
     /// The body parsed as JSON. An error on 304 and on a body that does not parse as `T`.
     pub fn json<T: DeserializeOwned>(&self) -> Result<T, Error> {
-        serde_json::from_slice(self.bytes()?)
-            .map_err(|e| self.http_error(Some(format!("the body is not the expected JSON: {e}"))))
+        serde_json::from_slice(self.bytes()?).map_err(|e| self.not_json(&e))
+    }
+
+    fn not_json(&self, error: &serde_json::Error) -> Error {
+        self.http_error(Some(format!("the body is not the expected JSON: {error}")))
     }
 
     /// Puts this response's not-modified flag and rate-limit information into `page`.
@@ -161,21 +167,35 @@ impl HttpResponse {
 
     /// The page of a body that is a JSON array of items; a not-modified page on 304. Either way
     /// with the rate-limit information.
+    ///
+    /// Items are decoded one at a time (see [`Items`]): an item that cannot be decoded (a lone
+    /// surrogate escape such as `"\ud800"`, nesting past 127 levels) is a rejected item of the
+    /// page, with its text and the reason, and the other items go through. A body that is not
+    /// a JSON array is an error.
     pub fn items_page(&self) -> Result<Page, Error> {
-        self.page_with(Page::new)
+        self.page_with(Items::into_page)
     }
 
-    /// The page of the JSON array at `pointer` (RFC 6901, e.g. `/data/items`); a not-modified
-    /// page on 304. Either way with the rate-limit information.
+    /// The page of the JSON array at `pointer` (RFC 6901, e.g. `/data/items`, as
+    /// `serde_json::Value::pointer` reads it); a not-modified page on 304. Either way with the
+    /// rate-limit information.
+    ///
+    /// The items are decoded one at a time, as by [`items_page`](Self::items_page); only the
+    /// objects and arrays on the way to `pointer` are decoded, not the rest of the body.
     pub fn items_page_at(&self, pointer: &str) -> Result<Page, Error> {
         if self.not_modified() {
             return Ok(self.annotate(Page::not_modified()));
         }
-        let mut body: serde_json::Value = self.json()?;
-        match body.pointer_mut(pointer).map(serde_json::Value::take) {
-            Some(serde_json::Value::Array(items)) => Ok(self.annotate(Page::new(items))),
-            _ => Err(self.http_error(Some(format!("the body has no JSON array at `{pointer}`")))),
-        }
+        let body: &RawValue =
+            serde_json::from_slice(self.bytes()?).map_err(|e| self.not_json(&e))?;
+        let no_array =
+            || self.http_error(Some(format!("the body has no JSON array at `{pointer}`")));
+        let array = raw_at(body, pointer)
+            .map_err(|e| self.not_json(&e))?
+            .filter(|raw| raw.get().starts_with('['))
+            .ok_or_else(no_array)?;
+        let items: Items = serde_json::from_str(array.get()).map_err(|e| self.not_json(&e))?;
+        Ok(self.annotate(items.into_page()))
     }
 
     /// The page `build` makes from the body parsed as `T`, with the rate-limit information; on
@@ -186,12 +206,13 @@ impl HttpResponse {
     /// # -> Result<watukuy_core::Page, watukuy_core::BoxError> {
     /// #[derive(serde::Deserialize)]
     /// struct Listing {
-    ///     data: Vec<serde_json::Value>,
+    ///     // Decoded item by item: an item serde_json cannot take is rejected, not the page.
+    ///     data: watukuy_http::Items,
     ///     next: Option<String>,
     /// }
     /// let response = http.get(&ctx, "https://api.example.com/orders").send().await?;
     /// Ok(response.page_with(|body: Listing| {
-    ///     let page = watukuy_core::Page::new(body.data);
+    ///     let page = body.data.into_page();
     ///     match body.next {
     ///         Some(next) => page.cursor(next).has_more(true),
     ///         None => page.has_more(false),
@@ -208,5 +229,83 @@ impl HttpResponse {
         }
         let body: T = self.json()?;
         Ok(self.annotate(build(body)))
+    }
+}
+
+/// The value at `pointer` (RFC 6901) inside `raw`, found as `serde_json::Value::pointer` finds
+/// it (`""` is the whole value, a token is unescaped `~1` → `/` then `~0` → `~`, an array index
+/// is decimal without leading zeros), decoding only the objects and arrays on the way, one level
+/// at a time. `Ok(None)` when there is nothing there; an error when an object on the way has a
+/// member name that cannot be decoded.
+fn raw_at<'a>(raw: &'a RawValue, pointer: &str) -> Result<Option<&'a RawValue>, serde_json::Error> {
+    if pointer.is_empty() {
+        return Ok(Some(raw));
+    }
+    let Some(tokens) = pointer.strip_prefix('/') else {
+        return Ok(None);
+    };
+    let mut current = raw;
+    for token in tokens.split('/') {
+        let token = token.replace("~1", "/").replace("~0", "~");
+        let text = current.get();
+        let next = if text.starts_with('{') {
+            // A later member of the same name replaces an earlier one, as in a `Value`.
+            let mut members: BTreeMap<String, &'a RawValue> = serde_json::from_str(text)?;
+            members.remove(&token)
+        } else if text.starts_with('[') {
+            let elements: Vec<&'a RawValue> = serde_json::from_str(text)?;
+            array_index(&token).and_then(|index| elements.get(index).copied())
+        } else {
+            None
+        };
+        match next {
+            Some(next) => current = next,
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(current))
+}
+
+/// A JSON pointer token as an array index: decimal digits, no sign, no leading zero.
+fn array_index(token: &str) -> Option<usize> {
+    if token.starts_with('+') || (token.starts_with('0') && token.len() > 1) {
+        return None;
+    }
+    token.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_at_finds_what_value_pointer_finds() {
+        let text = r#"{"data":{"items":[1,[2,{"a/b":{"m~n":[3]}}]],"items":"last"},"":{"":4},
+            "0":{"01":5,"1":6},"dup":1,"dup":[7]}"#;
+        let value: serde_json::Value = serde_json::from_str(text).unwrap();
+        let raw: &RawValue = serde_json::from_str(text).unwrap();
+        for pointer in [
+            "",
+            "/data",
+            "/data/items",
+            "/data/items/1/1/a~1b/m~0n/0",
+            "/data/items/2",
+            "/data/items/01",
+            "/data/items/+1",
+            "/data/items/-",
+            "/data/missing",
+            "/",
+            "//",
+            "/0/01",
+            "/0/1",
+            "/dup",
+            "/dup/0/x",
+            "data",
+        ] {
+            let found = raw_at(raw, pointer)
+                .unwrap()
+                .map(|raw| serde_json::from_str::<serde_json::Value>(raw.get()).unwrap());
+            assert_eq!(found.as_ref(), value.pointer(pointer), "{pointer}");
+        }
     }
 }

@@ -11,7 +11,8 @@ use watukuy_core::diff::hash_url;
 use watukuy_core::schedule::ScheduleReason;
 use watukuy_core::{
     BudgetPolicy, CommitBatch, Engine, Error, ErrorCode, EventType, FetchContext, ManualClock,
-    PKey, Page, Poller, RateLimitSource, Store, TickOptions, ValidatorAccess, cursor,
+    PKey, Page, ParkedKind, ParkedQuery, Poller, RateLimitSource, Store, TickOptions,
+    ValidatorAccess, cursor,
 };
 use watukuy_http::{HttpClient, MAX_ERROR_BODY_BYTES};
 use watukuy_store_memory::MemoryStore;
@@ -419,6 +420,197 @@ async fn malformed_headers_and_bodies_never_panic() {
         1
     );
     assert!(response.items_page_at("/data/missing").is_err());
+}
+
+// ----- items serde_json cannot decode -----
+
+/// A 200 JSON reply with a literal body.
+fn raw_json(body: impl Into<Vec<u8>>) -> Reply {
+    Reply::status(200)
+        .header("content-type", "application/json")
+        .body(body)
+}
+
+fn nested(depth: usize) -> String {
+    format!("{}{}", "[".repeat(depth), "]".repeat(depth))
+}
+
+#[tokio::test]
+async fn an_item_with_a_lone_surrogate_escape_is_rejected_and_the_others_go_through() {
+    let server = Server::start(|seen| match seen.uri.as_str() {
+        "/envelope" => raw_json(
+            r#"{"meta":{"note":"\ud800"},"data":{"items":[{"id":"a","v":1},"\udc00",{"id":"c","v":3}]}}"#,
+        ),
+        _ => raw_json(r#"[{"id":"a","v":1},{"id":"b","name":"x\ud800"},{"id":"c","v":3}]"#),
+    })
+    .await;
+    let http = client();
+    let ctx = context(None);
+    let page = http
+        .get(&ctx, server.url("/array"))
+        .send()
+        .await
+        .unwrap()
+        .items_page()
+        .unwrap();
+    assert_eq!(
+        page.items,
+        vec![json!({ "id": "a", "v": 1 }), json!({ "id": "c", "v": 3 })]
+    );
+    assert_eq!(page.rejected.len(), 1, "{page:?}");
+    assert_eq!(page.rejected[0].text, r#"{"id":"b","name":"x\ud800"}"#);
+    assert_eq!(
+        page.rejected[0].reason,
+        "item 1: the escape `\\ud800` at byte 19 of the item is a lone UTF-16 surrogate, which a \
+         Rust string cannot hold"
+    );
+
+    // Inside an envelope: the rest of the body (`meta` here) is not decoded at all.
+    let response = http
+        .get(&ctx, server.url("/envelope"))
+        .send()
+        .await
+        .unwrap();
+    let page = response.items_page_at("/data/items").unwrap();
+    assert_eq!(page.items.len(), 2, "{page:?}");
+    assert_eq!(page.rejected.len(), 1, "{page:?}");
+    assert_eq!(page.rejected[0].text, r#""\udc00""#);
+    assert!(
+        page.rejected[0]
+            .reason
+            .starts_with("item 1: the escape `\\udc00` at byte 1"),
+        "{}",
+        page.rejected[0].reason
+    );
+    let error = response.items_page_at("/meta/note").unwrap_err();
+    assert!(
+        error.to_string().contains("no JSON array at `/meta/note`"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn an_item_nested_200_deep_is_rejected_and_the_others_go_through() {
+    let deep = nested(200);
+    let body = format!(r#"[{{"id":"a","v":1}},{deep},{{"id":"c","v":3}}]"#);
+    let server = Server::start(move |_| raw_json(body.clone())).await;
+    let http = client();
+    let page = http
+        .get(&context(None), server.url("/items"))
+        .send()
+        .await
+        .unwrap()
+        .items_page()
+        .unwrap();
+    assert_eq!(
+        page.items,
+        vec![json!({ "id": "a", "v": 1 }), json!({ "id": "c", "v": 3 })]
+    );
+    assert_eq!(page.rejected.len(), 1, "{page:?}");
+    assert_eq!(page.rejected[0].text, deep);
+    assert_eq!(
+        page.rejected[0].reason,
+        "item 1: arrays and objects nest deeper than 127 levels at byte 127 of the item, past \
+         the JSON parser's limit"
+    );
+}
+
+#[tokio::test]
+async fn a_body_of_100000_open_brackets_is_a_clear_error_and_never_a_crash() {
+    let server = Server::start(|seen| match seen.uri.as_str() {
+        "/balanced" => raw_json(nested(100_000)),
+        _ => raw_json("[".repeat(100_000)),
+    })
+    .await;
+    let http = client();
+    let ctx = context(None);
+    let response = http.get(&ctx, server.url("/open")).send().await.unwrap();
+    for error in [
+        response.items_page().unwrap_err(),
+        response.items_page_at("/0").unwrap_err(),
+        response.json::<Value>().unwrap_err(),
+    ] {
+        assert_eq!(http_status(&error), Some(200));
+        let message = error.to_string();
+        assert!(
+            message.contains("the body is not the expected JSON: "),
+            "{message}"
+        );
+    }
+    assert!(
+        response
+            .items_page()
+            .unwrap_err()
+            .to_string()
+            .ends_with("EOF while parsing a list at line 1 column 100000"),
+    );
+
+    // Closed as deep as it opens, the body is one array holding one item 99,999 levels deep:
+    // that item is rejected, whole, and nothing recurses.
+    let response = http
+        .get(&ctx, server.url("/balanced"))
+        .send()
+        .await
+        .unwrap();
+    let page = response.items_page().unwrap();
+    assert!(page.items.is_empty());
+    assert_eq!(page.rejected.len(), 1);
+    assert_eq!(page.rejected[0].text.len(), 2 * 99_999);
+    assert!(page.rejected[0].reason.contains("deeper than 127 levels"));
+    let page = response.items_page_at("/0/0").unwrap();
+    assert_eq!(page.rejected.len(), 1);
+    assert_eq!(page.rejected[0].text.len(), 2 * 99_997);
+}
+
+#[tokio::test]
+async fn the_engine_commits_the_good_items_and_quarantines_the_undecodable_ones() {
+    let deep = nested(200);
+    let body =
+        format!(r#"[{{"id":"a","v":1}},{{"id":"b","v":"\ud800"}},{deep},{{"id":"c","v":3}}]"#);
+    let server = Server::start(move |_| raw_json(body.clone())).await;
+    let h = Harness::new(server.url("/items"), client()).await;
+    let result = h.poll().await;
+    assert!(result.error.is_none(), "{result:?}");
+    assert_eq!(
+        h.events(),
+        vec![
+            (EventType::Created, "a".to_owned()),
+            (EventType::Created, "c".to_owned())
+        ]
+    );
+    let parked = h
+        .store
+        .list_parked(&Harness::key(), ParkedQuery::default())
+        .await
+        .unwrap();
+    assert_eq!(parked.len(), 2, "{parked:?}");
+    let mut messages: Vec<&str> = parked
+        .iter()
+        .map(|row| {
+            assert_eq!(row.kind, ParkedKind::Invalid);
+            row.error.error.message.as_str()
+        })
+        .collect();
+    messages.sort_unstable();
+    assert_eq!(
+        messages,
+        vec![
+            "item 1: the escape `\\ud800` at byte 15 of the item is a lone UTF-16 surrogate, \
+             which a Rust string cannot hold",
+            "item 2: arrays and objects nest deeper than 127 levels at byte 127 of the item, \
+             past the JSON parser's limit",
+        ]
+    );
+    // The item is kept as the API sent it, as a JSON string.
+    let texts: Vec<Value> = parked
+        .iter()
+        .map(|row| row.item.as_ref().unwrap().to_value())
+        .collect();
+    assert!(
+        texts.contains(&json!(r#"{"id":"b","v":"\ud800"}"#)),
+        "{texts:?}"
+    );
+    assert!(texts.contains(&json!(deep)));
 }
 
 // ----- requests -----

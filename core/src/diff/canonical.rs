@@ -27,6 +27,8 @@
 //! - **Embedded JSON text** ([`crate::Json`], `serde_json::value::RawValue`, and
 //!   `serde_json::Number` with serde_json's `arbitrary_precision`) is parsed and canonicalized like
 //!   any other value, so a payload hashes the same whether it arrives as text or as a typed value.
+//! - **Depth**: arrays and objects nested more than [`MAX_DEPTH`] levels deep are an error (serde's
+//!   `Serialize` recurses once per level, so this bounds the stack however the value was built).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -39,6 +41,11 @@ const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
 /// The struct name (and field name) `serde_json::Number` serializes under with serde_json's
 /// `arbitrary_precision` feature.
 const NUMBER_TOKEN: &str = "$serde_json::private::Number";
+
+/// The deepest nesting of arrays and objects [`canonicalize`] writes (the value itself is level 1);
+/// a deeper value is an error naming the path where it goes too deep. It bounds the recursion of
+/// `Serialize`, and is as deep as JSON parsers commonly read (serde_json reads 127 levels).
+pub const MAX_DEPTH: usize = 128;
 
 /// Why a value has no canonical JSON form.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -58,7 +65,8 @@ pub struct CanonicalError {
 ///
 /// A [`CanonicalError`] naming the path and the reason when the value holds NaN or ±Infinity, a
 /// map key that is not a string, a key twice in one object, embedded JSON text that does not parse,
-/// or when the value's own `Serialize` implementation fails.
+/// arrays and objects nested more than [`MAX_DEPTH`] levels deep, or when the value's own
+/// `Serialize` implementation fails.
 pub fn canonicalize<T: Serialize + ?Sized>(value: &T) -> Result<String, CanonicalError> {
     let mut out = String::new();
     let mut path = Vec::new();
@@ -190,6 +198,19 @@ fn write_nested<T: Serialize + ?Sized>(
     seg.ok_or_else(|| Error::new("internal error: path stack out of balance").located(path))
 }
 
+/// An error when opening `levels` more levels of arrays and objects below `path` would nest deeper
+/// than [`MAX_DEPTH`]. Every array and object opens here, before its members are serialized, so
+/// the recursion stops at that depth.
+fn check_depth(path: &[Seg], levels: usize) -> Result<(), Error> {
+    if path.len() + levels > MAX_DEPTH {
+        return Err(Error::new(format!(
+            "arrays and objects nest deeper than {MAX_DEPTH} levels"
+        ))
+        .located(path));
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------
 // Scalars
 // ---------------------------------------------------------------------------------------------
@@ -310,7 +331,8 @@ struct Canon<'a> {
 }
 
 impl<'a> Canon<'a> {
-    fn seq(self, open_variant: Option<&'static str>) -> Seq<'a> {
+    fn seq(self, open_variant: Option<&'static str>) -> Result<Seq<'a>, Error> {
+        check_depth(self.path, 1 + usize::from(open_variant.is_some()))?;
         let base = self.path.len();
         if let Some(variant) = open_variant {
             self.out.push('{');
@@ -319,16 +341,21 @@ impl<'a> Canon<'a> {
             self.path.push(Seg::Field(variant));
         }
         self.out.push('[');
-        Seq {
+        Ok(Seq {
             out: self.out,
             path: self.path,
             next: 0,
             base,
             in_variant: open_variant.is_some(),
-        }
+        })
     }
 
-    fn object(self, open_variant: Option<&'static str>, len: Option<usize>) -> Object<'a> {
+    fn object(
+        self,
+        open_variant: Option<&'static str>,
+        len: Option<usize>,
+    ) -> Result<Object<'a>, Error> {
+        check_depth(self.path, 1 + usize::from(open_variant.is_some()))?;
         let base = self.path.len();
         if let Some(variant) = open_variant {
             self.out.push('{');
@@ -336,14 +363,14 @@ impl<'a> Canon<'a> {
             self.out.push(':');
             self.path.push(Seg::Field(variant));
         }
-        Object {
+        Ok(Object {
             out: self.out,
             path: self.path,
             members: Vec::with_capacity(len.unwrap_or(0)),
             pending_key: None,
             base,
             in_variant: open_variant.is_some(),
-        }
+        })
     }
 }
 
@@ -477,6 +504,7 @@ impl<'a> ser::Serializer for Canon<'a> {
         variant: &'static str,
         value: &T,
     ) -> Result<(), Error> {
+        check_depth(self.path, 1)?;
         self.out.push('{');
         write_string(self.out, variant);
         self.out.push(':');
@@ -486,15 +514,15 @@ impl<'a> ser::Serializer for Canon<'a> {
     }
 
     fn serialize_seq(self, _len: Option<usize>) -> Result<Seq<'a>, Error> {
-        Ok(self.seq(None))
+        self.seq(None)
     }
 
     fn serialize_tuple(self, _len: usize) -> Result<Seq<'a>, Error> {
-        Ok(self.seq(None))
+        self.seq(None)
     }
 
     fn serialize_tuple_struct(self, _name: &'static str, _len: usize) -> Result<Seq<'a>, Error> {
-        Ok(self.seq(None))
+        self.seq(None)
     }
 
     fn serialize_tuple_variant(
@@ -504,11 +532,11 @@ impl<'a> ser::Serializer for Canon<'a> {
         variant: &'static str,
         _len: usize,
     ) -> Result<Seq<'a>, Error> {
-        Ok(self.seq(Some(variant)))
+        self.seq(Some(variant))
     }
 
     fn serialize_map(self, len: Option<usize>) -> Result<Object<'a>, Error> {
-        Ok(self.object(None, len))
+        self.object(None, len)
     }
 
     fn serialize_struct(self, name: &'static str, len: usize) -> Result<Struct<'a>, Error> {
@@ -523,7 +551,7 @@ impl<'a> ser::Serializer for Canon<'a> {
                 path: self.path,
                 kind: Embedded::Number,
             },
-            _ => Struct::Object(self.object(None, Some(len))),
+            _ => Struct::Object(self.object(None, Some(len))?),
         })
     }
 
@@ -534,7 +562,7 @@ impl<'a> ser::Serializer for Canon<'a> {
         variant: &'static str,
         len: usize,
     ) -> Result<Object<'a>, Error> {
-        Ok(self.object(Some(variant), Some(len)))
+        self.object(Some(variant), Some(len))
     }
 }
 
@@ -1470,6 +1498,91 @@ mod tests {
                 error.reason.starts_with("embedded JSON text"),
                 "{bad}: {error}"
             );
+        }
+    }
+
+    /// `depth` arrays nested around `null`, built without recursion.
+    fn nested_arrays(depth: usize) -> serde_json::Value {
+        let mut value = serde_json::Value::Null;
+        for _ in 0..depth {
+            value = serde_json::Value::Array(vec![value]);
+        }
+        value
+    }
+
+    /// `depth` objects nested as `{"a":{"a":...null}}`, built without recursion.
+    fn nested_objects(depth: usize) -> serde_json::Value {
+        let mut value = serde_json::Value::Null;
+        for _ in 0..depth {
+            // Not `json!`, which would copy `value` through a recursive `to_value`.
+            let mut map = serde_json::Map::new();
+            map.insert("a".to_owned(), value);
+            value = serde_json::Value::Object(map);
+        }
+        value
+    }
+
+    /// Drops a value without recursion (dropping a `Value` recurses once per level).
+    fn dismantle(value: serde_json::Value) {
+        let mut stack = vec![value];
+        while let Some(value) = stack.pop() {
+            match value {
+                serde_json::Value::Array(items) => stack.extend(items),
+                serde_json::Value::Object(map) => stack.extend(map.into_iter().map(|(_, v)| v)),
+                _ => {}
+            }
+        }
+    }
+
+    #[test]
+    fn deep_values_are_an_error_and_never_overflow_the_stack() {
+        for deep in [nested_arrays(10_000), nested_objects(10_000)] {
+            let error = canonicalize(&deep).unwrap_err();
+            assert_eq!(
+                error.reason,
+                "arrays and objects nest deeper than 128 levels"
+            );
+            let step = if deep.is_array() { "[0]" } else { ".a" };
+            assert_eq!(error.path, format!("${}", step.repeat(MAX_DEPTH)));
+            assert!(crate::diff::fingerprint(&deep).is_err());
+            dismantle(deep);
+        }
+
+        // `MAX_DEPTH` levels are written, one more is not.
+        let open = "[".repeat(MAX_DEPTH);
+        let close = "]".repeat(MAX_DEPTH);
+        assert_eq!(
+            canon(&nested_arrays(MAX_DEPTH)),
+            format!("{open}null{close}")
+        );
+        assert!(canonicalize(&nested_arrays(MAX_DEPTH + 1)).is_err());
+        assert!(canonicalize(&nested_objects(MAX_DEPTH)).is_ok());
+        assert!(canonicalize(&nested_objects(MAX_DEPTH + 1)).is_err());
+        // Embedded JSON text counts from where it is embedded.
+        let text = Json::parse(&format!("{open}{close}")[1..2 * MAX_DEPTH - 1]).unwrap();
+        assert!(canonicalize(&vec![text.clone()]).is_ok());
+        assert!(canonicalize(&vec![vec![text]]).is_err());
+
+        // A user type counts the objects of its variants too: `{"Node":{"Node":..."Leaf"}}`.
+        #[derive(Serialize)]
+        enum Tree {
+            Leaf,
+            Node(Box<Tree>),
+        }
+        let tree = |depth: usize| {
+            let mut tree = Tree::Leaf;
+            for _ in 0..depth {
+                tree = Tree::Node(Box::new(tree));
+            }
+            tree
+        };
+        assert!(canonicalize(&tree(MAX_DEPTH)).is_ok());
+        let mut deep = tree(10_000);
+        let error = canonicalize(&deep).unwrap_err();
+        assert_eq!(error.path, format!("${}", ".Node".repeat(MAX_DEPTH)));
+        // Taken apart without recursion, as `dismantle` does.
+        while let Tree::Node(next) = deep {
+            deep = *next;
         }
     }
 }
