@@ -190,7 +190,10 @@ pub async fn g4_failed_commit_persists_nothing(env: Env) -> CaseResult {
         "the failed commit is reported: {result:?}"
     );
     check!(
-        result.polled.iter().all(|p| p.events == 0 && p.delivered == 0),
+        result
+            .polled
+            .iter()
+            .all(|p| p.events == 0 && p.delivered == 0),
         "the poll result counts no event of the failed page: {result:?}"
     );
     check_eq!(
@@ -221,7 +224,11 @@ pub async fn g4_failed_commit_persists_nothing(env: Env) -> CaseResult {
     check!(w.api.calls() > calls, "the page is fetched again");
     check_eq!(recorder.ids().len(), 3, "and delivered");
     let sequences: Vec<i64> = recorder.events().iter().map(|e| e.sequence).collect();
-    check_eq!(sequences, vec![1, 2, 3], "the failed commit consumed no sequence");
+    check_eq!(
+        sequences,
+        vec![1, 2, 3],
+        "the failed commit consumed no sequence"
+    );
     Ok(())
 }
 
