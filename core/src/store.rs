@@ -326,7 +326,8 @@ pub trait Store: Send + Sync + 'static {
     ///    independent (`validators::validators_round_trip`).
     async fn get_validator(&self, key: &PKey, url_hash: &str) -> Result<Option<Validator>>;
 
-    /// Fenced: stores the validators of a URL hash.
+    /// Fenced: stores the validators of a URL hash on their own. The engine never calls it: a
+    /// page's validators land with its `commit_poll` (`CommitBatch::validators`).
     ///
     /// **Contract**
     /// 1. Fenced (`fencing::set_validator_rejects_stale_lease`).

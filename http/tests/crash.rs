@@ -186,8 +186,8 @@ async fn postgres_a_crash_between_fetch_and_commit_loses_no_change() {
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
     let drop_schema = format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
     sqlx::query(&drop_schema).execute(&pool).await.unwrap();
-    let store = PostgresStore::from_pool(pool.clone(), PostgresOptions::default().schema(schema))
-        .unwrap();
+    let store =
+        PostgresStore::from_pool(pool.clone(), PostgresOptions::default().schema(schema)).unwrap();
     crash_between_fetch_and_commit(Arc::new(store), "postgres").await;
     sqlx::query(&drop_schema).execute(&pool).await.unwrap();
 }
