@@ -145,6 +145,7 @@ macro_rules! for_each_case {
             }
             full_scans {
                 a_shifting_listing_never_deletes_a_live_item,
+                an_interrupted_listing_never_deletes_a_live_item,
             }
             chaos {
                 timestamp_seeds,

@@ -14,7 +14,7 @@ use watukuy_core::{
 use watukuy_store_memory::MemoryStore;
 
 /// The one thing a broken store gets wrong.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Defect {
     /// None: the store is honest.
     None,
@@ -30,6 +30,8 @@ enum Defect {
     /// `stream_identities` orders by UTF-16 code units, as a store on a UTF-16 string type
     /// would: the same as byte order for most text, not above U+FFFF.
     IdentitiesInUtf16Order,
+    /// An honest store without a replay log (`capabilities().log` is false).
+    NoLog,
 }
 
 /// The store's own clock, which the contract forbids it to have.
@@ -54,7 +56,9 @@ impl Broken {
 #[deny(clippy::missing_trait_methods)]
 impl Store for Broken {
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        Capabilities {
+            log: self.defect != Defect::NoLog,
+        }
     }
     async fn migrate(&self) -> Result<()> {
         self.inner.migrate().await
@@ -449,4 +453,36 @@ async fn a_full_scan_over_a_store_streaming_backwards_deletes_nothing_and_warns(
         "it names the key: {}",
         broke[0]
     );
+}
+
+/// An engine refuses, when it is built, a poller that keeps a replay log on a store that has
+/// none (the error names the option and the poller); the same poller without `log_retention`
+/// builds.
+#[test]
+fn a_poller_with_a_log_is_refused_on_a_store_without_one() {
+    use std::time::Duration;
+
+    use watukuy_conformance::world::{StrategyKind, World};
+
+    let world = World::new(1, 10).unwrap();
+    let store: Arc<dyn Store> = Arc::new(Broken {
+        inner: MemoryStore::new(),
+        defect: Defect::NoLog,
+    });
+    let logged = world
+        .poller(StrategyKind::Timestamp)
+        .log(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let error = world
+        .engine(Arc::clone(&store), "node-a", logged, 1)
+        .unwrap_err();
+    assert_eq!(error.code(), watukuy_core::ErrorCode::Config, "{error}");
+    let message = error.to_string();
+    assert!(
+        message.contains("log_retention") && message.contains("items"),
+        "{message}"
+    );
+    let plain = world.poller(StrategyKind::Timestamp).build().unwrap();
+    assert!(world.engine(store, "node-a", plain, 1).is_ok());
 }

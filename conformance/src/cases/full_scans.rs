@@ -13,10 +13,11 @@ use serde_json::json;
 use watukuy_core::cursor::{self, Cursor};
 use watukuy_core::{
     BoxError, DeleteConfirmation, Engine, Event, EventType, FetchContext, Lane, Page, Poller,
-    SeededRng,
+    SeededRng, Store,
 };
 
 use crate::fake_api::FakeApi;
+use crate::faulty::{FaultyStore, KillPoint, KillSwitch};
 use crate::harness::{CaseError, CaseResult, Env};
 use crate::world::{Recorder, StrategyKind, World};
 use crate::{check, check_eq};
@@ -67,19 +68,51 @@ impl Scan {
     }
 }
 
-/// Lists page `page` of the API and then applies the shifts armed for after it.
-async fn shifting_page(
-    api: &FakeApi,
-    shifts: &Mutex<Vec<Shift>>,
-    page: u64,
-) -> Result<Page, BoxError> {
+/// How the next listing is interrupted at one page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Interrupt {
+    /// The request for the page fails (the process lives on).
+    Fail,
+    /// The process dies before the page's commit (the `after-fetch` kill).
+    Crash,
+}
+
+/// What the API does to the next listing.
+#[derive(Default)]
+struct Plan {
+    shifts: Vec<Shift>,
+    /// Interrupt the listing at this page, once.
+    interrupt: Option<(u64, Interrupt)>,
+    kills: Option<Arc<KillSwitch>>,
+}
+
+/// Lists page `page` of the API, interrupted when the plan says so, and then applies the shifts
+/// armed for after it.
+async fn shifting_page(api: &FakeApi, plan: &Mutex<Plan>, page: u64) -> Result<Page, BoxError> {
+    let interrupt = {
+        let mut plan = plan.lock().unwrap_or_else(PoisonError::into_inner);
+        match plan.interrupt {
+            Some((at, how)) if at == page => {
+                plan.interrupt = None;
+                Some((how, plan.kills.clone()))
+            }
+            _ => None,
+        }
+    };
+    match interrupt {
+        Some((Interrupt::Fail, _)) => return Err(format!("page {page} failed").into()),
+        Some((Interrupt::Crash, Some(kills))) => {
+            kills.arm(KillPoint::AfterFetch);
+        }
+        _ => {}
+    }
     let listing = api.list_page(page, Some(PAGE_SIZE)).await?;
     let mut out = Page::new(listing.items);
     out.has_more = listing.has_more;
     let due: Vec<Shift> = {
-        let mut armed = shifts.lock().unwrap_or_else(PoisonError::into_inner);
-        let (due, rest) = armed.drain(..).partition(|s| s.after_page == page);
-        *armed = rest;
+        let mut plan = plan.lock().unwrap_or_else(PoisonError::into_inner);
+        let (due, rest) = plan.shifts.drain(..).partition(|s| s.after_page == page);
+        plan.shifts = rest;
         due
     };
     for shift in due {
@@ -95,9 +128,9 @@ fn poller(
     name: &str,
     scan: Scan,
     rule: DeleteConfirmation,
-    shifts: &Arc<Mutex<Vec<Shift>>>,
+    plan: &Arc<Mutex<Plan>>,
 ) -> Result<Poller, CaseError> {
-    let (api, shifts) = (w.api.clone(), Arc::clone(shifts));
+    let (api, shifts) = (w.api.clone(), Arc::clone(plan));
     let builder = match scan {
         Scan::SnapshotDiff => w
             .poller_named(name, StrategyKind::SnapshotDiff)
@@ -122,6 +155,59 @@ fn poller(
     Ok(builder.delete_confirmation(rule).build()?)
 }
 
+/// An engine on `store` with the world's clock, and a recorder attached to `name`.
+fn start_engine(
+    w: &World,
+    store: Arc<dyn Store>,
+    poller: Poller,
+    name: &str,
+    instance: &str,
+) -> Result<(Engine, Recorder), CaseError> {
+    let engine = Engine::builder(store)
+        .poller(poller)
+        .clock(Arc::new(w.clock.clone()))
+        .rng(Arc::new(SeededRng::new(7)))
+        .instance_id(instance)
+        .build()?;
+    let recorder = Recorder::default();
+    engine.on(name, recorder.handler())?;
+    Ok((engine, recorder))
+}
+
+/// One listing: the clock moves past the live schedule's max (30 s), the reconcile's `every`
+/// (60 s) and the lease TTL (30 s), and one tick runs. With `clean`, no cycle may fail and the
+/// full scan must have run.
+async fn listing(
+    w: &World,
+    engine: &Engine,
+    name: &str,
+    scan: Scan,
+    clean: bool,
+) -> Result<(), CaseError> {
+    w.advance(Duration::from_secs(61));
+    let result = w.tick(engine).await?;
+    if clean {
+        check!(
+            result.polled.iter().all(|p| p.error.is_none()),
+            "{name}: a cycle failed: {result:?}"
+        );
+        check!(
+            result.polled.iter().any(|p| p.lane == scan.lane()),
+            "{name}: the full scan did not run: {result:?}"
+        );
+    }
+    Ok(())
+}
+
+/// The subjects of the `deleted` events.
+fn deleted(events: &[Event]) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e.event_type == EventType::Deleted)
+        .map(|e| e.subject.clone())
+        .collect()
+}
+
 /// What one run of the scenario saw.
 struct Outcome {
     /// Subjects of `deleted` events for items the API still has.
@@ -144,46 +230,26 @@ async fn run(
 ) -> Result<Outcome, CaseError> {
     let w = World::new(ITEMS, PAGE_SIZE)
         .map_err(|e| CaseError::failed(format!("cannot build the fake API: {e}")))?;
-    let shifts = Arc::new(Mutex::new(Vec::new()));
-    let engine = Engine::builder(Arc::clone(&env.store))
-        .poller(poller(&w, name, scan, rule, &shifts)?)
-        .clock(Arc::new(w.clock.clone()))
-        .rng(Arc::new(SeededRng::new(7)))
-        .instance_id("node-a")
-        .build()?;
-    let recorder = Recorder::default();
-    engine.on(name, recorder.handler())?;
-    let listing = async || -> Result<(), CaseError> {
-        // Past the live schedule's max (30 s) and the reconcile's `every` (60 s).
-        w.advance(Duration::from_secs(61));
-        let result = w.tick(&engine).await?;
-        check!(
-            result.polled.iter().all(|p| p.error.is_none()),
-            "{name}: a cycle failed: {result:?}"
-        );
-        check!(
-            result.polled.iter().any(|p| p.lane == scan.lane()),
-            "{name}: the full scan did not run: {result:?}"
-        );
-        Ok(())
-    };
-    listing().await?;
+    let plan = Arc::new(Mutex::new(Plan::default()));
+    let poller = poller(&w, name, scan, rule, &plan)?;
+    let (engine, recorder) = start_engine(&w, Arc::clone(&env.store), poller, name, "node-a")?;
+    listing(&w, &engine, name, scan, true).await?;
     check_eq!(
         recorder.events().len(),
         ITEMS,
         "{name}: the listing learned"
     );
-    *shifts.lock().unwrap_or_else(PoisonError::into_inner) = SHIFTS.to_vec();
-    listing().await?;
+    plan.lock().unwrap_or_else(PoisonError::into_inner).shifts = SHIFTS.to_vec();
+    listing(&w, &engine, name, scan, true).await?;
     check!(
-        shifts
-            .lock()
+        plan.lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .shifts
             .is_empty(),
         "{name}: every shift happened during the listing"
     );
     for _ in 0..3 {
-        listing().await?;
+        listing(&w, &engine, name, scan, true).await?;
     }
     let events = recorder.events();
     let api_ids: Vec<String> = w
@@ -192,11 +258,7 @@ async fn run(
         .iter()
         .filter_map(|item| item["id"].as_str().map(str::to_owned))
         .collect();
-    let deleted: Vec<String> = events
-        .iter()
-        .filter(|e| e.event_type == EventType::Deleted)
-        .map(|e| e.subject.clone())
-        .collect();
+    let deleted = deleted(&events);
     let live_deleted = deleted
         .iter()
         .filter(|s| api_ids.contains(s))
@@ -263,6 +325,84 @@ pub async fn a_shifting_listing_never_deletes_a_live_item(env: Env) -> CaseResul
             !out.live_deleted.is_empty(),
             "{scan:?}: the control (Immediate) reported no live item deleted, so the listing never shifted"
         );
+    }
+    Ok(())
+}
+
+/// A full scan's deletes come from one complete listing: a listing of 3 pages interrupted after
+/// page k, for k = 1 and 2, by a failed request for page k + 1 (the process lives on) and by a
+/// crash before page k + 1's commit (a fresh instance takes over after the lease TTL), in a
+/// `snapshot_diff` live lane and in a reconcile lane, never commits a `deleted` event, although
+/// nothing was deleted: the next listing starts again from page 1 instead of resuming at page
+/// k + 1 with pages 1..k unseen. `DeleteConfirmation::Immediate`, so that no second listing
+/// could hide such a delete.
+pub async fn an_interrupted_listing_never_deletes_a_live_item(env: Env) -> CaseResult {
+    for scan in [Scan::SnapshotDiff, Scan::Reconcile] {
+        for k in 1..=2_u64 {
+            for how in [Interrupt::Fail, Interrupt::Crash] {
+                let name = format!("interrupted-{scan:?}-{k}-{how:?}").to_lowercase();
+                let w = World::new(ITEMS, PAGE_SIZE)
+                    .map_err(|e| CaseError::failed(format!("cannot build the fake API: {e}")))?;
+                let kills = Arc::new(KillSwitch::new());
+                let plan = Arc::new(Mutex::new(Plan {
+                    kills: Some(Arc::clone(&kills)),
+                    ..Plan::default()
+                }));
+                let rule = DeleteConfirmation::Immediate;
+                let faulty: Arc<dyn Store> = Arc::new(
+                    FaultyStore::new(Arc::clone(&env.store)).with_kills(Arc::clone(&kills)),
+                );
+                let (node_a, recorder) = start_engine(
+                    &w,
+                    faulty,
+                    poller(&w, &name, scan, rule, &plan)?,
+                    &name,
+                    "node-a",
+                )?;
+                listing(&w, &node_a, &name, scan, true).await?;
+                check_eq!(
+                    recorder.events().len(),
+                    ITEMS,
+                    "{name}: the listing learned"
+                );
+
+                plan.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .interrupt = Some((k + 1, how));
+                listing(&w, &node_a, &name, scan, false).await?;
+                check!(
+                    plan.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .interrupt
+                        .is_none(),
+                    "{name}: the listing never reached page {}",
+                    k + 1
+                );
+                let (running, recorder) = match how {
+                    Interrupt::Fail => (node_a, recorder),
+                    Interrupt::Crash => {
+                        check_eq!(kills.fired(KillPoint::AfterFetch), 1, "{name}");
+                        drop(node_a);
+                        let poller = poller(&w, &name, scan, rule, &plan)?;
+                        start_engine(&w, Arc::clone(&env.store), poller, &name, "node-b")?
+                    }
+                };
+                for _ in 0..2 {
+                    listing(&w, &running, &name, scan, true).await?;
+                }
+                let deleted = deleted(&recorder.events());
+                check!(
+                    deleted.is_empty(),
+                    "{name}: live items reported deleted after an interrupted listing: {deleted:?}"
+                );
+                let key = watukuy_core::PKey::new(name.as_str(), "");
+                check_eq!(
+                    env.store.count_items(&key).await?,
+                    ITEMS as u64,
+                    "{name}: the snapshot still holds every item"
+                );
+            }
+        }
     }
     Ok(())
 }
