@@ -327,7 +327,7 @@ pub trait Store: Send + Sync + 'static {
     async fn get_validator(&self, key: &PKey, url_hash: &str) -> Result<Option<Validator>>;
 
     /// Fenced: stores the validators of a URL hash on their own. The engine never calls it: a
-    /// page's validators land with its `commit_poll` (`CommitBatch::validators`).
+    /// page's validators land with its `commit_poll`, in the batch's `validators` field.
     ///
     /// **Contract**
     /// 1. Fenced (`fencing::set_validator_rejects_stale_lease`).
