@@ -349,9 +349,9 @@ async fn inspect_key(
         cursors,
         last_poll: state.schedule.last_poll.clone(),
         schedule: state.schedule,
-        outbox_pending: store.count_pending(key).await?,
-        parked: store.count_parked(key).await?,
-        items: store.count_items(key).await?,
+        outbox_pending: store.counts(key).await.map(|c| c.pending)?,
+        parked: store.counts(key).await.map(|c| c.parked)?,
+        items: store.counts(key).await.map(|c| c.items)?,
         lag_ms,
     })
 }
@@ -458,8 +458,18 @@ async fn operate(
         (Some(engine), Operation::Discard) => {
             engine.discard_parked(poller, partition, &body.ids).await?
         }
-        (None, Operation::Retry) => state.store.retry_parked(&key, &body.ids).await?,
-        (None, Operation::Discard) => state.store.discard_parked(&key, &body.ids).await?,
+        (None, Operation::Retry) => {
+            state
+                .store
+                .resolve_parked(&key, &body.ids, watukuy_core::ParkedAction::Retry)
+                .await?
+        }
+        (None, Operation::Discard) => {
+            state
+                .store
+                .resolve_parked(&key, &body.ids, watukuy_core::ParkedAction::Discard)
+                .await?
+        }
     };
     Ok(count)
 }

@@ -133,10 +133,10 @@ async fn an_engine_page_shows_pollers_and_parked_rows_and_retries_in_read_write_
         (retried.status, &retried.body),
         (StatusCode::OK, &json!({ "retried": 1 }))
     );
-    assert_eq!(store.count_parked(&key()).await.unwrap(), 0);
+    assert_eq!(store.counts(&key()).await.map(|c| c.parked).unwrap(), 0);
     world.tick(&engine).await.unwrap();
     assert!(consumer.delivered_ids().contains(&id));
-    assert_eq!(store.count_pending(&key()).await.unwrap(), 0);
+    assert_eq!(store.counts(&key()).await.map(|c| c.pending).unwrap(), 0);
 
     // Discarding what is no longer parked counts nothing.
     let discarded = send(
@@ -168,7 +168,7 @@ async fn read_only_is_the_default_and_refuses_changes() {
         assert_eq!(reply.body["error"]["code"], "READ_ONLY");
     }
     assert_eq!(
-        store.count_parked(&key()).await.unwrap(),
+        store.counts(&key()).await.map(|c| c.parked).unwrap(),
         1,
         "nothing changed"
     );

@@ -393,11 +393,19 @@ async fn run() -> Result<(), String> {
     // The engine's next run delivers the event: checked through the store.
     world.tick(&engine).await.map_err(|e| e.to_string())?;
     assert_eq!(
-        store.count_parked(&key).await.map_err(|e| e.to_string())?,
+        store
+            .counts(&key)
+            .await
+            .map(|c| c.parked)
+            .map_err(|e| e.to_string())?,
         0
     );
     assert_eq!(
-        store.count_pending(&key).await.map_err(|e| e.to_string())?,
+        store
+            .counts(&key)
+            .await
+            .map(|c| c.pending)
+            .map_err(|e| e.to_string())?,
         0
     );
     assert!(consumer.delivered_ids().contains(&parked_id), "delivered");

@@ -236,9 +236,9 @@ impl Session {
             cursors,
             last_poll: state.schedule.last_poll.clone(),
             schedule: state.schedule,
-            outbox_pending: store.count_pending(key).await?,
-            parked: store.count_parked(key).await?,
-            items: store.count_items(key).await?,
+            outbox_pending: store.counts(key).await.map(|c| c.pending)?,
+            parked: store.counts(key).await.map(|c| c.parked)?,
+            items: store.counts(key).await.map(|c| c.items)?,
             lag_ms,
         })
     }
@@ -288,7 +288,9 @@ impl Session {
         if ids.is_empty() {
             return Ok(ids);
         }
-        self.store.retry_parked(key, &ids).await?;
+        self.store
+            .resolve_parked(key, &ids, watukuy_core::ParkedAction::Retry)
+            .await?;
         Ok(ids)
     }
 
@@ -306,7 +308,9 @@ impl Session {
         if ids.is_empty() {
             return Ok(ids);
         }
-        self.store.discard_parked(key, &ids).await?;
+        self.store
+            .resolve_parked(key, &ids, watukuy_core::ParkedAction::Discard)
+            .await?;
         Ok(ids)
     }
 

@@ -55,8 +55,8 @@ async fn binary_on(b: Arc<Backend>) {
         "{}",
         text(&out.stdout)
     );
-    assert_eq!(b.store.count_parked(&key).await.unwrap(), 0);
-    assert_eq!(b.store.count_pending(&key).await.unwrap(), 1);
+    assert_eq!(b.store.counts(&key).await.map(|c| c.parked).unwrap(), 0);
+    assert_eq!(b.store.counts(&key).await.map(|c| c.pending).unwrap(), 1);
 
     let out = watukuy(&b.argv(&["parked", "discard", "--poller", "nope"]));
     assert_eq!(out.status.code(), Some(1));

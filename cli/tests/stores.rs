@@ -114,8 +114,8 @@ async fn tour(b: Arc<Backend>) {
         .await
         .unwrap();
     assert_eq!(out.json, json!({ "retried": 1, "ids": [retry_id] }));
-    assert_eq!(store.count_parked(&key).await.unwrap(), 1);
-    assert_eq!(store.count_pending(&key).await.unwrap(), 1);
+    assert_eq!(store.counts(&key).await.map(|c| c.parked).unwrap(), 1);
+    assert_eq!(store.counts(&key).await.map(|c| c.pending).unwrap(), 1);
     // ...and discard deletes the other for good.
     let out = b
         .cli(
@@ -132,13 +132,13 @@ async fn tour(b: Arc<Backend>) {
         .await
         .unwrap();
     assert!(out.text.contains("1 parked row(s)"), "{}", out.text);
-    assert_eq!(store.count_parked(&key).await.unwrap(), 0);
+    assert_eq!(store.counts(&key).await.map(|c| c.parked).unwrap(), 0);
     // The engine's next run delivers the retried event, never the discarded one.
     world.tick(&engine).await.unwrap();
     let delivered: Vec<String> = consumer.delivered().into_iter().map(|e| e.id).collect();
     assert!(delivered.contains(&retry_id));
     assert!(!delivered.contains(&discard_id));
-    assert_eq!(store.count_pending(&key).await.unwrap(), 0);
+    assert_eq!(store.counts(&key).await.map(|c| c.pending).unwrap(), 0);
 
     // An id that is not parked changes nothing and says so.
     let error = b
@@ -222,7 +222,7 @@ async fn tour(b: Arc<Backend>) {
     )
     .await
     .unwrap();
-    assert_eq!(store.count_items(&key).await.unwrap(), 0);
+    assert_eq!(store.counts(&key).await.map(|c| c.items).unwrap(), 0);
     let state = store.load_state(&key).await.unwrap().unwrap();
     assert_eq!(state.lanes.live.unwrap().cursor, None);
 
@@ -413,7 +413,7 @@ async fn parked_kinds(b: Arc<Backend>) {
     consumer.attach(&engine);
     world.tick(&engine).await.unwrap();
     let key = key();
-    assert_eq!(store.count_parked(&key).await.unwrap(), 3);
+    assert_eq!(store.counts(&key).await.map(|c| c.parked).unwrap(), 3);
 
     let out = b
         .cli(
@@ -451,7 +451,7 @@ async fn parked_kinds(b: Arc<Backend>) {
         .await
         .unwrap();
     assert_eq!(out.json["retried"], 2, "every poison row");
-    assert_eq!(store.count_pending(&key).await.unwrap(), 2);
+    assert_eq!(store.counts(&key).await.map(|c| c.pending).unwrap(), 2);
     let left = store
         .list_parked(&key, ParkedQuery::default())
         .await
@@ -468,9 +468,9 @@ async fn parked_kinds(b: Arc<Backend>) {
         .await
         .unwrap();
     assert_eq!(out.json["discarded"], 1);
-    assert_eq!(store.count_parked(&key).await.unwrap(), 0);
+    assert_eq!(store.counts(&key).await.map(|c| c.parked).unwrap(), 0);
     world.tick(&engine).await.unwrap();
-    assert_eq!(store.count_pending(&key).await.unwrap(), 0);
+    assert_eq!(store.counts(&key).await.map(|c| c.pending).unwrap(), 0);
     let subjects: Vec<String> = consumer
         .delivered()
         .into_iter()
@@ -499,7 +499,7 @@ async fn replay_on_a_leased_key(b: Arc<Backend>) {
     assert_eq!((error.code.as_str(), error.exit_code), ("STORE", 1));
     assert!(error.message.contains("node-b"), "{}", error.message);
     assert_eq!(
-        b.store.count_pending(&key).await.unwrap(),
+        b.store.counts(&key).await.map(|c| c.pending).unwrap(),
         0,
         "nothing copied"
     );

@@ -978,7 +978,12 @@ impl Sim {
         let (mut ticks, mut completed, mut quiet) = (0_u64, 0_u64, 0_u64);
         loop {
             if ticks >= bound {
-                let pending = self.options.store.count_pending(&self.key).await;
+                let pending = self
+                    .options
+                    .store
+                    .counts(&self.key)
+                    .await
+                    .map(|c| c.pending);
                 self.violations.push(format!(
                     "liveness: not quiet after {ticks} quiescence ticks ({completed} completed cycles, {quiet} quiet ticks, outbox {pending:?})"
                 ));
@@ -990,7 +995,13 @@ impl Sim {
             ticks += 1;
             completed += summary.completed_live;
             quiet = if summary.delivered == 0 { quiet + 1 } else { 0 };
-            let pending = match self.options.store.count_pending(&self.key).await {
+            let pending = match self
+                .options
+                .store
+                .counts(&self.key)
+                .await
+                .map(|c| c.pending)
+            {
                 Ok(n) => n,
                 Err(error) => {
                     self.violations
@@ -1011,7 +1022,7 @@ impl Sim {
 
     async fn finish(mut self, quiescence_ticks: u64) -> Result<ChaosReport, ChaosError> {
         let store = Arc::clone(&self.options.store);
-        let pending = store.count_pending(&self.key).await;
+        let pending = store.counts(&self.key).await.map(|c| c.pending);
         match pending {
             Ok(0) => {}
             Ok(n) => self.violations.push(format!(
@@ -1021,7 +1032,7 @@ impl Sim {
                 .violations
                 .push(format!("harness: count_pending failed: {e}")),
         }
-        let parked = match store.count_parked(&self.key).await {
+        let parked = match store.counts(&self.key).await.map(|c| c.parked) {
             Ok(n) => n,
             Err(e) => {
                 self.violations

@@ -23,9 +23,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use watukuy_core::{
-    Capabilities, CommitBatch, Error, ItemRow, Lease, LogQuery, LoggedEvent, OutboxRow, PKey,
-    ParkedQuery, ParkedRow, PollerState, Result, SerializedError, StatePatch, Store,
-    StoreErrorKind, Validator,
+    Capabilities, CommitBatch, Error, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent, OutboxRow,
+    PKey, ParkedAction, ParkedQuery, ParkedRow, PollerState, Result, SerializedError, StatePatch,
+    Store, StoreErrorKind, Validator,
 };
 
 /// A store operation that can fail on purpose.
@@ -54,8 +54,8 @@ pub enum Op {
     LoadState,
     /// `held_keys`.
     HeldKeys,
-    /// `count_pending`.
-    CountPending,
+    /// `counts`.
+    Counts,
 }
 
 /// Whether an injected failure happens before the call reaches the store (nothing written) or
@@ -718,9 +718,10 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
         ))
     }
 
-    async fn count_items(&self, key: &PKey) -> Result<u64> {
-        self.alive()?;
-        self.inner.count_items(key).await
+    async fn counts(&self, key: &PKey) -> Result<KeyCounts> {
+        self.before(Op::Counts)?;
+        let result = self.inner.counts(key).await;
+        self.after(Op::Counts, result)
     }
 
     async fn commit_poll(&self, key: &PKey, lease: &Lease, batch: &CommitBatch) -> Result<()> {
@@ -739,12 +740,6 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
                 .fetch_max(rows.len(), Ordering::Relaxed);
         }
         self.after(Op::LoadPending, result)
-    }
-
-    async fn count_pending(&self, key: &PKey) -> Result<u64> {
-        self.before(Op::CountPending)?;
-        let result = self.inner.count_pending(key).await;
-        self.after(Op::CountPending, result)
     }
 
     async fn ack_events(&self, key: &PKey, lease: &Lease, ids: &[String]) -> Result<()> {
@@ -783,19 +778,14 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
         self.inner.list_parked(key, query).await
     }
 
-    async fn count_parked(&self, key: &PKey) -> Result<u64> {
+    async fn resolve_parked(
+        &self,
+        key: &PKey,
+        ids: &[String],
+        action: ParkedAction,
+    ) -> Result<u64> {
         self.alive()?;
-        self.inner.count_parked(key).await
-    }
-
-    async fn retry_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
-        self.alive()?;
-        self.inner.retry_parked(key, ids).await
-    }
-
-    async fn discard_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
-        self.alive()?;
-        self.inner.discard_parked(key, ids).await
+        self.inner.resolve_parked(key, ids, action).await
     }
 
     async fn held_keys(&self, key: &PKey) -> Result<Vec<String>> {
@@ -807,22 +797,6 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
     async fn get_validator(&self, key: &PKey, url_hash: &str) -> Result<Option<Validator>> {
         self.alive()?;
         self.inner.get_validator(key, url_hash).await
-    }
-
-    async fn set_validator(
-        &self,
-        key: &PKey,
-        lease: &Lease,
-        url_hash: &str,
-        validator: &Validator,
-    ) -> Result<()> {
-        self.alive()?;
-        let result = self
-            .inner
-            .set_validator(key, lease, url_hash, validator)
-            .await;
-        self.audit_write(key, lease, "set_validator", &result);
-        result
     }
 
     async fn read_log(

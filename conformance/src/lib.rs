@@ -56,7 +56,6 @@ macro_rules! for_each_case {
                 ack_events_rejects_stale_lease,
                 record_attempt_rejects_stale_lease,
                 park_event_rejects_stale_lease,
-                set_validator_rejects_stale_lease,
                 fenced_writes_without_lease_are_rejected,
                 released_lease_fails_fence,
                 lease_lost_carries_key_and_epoch,
@@ -174,14 +173,29 @@ macro_rules! for_each_case {
 ///
 /// The harness expression is evaluated once per test, inside the generated module (which
 /// imports `super::*`).
+///
+/// Attributes after the harness go on every generated test. A store whose tests need a server
+/// uses this to have them counted as *ignored*, with a reason, when the server is not
+/// configured, instead of reported as passed: a build script sets a `cfg` when the variable is
+/// unset (`cargo::rustc-check-cfg=cfg(no_my_store)`, `cargo::rerun-if-env-changed=MY_STORE_URL`,
+/// `cargo::rustc-cfg=no_my_store`), and
+///
+/// ```text
+/// watukuy_conformance::store_tests!(
+///     MyHarness,
+///     #[cfg_attr(no_my_store, ignore = "set MY_STORE_URL to test against a server")]
+/// );
+/// ```
+///
+/// gives `test conformance::leases::… ... ignored, set MY_STORE_URL to test against a server`.
 #[macro_export]
 macro_rules! store_tests {
-    ($harness:expr) => {
+    ($harness:expr $(, #[$attr:meta])* $(,)?) => {
         /// The watukuy conformance suite, one test per case.
         mod conformance {
             #[allow(unused_imports)]
             use super::*;
-            $crate::for_each_case!(__store_test_modules, $harness);
+            $crate::for_each_case!(__store_test_modules, ($harness) [$(#[$attr])*]);
         }
     };
 }
@@ -189,23 +203,32 @@ macro_rules! store_tests {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __store_test_modules {
-    (($harness:expr) $($module:ident { $($case:ident),* $(,)? })*) => {
+    ((($harness:expr) $attrs:tt) $($module:ident { $($case:ident),* $(,)? })*) => {
         $(
             mod $module {
                 #[allow(unused_imports)]
                 use super::*;
                 $(
-                    #[test]
-                    fn $case() {
-                        $crate::run_test($harness, $crate::Case {
-                            module: ::core::stringify!($module),
-                            name: ::core::stringify!($case),
-                            run: |env| ::std::boxed::Box::pin($crate::cases::$module::$case(env)),
-                        });
-                    }
+                    $crate::__store_test! { $attrs $module $case $harness }
                 )*
             }
         )*
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __store_test {
+    ([$(#[$attr:meta])*] $module:ident $case:ident $harness:expr) => {
+        $(#[$attr])*
+        #[test]
+        fn $case() {
+            $crate::run_test($harness, $crate::Case {
+                module: ::core::stringify!($module),
+                name: ::core::stringify!($case),
+                run: |env| ::std::boxed::Box::pin($crate::cases::$module::$case(env)),
+            });
+        }
     };
 }
 

@@ -128,7 +128,7 @@ async fn a_too_deep_item_and_an_undecodable_item_are_quarantined_and_the_good_it
     clock.advance(Duration::from_secs(120));
     tick(&engine).await;
     assert_eq!(recorder.events().len(), 1);
-    assert_eq!(store.count_parked(&key()).await.unwrap(), 2);
+    assert_eq!(store.counts(&key()).await.map(|c| c.parked).unwrap(), 2);
 }
 
 #[tokio::test]
@@ -174,6 +174,10 @@ async fn an_item_exactly_max_item_depth_deep_reads_back_byte_for_byte_from_every
             Some(text.as_str()),
             "{label}: the delivered text"
         );
-        assert_eq!(store.count_pending(&key()).await.unwrap(), 0, "{label}");
+        assert_eq!(
+            store.counts(&key()).await.map(|c| c.pending).unwrap(),
+            0,
+            "{label}"
+        );
     }
 }

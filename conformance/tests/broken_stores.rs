@@ -8,8 +8,9 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use watukuy_conformance::{CaseContext, CaseError, Fresh, Harness, Outcome, Report, run_all};
 use watukuy_core::{
-    Capabilities, CommitBatch, ItemRow, Lease, LogQuery, LoggedEvent, OutboxRow, PKey, ParkedQuery,
-    ParkedRow, PollerState, Result, SerializedError, StatePatch, Store, Validator,
+    Capabilities, CommitBatch, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent, OutboxRow, PKey,
+    ParkedAction, ParkedQuery, ParkedRow, PollerState, Result, SerializedError, StatePatch, Store,
+    Validator,
 };
 use watukuy_store_memory::MemoryStore;
 
@@ -154,8 +155,8 @@ impl Store for Broken {
             })
             .boxed()
     }
-    async fn count_items(&self, key: &PKey) -> Result<u64> {
-        self.inner.count_items(key).await
+    async fn counts(&self, key: &PKey) -> Result<KeyCounts> {
+        self.inner.counts(key).await
     }
     async fn commit_poll(&self, key: &PKey, lease: &Lease, batch: &CommitBatch) -> Result<()> {
         if let Defect::CommitNotAtomic = self.defect {
@@ -179,9 +180,6 @@ impl Store for Broken {
                 .collect(),
             _ => rows,
         })
-    }
-    async fn count_pending(&self, key: &PKey) -> Result<u64> {
-        self.inner.count_pending(key).await
     }
     async fn ack_events(&self, key: &PKey, lease: &Lease, ids: &[String]) -> Result<()> {
         let lease = match self.defect {
@@ -208,31 +206,19 @@ impl Store for Broken {
     async fn list_parked(&self, key: &PKey, query: ParkedQuery) -> Result<Vec<ParkedRow>> {
         self.inner.list_parked(key, query).await
     }
-    async fn count_parked(&self, key: &PKey) -> Result<u64> {
-        self.inner.count_parked(key).await
-    }
-    async fn retry_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
-        self.inner.retry_parked(key, ids).await
-    }
-    async fn discard_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
-        self.inner.discard_parked(key, ids).await
+    async fn resolve_parked(
+        &self,
+        key: &PKey,
+        ids: &[String],
+        action: ParkedAction,
+    ) -> Result<u64> {
+        self.inner.resolve_parked(key, ids, action).await
     }
     async fn held_keys(&self, key: &PKey) -> Result<Vec<String>> {
         self.inner.held_keys(key).await
     }
     async fn get_validator(&self, key: &PKey, url_hash: &str) -> Result<Option<Validator>> {
         self.inner.get_validator(key, url_hash).await
-    }
-    async fn set_validator(
-        &self,
-        key: &PKey,
-        lease: &Lease,
-        url_hash: &str,
-        validator: &Validator,
-    ) -> Result<()> {
-        self.inner
-            .set_validator(key, lease, url_hash, validator)
-            .await
     }
     async fn read_log(
         &self,
@@ -424,7 +410,7 @@ async fn a_full_scan_over_a_store_streaming_backwards_deletes_nothing_and_warns(
         assert_eq!(deleted.len(), deletes, "{defect:?}: {deleted:?}");
         let key = watukuy_core::PKey::new(POLLER, "");
         assert_eq!(
-            store.count_items(&key).await.unwrap(),
+            store.counts(&key).await.map(|c| c.items).unwrap(),
             30 - deletes as u64,
             "{defect:?}"
         );

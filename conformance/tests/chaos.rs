@@ -17,9 +17,9 @@ use watukuy_conformance::{
     assert_chaos_report, run_chaos,
 };
 use watukuy_core::{
-    Capabilities, CommitBatch, Error, EventType, ItemRow, Json, Lease, LogQuery, LoggedEvent,
-    OutboxRow, PKey, ParkedQuery, ParkedRow, PollerState, Result, SerializedError, StatePatch,
-    StopOptions, Store, TickOptions, Validator,
+    Capabilities, CommitBatch, Error, EventType, ItemRow, Json, KeyCounts, Lease, LogQuery,
+    LoggedEvent, OutboxRow, PKey, ParkedAction, ParkedQuery, ParkedRow, PollerState, Result,
+    SerializedError, StatePatch, StopOptions, Store, TickOptions, Validator,
 };
 use watukuy_store_memory::MemoryStore;
 
@@ -346,8 +346,8 @@ impl Store for TamperStore {
     ) -> BoxStream<'a, Result<Vec<String>>> {
         self.inner.stream_identities(key, batch_size)
     }
-    async fn count_items(&self, key: &PKey) -> Result<u64> {
-        self.inner.count_items(key).await
+    async fn counts(&self, key: &PKey) -> Result<KeyCounts> {
+        self.inner.counts(key).await
     }
     async fn commit_poll(&self, key: &PKey, lease: &Lease, batch: &CommitBatch) -> Result<()> {
         match self.tamper(batch) {
@@ -357,9 +357,6 @@ impl Store for TamperStore {
     }
     async fn load_pending(&self, key: &PKey, limit: usize) -> Result<Vec<OutboxRow>> {
         self.inner.load_pending(key, limit).await
-    }
-    async fn count_pending(&self, key: &PKey) -> Result<u64> {
-        self.inner.count_pending(key).await
     }
     async fn ack_events(&self, key: &PKey, lease: &Lease, ids: &[String]) -> Result<()> {
         match self.inner.ack_events(key, lease, ids).await {
@@ -388,31 +385,19 @@ impl Store for TamperStore {
     async fn list_parked(&self, key: &PKey, query: ParkedQuery) -> Result<Vec<ParkedRow>> {
         self.inner.list_parked(key, query).await
     }
-    async fn count_parked(&self, key: &PKey) -> Result<u64> {
-        self.inner.count_parked(key).await
-    }
-    async fn retry_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
-        self.inner.retry_parked(key, ids).await
-    }
-    async fn discard_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
-        self.inner.discard_parked(key, ids).await
+    async fn resolve_parked(
+        &self,
+        key: &PKey,
+        ids: &[String],
+        action: ParkedAction,
+    ) -> Result<u64> {
+        self.inner.resolve_parked(key, ids, action).await
     }
     async fn held_keys(&self, key: &PKey) -> Result<Vec<String>> {
         self.inner.held_keys(key).await
     }
     async fn get_validator(&self, key: &PKey, url_hash: &str) -> Result<Option<Validator>> {
         self.inner.get_validator(key, url_hash).await
-    }
-    async fn set_validator(
-        &self,
-        key: &PKey,
-        lease: &Lease,
-        url_hash: &str,
-        validator: &Validator,
-    ) -> Result<()> {
-        self.inner
-            .set_validator(key, lease, url_hash, validator)
-            .await
     }
     async fn read_log(
         &self,

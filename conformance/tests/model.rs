@@ -600,7 +600,11 @@ impl StateMachineTest for DeliveryTest {
                 let ids = sut.parked_ids(key);
                 let moved = sut
                     .runtime
-                    .block_on(sut.store.retry_parked(&sut.key, &ids))
+                    .block_on(sut.store.resolve_parked(
+                        &sut.key,
+                        &ids,
+                        watukuy_core::ParkedAction::Retry,
+                    ))
                     .expect("retry_parked");
                 assert_eq!(moved, ids.len() as u64);
             }
@@ -608,7 +612,11 @@ impl StateMachineTest for DeliveryTest {
                 let ids = sut.parked_ids(key);
                 let gone = sut
                     .runtime
-                    .block_on(sut.store.discard_parked(&sut.key, &ids))
+                    .block_on(sut.store.resolve_parked(
+                        &sut.key,
+                        &ids,
+                        watukuy_core::ParkedAction::Discard,
+                    ))
                     .expect("discard_parked");
                 assert_eq!(gone, ids.len() as u64);
             }
@@ -689,7 +697,11 @@ impl StateMachineTest for DeliveryTest {
         for key in 0..u8::try_from(KEYS).unwrap_or(0) {
             let ids = sut.parked_ids(key);
             sut.runtime
-                .block_on(sut.store.retry_parked(&sut.key, &ids))
+                .block_on(sut.store.resolve_parked(
+                    &sut.key,
+                    &ids,
+                    watukuy_core::ParkedAction::Retry,
+                ))
                 .expect("retry_parked");
         }
         sut.drain();
@@ -698,8 +710,9 @@ impl StateMachineTest for DeliveryTest {
         }
         let left = sut
             .runtime
-            .block_on(sut.store.count_pending(&sut.key))
-            .expect("count_pending");
+            .block_on(sut.store.counts(&sut.key))
+            .expect("counts")
+            .pending;
         assert_eq!(left, 0, "the outbox is empty after a clean drain");
         let delivered: BTreeSet<i64> = sut.delivered().iter().map(|(_, s, _)| *s).collect();
         for seq in 1..=model.next_seq {

@@ -361,7 +361,7 @@ async fn pause_skips_the_key_and_keeps_its_outbox_until_resume() {
     // No consumer yet: the committed events wait in the outbox.
     let result = world.tick(&engine).await.unwrap();
     assert_eq!(result.polled[0].events, 3);
-    assert_eq!(store.count_pending(&key()).await.unwrap(), 3);
+    assert_eq!(store.counts(&key()).await.map(|c| c.pending).unwrap(), 3);
 
     engine.pause(POLLER, None).await.unwrap();
     assert!(only(&engine).await.paused);
@@ -407,7 +407,7 @@ async fn pause_skips_the_key_and_keeps_its_outbox_until_resume() {
             (EventType::Updated, "item-001".to_owned()),
         ]
     );
-    assert_eq!(store.count_pending(&key()).await.unwrap(), 0);
+    assert_eq!(store.counts(&key()).await.map(|c| c.pending).unwrap(), 0);
 
     // `resume` makes a key due even when its schedule says otherwise.
     let result = world.tick(&engine).await.unwrap();
@@ -919,24 +919,24 @@ async fn remove_partition_deletes_every_row_of_the_partition() {
     // No consumer: state, items and pending events for both.
     t.tick(&engine).await;
     let (a, b) = (Tenants::key("a"), Tenants::key("b"));
-    assert_eq!(t.store.count_pending(&b).await.unwrap(), 3);
-    assert_eq!(t.store.count_items(&b).await.unwrap(), 3);
+    assert_eq!(t.store.counts(&b).await.map(|c| c.pending).unwrap(), 3);
+    assert_eq!(t.store.counts(&b).await.map(|c| c.items).unwrap(), 3);
 
     t.set(&["a"]);
     assert_eq!(engine.partitions(TENANTS).await.unwrap(), ["a"]);
     engine.remove_partition(TENANTS, "b").await.unwrap();
     assert_eq!(t.store.load_state(&b).await.unwrap(), None);
     assert_eq!(t.store.get_lease(&b).await.unwrap(), None);
-    assert_eq!(t.store.count_items(&b).await.unwrap(), 0);
-    assert_eq!(t.store.count_pending(&b).await.unwrap(), 0);
-    assert_eq!(t.store.count_parked(&b).await.unwrap(), 0);
+    assert_eq!(t.store.counts(&b).await.map(|c| c.items).unwrap(), 0);
+    assert_eq!(t.store.counts(&b).await.map(|c| c.pending).unwrap(), 0);
+    assert_eq!(t.store.counts(&b).await.map(|c| c.parked).unwrap(), 0);
     assert_eq!(
         t.store.list_keys(Some(TENANTS)).await.unwrap(),
         std::slice::from_ref(&a)
     );
     // The other partition is untouched.
-    assert_eq!(t.store.count_items(&a).await.unwrap(), 2);
-    assert_eq!(t.store.count_pending(&a).await.unwrap(), 2);
+    assert_eq!(t.store.counts(&a).await.map(|c| c.items).unwrap(), 2);
+    assert_eq!(t.store.counts(&a).await.map(|c| c.pending).unwrap(), 2);
     assert!(t.store.load_state(&a).await.unwrap().is_some());
 }
 
@@ -1132,7 +1132,7 @@ async fn subscribe_works_with_tick_and_excludes_on() {
                     next = subscription.next() => match next {
                         Some(event) => {
                             if events.is_empty() {
-                                pending = Some(store.count_pending(&key()).await.unwrap());
+                                pending = Some(store.counts(&key()).await.map(|c| c.pending).unwrap());
                             }
                             events.push(event);
                         }
@@ -1158,7 +1158,7 @@ async fn subscribe_works_with_tick_and_excludes_on() {
         Some(2),
         "the event in hand is acknowledged only when the next one is pulled"
     );
-    assert_eq!(store.count_pending(&key()).await.unwrap(), 0);
+    assert_eq!(store.counts(&key()).await.map(|c| c.pending).unwrap(), 0);
 
     // Dropping the subscription detaches it: `on` works again.
     drop(subscription);
@@ -1337,7 +1337,7 @@ async fn stop_with_drain_lets_the_cycle_in_flight_finish() {
         "the cycle finished"
     );
     assert_eq!(
-        store.count_pending(&key()).await.unwrap(),
+        store.counts(&key()).await.map(|c| c.pending).unwrap(),
         0,
         "and was acknowledged"
     );
@@ -1473,7 +1473,7 @@ async fn stop_without_drain_aborts_the_handler_in_flight_and_a_fresh_engine_rede
     assert_eq!(ids.len(), 2, "{result:?}");
     assert_eq!(ids[0], id);
     assert_eq!(recorder.events()[0].attempt, 1);
-    assert_eq!(store.count_pending(&key()).await.unwrap(), 0);
+    assert_eq!(store.counts(&key()).await.map(|c| c.pending).unwrap(), 0);
 }
 
 #[tokio::test(start_paused = true)]

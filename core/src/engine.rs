@@ -962,6 +962,7 @@ impl Engine {
             for partition in inner.partition_list(name) {
                 let key = PKey::new(name.clone(), partition.key.clone());
                 let state = self.state_or_initial(&key, rt).await?;
+                let counts = store.counts(&key).await?;
                 let live = state.lanes.live.as_ref().and_then(|l| l.cursor.clone());
                 let lag_ms = live
                     .as_deref()
@@ -988,9 +989,9 @@ impl Engine {
                     },
                     last_poll: state.schedule.last_poll.clone(),
                     schedule: state.schedule,
-                    outbox_pending: store.count_pending(&key).await?,
-                    parked: store.count_parked(&key).await?,
-                    items: store.count_items(&key).await?,
+                    outbox_pending: counts.pending,
+                    parked: counts.parked,
+                    items: counts.items,
                     lag_ms,
                     delivery: rt.dispatcher.counters(&partition.key),
                 });

@@ -38,10 +38,10 @@ pub use event::{CloudEvent, Event, EventType};
 pub use fetch::{BudgetCharge, FetchContext, Page, RejectedItem, ValidatorAccess};
 pub use json::Json;
 pub use model::{
-    Capabilities, Circuit, CommitBatch, EventCounts, ItemRow, Lane, LaneCursor, Lanes, Lease,
-    LogQuery, LoggedEvent, OutboxRow, OutboxStatus, PKey, ParkedError, ParkedKind, ParkedQuery,
-    ParkedRow, PollSummary, PollerState, RateLimitInfo, RateLimitSource, ScheduleState,
-    SerializedError, StatePatch, UrlValidator, ValidationIssue, Validator,
+    Capabilities, Circuit, CommitBatch, EventCounts, ItemRow, KeyCounts, Lane, LaneCursor, Lanes,
+    Lease, LogQuery, LoggedEvent, OutboxRow, OutboxStatus, PKey, ParkedAction, ParkedError,
+    ParkedKind, ParkedQuery, ParkedRow, PollSummary, PollerState, RateLimitInfo, RateLimitSource,
+    ScheduleState, SerializedError, StatePatch, UrlValidator, ValidationIssue, Validator,
 };
 pub use poller::{DeleteConfirmation, MAX_ITEM_DEPTH, OnInvalid, Poller, PollerBuilder, Retain};
 pub use rng::{Rng, SeededRng, SystemRng};

@@ -764,6 +764,27 @@ pub struct LogQuery {
     pub to_time: Option<i64>,
 }
 
+/// What [`crate::Store::resolve_parked`] does with parked rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ParkedAction {
+    /// Poison rows go back to the outbox as pending; their hold is released.
+    Retry,
+    /// The rows are deleted.
+    Discard,
+}
+
+/// How many rows a key holds, as [`crate::Store::counts`] reads them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyCounts {
+    /// Snapshot items.
+    pub items: u64,
+    /// Pending outbox rows.
+    pub pending: u64,
+    /// Parked rows of every kind.
+    pub parked: u64,
+}
+
 /// Filters for [`crate::Store::list_parked`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ParkedQuery {

@@ -269,7 +269,7 @@ pub(crate) async fn run_key(
                 || backfill_due(s, now)
         });
     let has_consumer = rt.dispatcher.has_consumer();
-    let drain_due = has_consumer && shared.store.count_pending(&key).await? > 0;
+    let drain_due = has_consumer && !shared.store.load_pending(&key, 1).await?.is_empty();
     if !live_due && !drain_due {
         return Ok(KeyOutcome::NotDue);
     }

@@ -23,8 +23,8 @@ use futures::stream::BoxStream;
 
 use crate::error::Result;
 use crate::model::{
-    Capabilities, CommitBatch, ItemRow, Lease, LogQuery, LoggedEvent, OutboxRow, PKey, ParkedQuery,
-    ParkedRow, PollerState, SerializedError, StatePatch, Validator,
+    Capabilities, CommitBatch, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent, OutboxRow, PKey,
+    ParkedAction, ParkedQuery, ParkedRow, PollerState, SerializedError, StatePatch, Validator,
 };
 
 /// The default batch size of [`Store::stream_identities`].
@@ -37,28 +37,35 @@ pub const DEFAULT_IDENTITY_BATCH: usize = 1000;
 /// are plain values.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
-    /// What this store supports.
+    /// What this store supports. Provided: no replay log; a store that keeps one says so and
+    /// implements [`read_log`](Self::read_log) and [`prune_log`](Self::prune_log).
     ///
     /// **Contract**
     /// 1. Returns the same value on every call, before and after `migrate`
     ///    (`setup::exposes_capabilities`).
-    fn capabilities(&self) -> Capabilities;
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { log: false }
+    }
 
-    /// Creates or upgrades the store's schema.
+    /// Creates or upgrades the store's schema. Provided: nothing to do.
     ///
     /// **Contract**
     /// 1. Idempotent: calling it again changes nothing and the store reads as empty
     ///    (`setup::migrate_is_idempotent`).
-    async fn migrate(&self) -> Result<()>;
+    async fn migrate(&self) -> Result<()> {
+        Ok(())
+    }
 
     /// Releases the store's resources (connections, file handles). The engine never calls it;
-    /// the application does, once, when it shuts down.
+    /// the application does, once, when it shuts down. Provided: nothing to release.
     ///
     /// **Contract**
     /// 1. Idempotent; what was committed before it stays committed; a call after it either
     ///    works (the store reopened lazily) or fails with [`Error::Store`](crate::Error::Store),
     ///    never panics or hangs (`setup::close_is_idempotent_and_keeps_data`).
-    async fn close(&self) -> Result<()>;
+    async fn close(&self) -> Result<()> {
+        Ok(())
+    }
 
     /// Takes the lease on `key` for `owner` until `now_ms + ttl_ms`.
     ///
@@ -119,7 +126,9 @@ pub trait Store: Send + Sync + 'static {
     ///    (`state::load_state_is_none_for_unknown_key`).
     async fn load_state(&self, key: &PKey) -> Result<Option<PollerState>>;
 
-    /// Fenced: applies `patch` (top-level replace, see [`PollerState::apply`]).
+    /// Fenced: applies `patch` (top-level replace, see [`PollerState::apply`]). Provided: a
+    /// [`commit_poll`](Self::commit_poll) of an empty batch carrying the patch; override it only
+    /// for a cheaper write with the same fence.
     ///
     /// **Contract**
     /// 1. Round-trips every field, nested JSON included; a first save creates the zero state with
@@ -130,7 +139,13 @@ pub trait Store: Send + Sync + 'static {
     ///    (`fencing::fenced_writes_without_lease_are_rejected`).
     /// 4. The `LeaseLost` error carries the key and the rejected epoch
     ///    (`fencing::lease_lost_carries_key_and_epoch`).
-    async fn save_state(&self, key: &PKey, lease: &Lease, patch: &StatePatch) -> Result<()>;
+    async fn save_state(&self, key: &PKey, lease: &Lease, patch: &StatePatch) -> Result<()> {
+        let batch = CommitBatch {
+            state_patch: patch.clone(),
+            ..CommitBatch::default()
+        };
+        self.commit_poll(key, lease, &batch).await
+    }
 
     /// Unfenced: applies `patch` without a lease (pause, resume, trigger, reset, partition removal).
     ///
@@ -209,11 +224,15 @@ pub trait Store: Send + Sync + 'static {
         batch_size: usize,
     ) -> BoxStream<'a, Result<Vec<String>>>;
 
-    /// The snapshot's size.
+    /// How many snapshot items, pending outbox rows and parked rows the key has, read together.
     ///
     /// **Contract**
-    /// 1. Counts rows after upserts and deletes (`items::count_items_counts_snapshot`).
-    async fn count_items(&self, key: &PKey) -> Result<u64>;
+    /// 1. `items` counts the snapshot after upserts and deletes (`items::count_items_counts_snapshot`).
+    /// 2. `pending` counts pending rows only; acks decrement it
+    ///    (`outbox::count_pending_counts_pending_only`).
+    /// 3. `parked` counts every kind; re-parking an id replaces the row
+    ///    (`parked::count_parked_counts_every_kind`).
+    async fn counts(&self, key: &PKey) -> Result<KeyCounts>;
 
     /// Fenced, atomic: applies one page's work in ONE transaction.
     ///
@@ -245,12 +264,6 @@ pub trait Store: Send + Sync + 'static {
     /// 1. Sequence order, honours `limit` (0 gives none), ignores `next_attempt_at`, sees only its
     ///    key (`outbox::load_pending_orders_by_sequence`).
     async fn load_pending(&self, key: &PKey, limit: usize) -> Result<Vec<OutboxRow>>;
-
-    /// The number of pending rows.
-    ///
-    /// **Contract**
-    /// 1. Counts pending rows only; acks decrement it (`outbox::count_pending_counts_pending_only`).
-    async fn count_pending(&self, key: &PKey) -> Result<u64>;
 
     /// Fenced: removes delivered rows (or marks them delivered). Unknown ids are ignored.
     ///
@@ -290,28 +303,21 @@ pub trait Store: Send + Sync + 'static {
     ///    (`parked::list_parked_filters_orders_limits`).
     async fn list_parked(&self, key: &PKey, query: ParkedQuery) -> Result<Vec<ParkedRow>>;
 
-    /// The number of parked rows of every kind.
+    /// Unfenced: resolves parked rows by id; returns how many rows it resolved (an id counts
+    /// once however often it is listed).
+    ///
+    /// [`ParkedAction::Retry`] moves poison rows back to the outbox as pending and releases their
+    /// hold: the new outbox row is `{ event_id, sequence: event.sequence, attempts: 0,
+    /// next_attempt_at: None, last_error: None, created_at: parked_at }`; invalid rows and
+    /// unknown ids are ignored. [`ParkedAction::Discard`] deletes the rows, of any kind.
     ///
     /// **Contract**
-    /// 1. Counts every kind; re-parking an id replaces the row (`parked::count_parked_counts_every_kind`).
-    async fn count_parked(&self, key: &PKey) -> Result<u64>;
-
-    /// Unfenced: moves poison rows back to the outbox as pending and releases their hold.
-    ///
-    /// The new outbox row is `{ event_id, sequence: event.sequence, attempts: 0,
-    /// next_attempt_at: None, last_error: None, created_at: parked_at }`. Invalid rows and
-    /// unknown ids are ignored. Returns how many rows moved.
-    ///
-    /// **Contract**
-    /// 1. Exactly that row appears, the parked row and its hold are gone, invalid rows and unknown
-    ///    ids are ignored, the count is returned (`parked::retry_parked_moves_poison_back`).
-    async fn retry_parked(&self, key: &PKey, ids: &[String]) -> Result<u64>;
-
-    /// Unfenced: deletes parked rows; returns how many were removed (duplicates count once).
-    ///
-    /// **Contract**
-    /// 1. Removes rows, counts each once, updates held keys (`parked::discard_parked_returns_count`).
-    async fn discard_parked(&self, key: &PKey, ids: &[String]) -> Result<u64>;
+    /// 1. Retry: exactly that row appears, the parked row and its hold are gone, invalid rows and
+    ///    unknown ids are ignored, the count is returned (`parked::retry_parked_moves_poison_back`).
+    /// 2. Discard: removes rows, counts each once, updates held keys
+    ///    (`parked::discard_parked_returns_count`).
+    async fn resolve_parked(&self, key: &PKey, ids: &[String], action: ParkedAction)
+    -> Result<u64>;
 
     /// The distinct non-null hold keys of parked rows.
     ///
@@ -326,31 +332,30 @@ pub trait Store: Send + Sync + 'static {
     ///    independent (`validators::validators_round_trip`).
     async fn get_validator(&self, key: &PKey, url_hash: &str) -> Result<Option<Validator>>;
 
-    /// Fenced: stores the validators of a URL hash on their own. The engine never calls it: a
-    /// page's validators land with its `commit_poll`, in the batch's `validators` field.
-    ///
-    /// **Contract**
-    /// 1. Fenced (`fencing::set_validator_rejects_stale_lease`).
-    async fn set_validator(
-        &self,
-        key: &PKey,
-        lease: &Lease,
-        url_hash: &str,
-        validator: &Validator,
-    ) -> Result<()>;
-
-    /// Log entries matching `query`, in sequence order, at most `limit`.
+    /// Log entries matching `query`, in sequence order, at most `limit`. Provided: none (a store
+    /// without a log).
     ///
     /// **Contract**
     /// 1. `sequence > after_sequence`, in sequence order (`log::read_log_after_sequence`).
     /// 2. `created_at` within `[from_time, to_time]` inclusive, honours `limit` (0 gives none)
     ///    (`log::read_log_time_range_and_limit`).
-    async fn read_log(&self, key: &PKey, query: LogQuery, limit: usize)
-    -> Result<Vec<LoggedEvent>>;
+    async fn read_log(
+        &self,
+        key: &PKey,
+        query: LogQuery,
+        limit: usize,
+    ) -> Result<Vec<LoggedEvent>> {
+        let _ = (key, query, limit);
+        Ok(Vec::new())
+    }
 
-    /// Deletes log entries created strictly before `older_than`; returns how many.
+    /// Deletes log entries created strictly before `older_than`; returns how many. Provided:
+    /// none (a store without a log).
     ///
     /// **Contract**
     /// 1. Strictly older only, idempotent, per key (`log::prune_log_strictly_older`).
-    async fn prune_log(&self, key: &PKey, older_than: i64) -> Result<u64>;
+    async fn prune_log(&self, key: &PKey, older_than: i64) -> Result<u64> {
+        let _ = (key, older_than);
+        Ok(0)
+    }
 }

@@ -22,8 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use watukuy_core::{
-    Capabilities, CommitBatch, ItemRow, Lease, LogQuery, LoggedEvent, OutboxRow, PKey, ParkedQuery,
-    ParkedRow, PollerState, Result, SerializedError, StatePatch, Store, Validator,
+    Capabilities, CommitBatch, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent, OutboxRow, PKey,
+    ParkedAction, ParkedQuery, ParkedRow, PollerState, Result, SerializedError, StatePatch, Store,
+    Validator,
 };
 
 /// A store that forwards every call to `inner` and counts them.
@@ -142,8 +143,8 @@ impl Store for CountingStore {
         self.count().stream_identities(key, batch_size)
     }
 
-    async fn count_items(&self, key: &PKey) -> Result<u64> {
-        self.count().count_items(key).await
+    async fn counts(&self, key: &PKey) -> Result<KeyCounts> {
+        self.count().counts(key).await
     }
 
     async fn commit_poll(&self, key: &PKey, lease: &Lease, batch: &CommitBatch) -> Result<()> {
@@ -153,10 +154,6 @@ impl Store for CountingStore {
 
     async fn load_pending(&self, key: &PKey, limit: usize) -> Result<Vec<OutboxRow>> {
         self.count().load_pending(key, limit).await
-    }
-
-    async fn count_pending(&self, key: &PKey) -> Result<u64> {
-        self.count().count_pending(key).await
     }
 
     async fn ack_events(&self, key: &PKey, lease: &Lease, ids: &[String]) -> Result<()> {
@@ -184,16 +181,13 @@ impl Store for CountingStore {
         self.count().list_parked(key, query).await
     }
 
-    async fn count_parked(&self, key: &PKey) -> Result<u64> {
-        self.count().count_parked(key).await
-    }
-
-    async fn retry_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
-        self.count().retry_parked(key, ids).await
-    }
-
-    async fn discard_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
-        self.count().discard_parked(key, ids).await
+    async fn resolve_parked(
+        &self,
+        key: &PKey,
+        ids: &[String],
+        action: ParkedAction,
+    ) -> Result<u64> {
+        self.count().resolve_parked(key, ids, action).await
     }
 
     async fn held_keys(&self, key: &PKey) -> Result<Vec<String>> {
@@ -202,18 +196,6 @@ impl Store for CountingStore {
 
     async fn get_validator(&self, key: &PKey, url_hash: &str) -> Result<Option<Validator>> {
         self.count().get_validator(key, url_hash).await
-    }
-
-    async fn set_validator(
-        &self,
-        key: &PKey,
-        lease: &Lease,
-        url_hash: &str,
-        validator: &Validator,
-    ) -> Result<()> {
-        self.count()
-            .set_validator(key, lease, url_hash, validator)
-            .await
     }
 
     async fn read_log(

@@ -6,9 +6,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use async_trait::async_trait;
 use futures::stream::{self, BoxStream, StreamExt};
 use watukuy_core::{
-    Capabilities, CommitBatch, Error, ItemRow, Lease, LogQuery, LoggedEvent, OutboxRow,
-    OutboxStatus, PKey, ParkedKind, ParkedQuery, ParkedRow, PollerState, Result, SerializedError,
-    StatePatch, Store, Validator,
+    Capabilities, CommitBatch, Error, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent, OutboxRow,
+    OutboxStatus, PKey, ParkedAction, ParkedKind, ParkedQuery, ParkedRow, PollerState, Result,
+    SerializedError, StatePatch, Store, Validator,
 };
 
 /// Everything stored for one key.
@@ -107,14 +107,6 @@ impl Store for MemoryStore {
         Capabilities { log: true }
     }
 
-    async fn migrate(&self) -> Result<()> {
-        Ok(())
-    }
-
-    async fn close(&self) -> Result<()> {
-        Ok(())
-    }
-
     async fn acquire_lease(
         &self,
         key: &PKey,
@@ -171,12 +163,6 @@ impl Store for MemoryStore {
 
     async fn load_state(&self, key: &PKey) -> Result<Option<PollerState>> {
         Ok(self.read(key, |r| r.state.clone(), None))
-    }
-
-    async fn save_state(&self, key: &PKey, lease: &Lease, patch: &StatePatch) -> Result<()> {
-        self.fenced(key, lease, |record| {
-            record.state = Some(PollerState::patched(record.state.take(), patch));
-        })
     }
 
     async fn save_state_unfenced(&self, key: &PKey, patch: &StatePatch) -> Result<()> {
@@ -260,8 +246,16 @@ impl Store for MemoryStore {
         .boxed()
     }
 
-    async fn count_items(&self, key: &PKey) -> Result<u64> {
-        Ok(self.read(key, |r| r.items.len() as u64, 0))
+    async fn counts(&self, key: &PKey) -> Result<KeyCounts> {
+        Ok(self.read(
+            key,
+            |r| KeyCounts {
+                items: r.items.len() as u64,
+                pending: r.outbox.len() as u64,
+                parked: r.parked.len() as u64,
+            },
+            KeyCounts::default(),
+        ))
     }
 
     async fn commit_poll(&self, key: &PKey, lease: &Lease, batch: &CommitBatch) -> Result<()> {
@@ -314,10 +308,6 @@ impl Store for MemoryStore {
             },
             Vec::new(),
         ))
-    }
-
-    async fn count_pending(&self, key: &PKey) -> Result<u64> {
-        Ok(self.read(key, |r| r.outbox.len() as u64, 0))
     }
 
     async fn ack_events(&self, key: &PKey, lease: &Lease, ids: &[String]) -> Result<()> {
@@ -373,15 +363,21 @@ impl Store for MemoryStore {
         ))
     }
 
-    async fn count_parked(&self, key: &PKey) -> Result<u64> {
-        Ok(self.read(key, |r| r.parked.len() as u64, 0))
-    }
-
-    async fn retry_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
+    async fn resolve_parked(
+        &self,
+        key: &PKey,
+        ids: &[String],
+        action: ParkedAction,
+    ) -> Result<u64> {
         let mut inner = self.lock();
         let Some(record) = inner.records.get_mut(key) else {
             return Ok(0);
         };
+        if action == ParkedAction::Discard {
+            return Ok(unique(ids)
+                .filter(|id| record.parked.remove(*id).is_some())
+                .count() as u64);
+        }
         let mut moved = 0;
         for id in unique(ids) {
             let retryable = record
@@ -406,16 +402,6 @@ impl Store for MemoryStore {
         Ok(moved)
     }
 
-    async fn discard_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
-        let mut inner = self.lock();
-        let Some(record) = inner.records.get_mut(key) else {
-            return Ok(0);
-        };
-        Ok(unique(ids)
-            .filter(|id| record.parked.remove(*id).is_some())
-            .count() as u64)
-    }
-
     async fn held_keys(&self, key: &PKey) -> Result<Vec<String>> {
         Ok(self.read(
             key,
@@ -433,20 +419,6 @@ impl Store for MemoryStore {
 
     async fn get_validator(&self, key: &PKey, url_hash: &str) -> Result<Option<Validator>> {
         Ok(self.read(key, |r| r.validators.get(url_hash).cloned(), None))
-    }
-
-    async fn set_validator(
-        &self,
-        key: &PKey,
-        lease: &Lease,
-        url_hash: &str,
-        validator: &Validator,
-    ) -> Result<()> {
-        self.fenced(key, lease, |record| {
-            record
-                .validators
-                .insert(url_hash.to_owned(), validator.clone());
-        })
     }
 
     async fn read_log(

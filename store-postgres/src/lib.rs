@@ -14,9 +14,9 @@ use futures::stream::{self, BoxStream, StreamExt};
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{Connection, Executor, PgConnection, Postgres, Row};
 use watukuy_core::{
-    Capabilities, CommitBatch, Error, ItemRow, Lease, LogQuery, LoggedEvent, OutboxRow,
-    OutboxStatus, PKey, ParkedQuery, ParkedRow, PollerState, Result, SerializedError, StatePatch,
-    Store, Validator,
+    Capabilities, CommitBatch, Error, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent, OutboxRow,
+    OutboxStatus, PKey, ParkedAction, ParkedQuery, ParkedRow, PollerState, Result, SerializedError,
+    StatePatch, Store, Validator,
 };
 
 use crate::codec::{
@@ -512,13 +512,24 @@ impl Store for PostgresStore {
         .boxed()
     }
 
-    async fn count_items(&self, key: &PKey) -> Result<u64> {
-        let row = self
-            .key_query(&self.sql.count_items, key)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(classify)?;
-        count(&row)
+    async fn counts(&self, key: &PKey) -> Result<KeyCounts> {
+        Ok(KeyCounts {
+            items: self.count_items(key).await?,
+            pending: self.count_pending(key).await?,
+            parked: self.count_parked(key).await?,
+        })
+    }
+
+    async fn resolve_parked(
+        &self,
+        key: &PKey,
+        ids: &[String],
+        action: ParkedAction,
+    ) -> Result<u64> {
+        match action {
+            ParkedAction::Retry => self.retry_parked(key, ids).await,
+            ParkedAction::Discard => self.discard_parked(key, ids).await,
+        }
     }
 
     async fn commit_poll(&self, key: &PKey, lease: &Lease, batch: &CommitBatch) -> Result<()> {
@@ -617,15 +628,6 @@ impl Store for PostgresStore {
         rows.iter().map(codec::decode_outbox).collect()
     }
 
-    async fn count_pending(&self, key: &PKey) -> Result<u64> {
-        let row = self
-            .key_query(&self.sql.count_pending, key)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(classify)?;
-        count(&row)
-    }
-
     async fn ack_events(&self, key: &PKey, lease: &Lease, ids: &[String]) -> Result<()> {
         // Even an empty list runs the fence, so a stale lease is reported either way.
         let chunks: Vec<&[String]> = if ids.is_empty() {
@@ -679,43 +681,6 @@ impl Store for PostgresStore {
         rows.iter().map(codec::decode_parked).collect()
     }
 
-    async fn count_parked(&self, key: &PKey) -> Result<u64> {
-        let row = self
-            .key_query(&self.sql.count_parked, key)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(classify)?;
-        count(&row)
-    }
-
-    async fn retry_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
-        let mut moved = 0;
-        for chunk in ids.chunks(self.options.max_rows_per_statement) {
-            let row = self
-                .key_query(&self.sql.retry_parked, key)
-                .bind(chunk)
-                .fetch_one(&self.pool)
-                .await
-                .map_err(classify)?;
-            moved += count(&row)?;
-        }
-        Ok(moved)
-    }
-
-    async fn discard_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
-        let mut removed = 0;
-        for chunk in ids.chunks(self.options.max_rows_per_statement) {
-            let done = self
-                .key_query(&self.sql.discard_parked, key)
-                .bind(chunk)
-                .execute(&self.pool)
-                .await
-                .map_err(classify)?;
-            removed += done.rows_affected();
-        }
-        Ok(removed)
-    }
-
     async fn held_keys(&self, key: &PKey) -> Result<Vec<String>> {
         let rows = self
             .key_query(&self.sql.held_keys, key)
@@ -744,22 +709,6 @@ impl Store for PostgresStore {
         .transpose()
     }
 
-    async fn set_validator(
-        &self,
-        key: &PKey,
-        lease: &Lease,
-        url_hash: &str,
-        validator: &Validator,
-    ) -> Result<()> {
-        let query = self
-            .fence_query(&self.sql.set_validator, key, lease)
-            .bind(url_hash)
-            .bind(validator.etag.as_deref())
-            .bind(validator.last_modified.as_deref())
-            .bind(validator.stored_at);
-        self.run_fenced(key, lease, vec![query]).await
-    }
-
     async fn read_log(
         &self,
         key: &PKey,
@@ -786,5 +735,68 @@ impl Store for PostgresStore {
             .await
             .map_err(classify)?;
         Ok(done.rows_affected())
+    }
+}
+
+/// The parts of [`Store::counts`] and [`Store::resolve_parked`].
+impl PostgresStore {
+    /// The snapshot's size.
+    async fn count_items(&self, key: &PKey) -> Result<u64> {
+        let row = self
+            .key_query(&self.sql.count_items, key)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(classify)?;
+        count(&row)
+    }
+
+    /// The number of pending outbox rows.
+    async fn count_pending(&self, key: &PKey) -> Result<u64> {
+        let row = self
+            .key_query(&self.sql.count_pending, key)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(classify)?;
+        count(&row)
+    }
+
+    /// The number of parked rows of every kind.
+    async fn count_parked(&self, key: &PKey) -> Result<u64> {
+        let row = self
+            .key_query(&self.sql.count_parked, key)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(classify)?;
+        count(&row)
+    }
+
+    /// Moves poison rows back to the outbox as pending (see `Store::resolve_parked`).
+    async fn retry_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
+        let mut moved = 0;
+        for chunk in ids.chunks(self.options.max_rows_per_statement) {
+            let row = self
+                .key_query(&self.sql.retry_parked, key)
+                .bind(chunk)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(classify)?;
+            moved += count(&row)?;
+        }
+        Ok(moved)
+    }
+
+    /// Deletes parked rows (see `Store::resolve_parked`).
+    async fn discard_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
+        let mut removed = 0;
+        for chunk in ids.chunks(self.options.max_rows_per_statement) {
+            let done = self
+                .key_query(&self.sql.discard_parked, key)
+                .bind(chunk)
+                .execute(&self.pool)
+                .await
+                .map_err(classify)?;
+            removed += done.rows_affected();
+        }
+        Ok(removed)
     }
 }

@@ -78,7 +78,6 @@ pub(crate) struct Statements {
     pub(crate) discard_parked: String,
     pub(crate) held_keys: String,
     pub(crate) get_validator: String,
-    pub(crate) set_validator: String,
     pub(crate) read_log: String,
     pub(crate) prune_log: String,
 }
@@ -130,7 +129,6 @@ impl Statements {
             discard_parked: build(query_file!("discard_parked")),
             held_keys: build(query_file!("held_keys")),
             get_validator: build(query_file!("get_validator")),
-            set_validator: build(query_file!("set_validator")),
             read_log: build(query_file!("read_log")),
             prune_log: build(query_file!("prune_log")),
         }

@@ -143,7 +143,10 @@ async fn two_instances_share_data_and_fence_each_other() {
             "b took a valid lease held by a"
         );
         a.commit_poll(&k, &lease_a, &page(&["o1"], 1)?).await?;
-        ensure!(b.count_items(&k).await? == 1, "b does not see a's commit");
+        ensure!(
+            b.counts(&k).await.map(|c| c.items)? == 1,
+            "b does not see a's commit"
+        );
         ensure!(
             b.get_lease(&k).await? == Some(lease_a.clone()),
             "b does not see a's lease"
@@ -157,8 +160,8 @@ async fn two_instances_share_data_and_fence_each_other() {
         );
         let before = (
             a.load_state(&k).await?,
-            a.count_items(&k).await?,
-            a.count_pending(&k).await?,
+            a.counts(&k).await.map(|c| c.items)?,
+            a.counts(&k).await.map(|c| c.pending)?,
         );
         expect_lease_lost(
             a.commit_poll(&k, &lease_a, &page(&["o2"], 2)?).await,
@@ -189,15 +192,18 @@ async fn two_instances_share_data_and_fence_each_other() {
         );
         let after = (
             b.load_state(&k).await?,
-            b.count_items(&k).await?,
-            b.count_pending(&k).await?,
+            b.counts(&k).await.map(|c| c.items)?,
+            b.counts(&k).await.map(|c| c.pending)?,
         );
         ensure!(
             before == after,
             "a stale write changed something: {before:?} -> {after:?}"
         );
         b.commit_poll(&k, &lease_b, &page(&["o2"], 2)?).await?;
-        ensure!(a.count_items(&k).await? == 2, "a does not see b's commit");
+        ensure!(
+            a.counts(&k).await.map(|c| c.items)? == 2,
+            "a does not see b's commit"
+        );
 
         // Both instances race for an expired lease many times: exactly one wins each round, and
         // the loser's write with the epoch it would have had is rejected.
@@ -321,7 +327,7 @@ async fn ten_concurrent_migrations_succeed() {
             .commit_poll(&key(), &lease, &page(&["o1"], 1)?)
             .await?;
         ensure!(
-            store.count_items(&key()).await? == 1,
+            store.counts(&key()).await.map(|c| c.items)? == 1,
             "store unusable after migrations"
         );
 
@@ -439,7 +445,7 @@ async fn terminated_backend_mid_commit_is_transient_and_atomic() {
             "items of the page leaked: {rows:?}"
         );
         ensure!(
-            store.count_pending(&k).await? == 1,
+            store.counts(&k).await.map(|c| c.pending)? == 1,
             "events of the page leaked"
         );
         ensure!(
@@ -449,9 +455,12 @@ async fn terminated_backend_mid_commit_is_transient_and_atomic() {
 
         // The next cycle re-commits the same page.
         store.commit_poll(&k, &lease, &second).await?;
-        ensure!(store.count_items(&k).await? == 3, "re-commit did not land");
         ensure!(
-            store.count_pending(&k).await? == 4,
+            store.counts(&k).await.map(|c| c.items)? == 3,
+            "re-commit did not land"
+        );
+        ensure!(
+            store.counts(&k).await.map(|c| c.pending)? == 4,
             "re-committed events missing"
         );
         let state = store
@@ -516,9 +525,9 @@ async fn chunked_commits_land_whole_or_not_at_all() {
         }
         store.commit_poll(&k, &lease, &batch).await?;
         ensure!(
-            store.count_items(&k).await? == 28,
+            store.counts(&k).await.map(|c| c.items)? == 28,
             "items: {}",
-            store.count_items(&k).await?
+            store.counts(&k).await.map(|c| c.items)?
         );
         let o00 = store.load_versions(&k, &["o00".to_owned()]).await?;
         ensure!(
@@ -526,9 +535,9 @@ async fn chunked_commits_land_whole_or_not_at_all() {
             "last upsert did not win: {o00:?}"
         );
         ensure!(
-            store.count_pending(&k).await? == 30,
+            store.counts(&k).await.map(|c| c.pending)? == 30,
             "pending: {}",
-            store.count_pending(&k).await?
+            store.counts(&k).await.map(|c| c.pending)?
         );
         let first = store.load_pending(&k, 1).await?;
         ensure!(
@@ -556,7 +565,10 @@ async fn chunked_commits_land_whole_or_not_at_all() {
             .map(|r| r.event_id)
             .collect();
         store.ack_events(&k, &lease, &acked).await?;
-        ensure!(store.count_pending(&k).await? == 10, "chunked ack");
+        ensure!(
+            store.counts(&k).await.map(|c| c.pending)? == 10,
+            "chunked ack"
+        );
 
         // A stale lease: none of the chunks lands.
         let stale = Lease {
@@ -565,8 +577,8 @@ async fn chunked_commits_land_whole_or_not_at_all() {
         };
         let before = (
             store.load_state(&k).await?,
-            store.count_items(&k).await?,
-            store.count_pending(&k).await?,
+            store.counts(&k).await.map(|c| c.items)?,
+            store.counts(&k).await.map(|c| c.pending)?,
         );
         let more: Vec<String> = (0..20).map(|i| format!("n{i:02}")).collect();
         let more_refs: Vec<&str> = more.iter().map(String::as_str).collect();
@@ -582,8 +594,8 @@ async fn chunked_commits_land_whole_or_not_at_all() {
         )?;
         let after = (
             store.load_state(&k).await?,
-            store.count_items(&k).await?,
-            store.count_pending(&k).await?,
+            store.counts(&k).await.map(|c| c.items)?,
+            store.counts(&k).await.map(|c| c.pending)?,
         );
         ensure!(
             before == after,
@@ -657,8 +669,8 @@ async fn json_round_trips_verbatim() {
             hold_key: Some("o1".to_owned()),
         };
         store.park_event(&k, &lease, &poison).await?;
-        ensure!(store.count_pending(&k).await? == 0, "park_event left the outbox row");
-        ensure!(store.retry_parked(&k, &["evt-1".to_owned()]).await? == 1, "retry count");
+        ensure!(store.counts(&k).await.map(|c| c.pending)? == 0, "park_event left the outbox row");
+        ensure!(store.resolve_parked(&k, &["evt-1".to_owned()], watukuy_core::ParkedAction::Retry).await? == 1, "retry count");
         let back = store.load_pending(&k, 10).await?;
         ensure!(
             back.first().is_some_and(|r| r.event == row.event && r.created_at == T0 + 5),
@@ -667,7 +679,7 @@ async fn json_round_trips_verbatim() {
 
         // PostgreSQL text cannot hold a raw NUL: such an identity is a permanent Rejected error
         // and nothing of its batch lands.
-        let before = (store.load_state(&k).await?, store.count_items(&k).await?);
+        let before = (store.load_state(&k).await?, store.counts(&k).await.map(|c| c.items)?);
         let mut bad = page(&["fine"], 50)?;
         bad.upserts.push(item("nul\0identity", "h"));
         let err = store
@@ -679,7 +691,7 @@ async fn json_round_trips_verbatim() {
             store_kind(&err) == Some((StoreErrorKind::Rejected, false)),
             "NUL identity: {err:?}"
         );
-        let after = (store.load_state(&k).await?, store.count_items(&k).await?);
+        let after = (store.load_state(&k).await?, store.counts(&k).await.map(|c| c.items)?);
         ensure!(before == after, "a rejected batch left something behind");
 
         drop_schema(&pool, &schema).await.map_err(|e| fail(e.to_string()))?;
@@ -838,8 +850,9 @@ async fn unmigrated_store_and_close_pool() {
         closing.close().await?;
         ensure!(pool.is_closed(), "close_pool(true) did not close the pool");
         let err = closing
-            .count_items(&key())
+            .counts(&key())
             .await
+            .map(|c| c.items)
             .err()
             .ok_or_else(|| fail("closed pool still answered"))?;
         ensure!(
@@ -927,7 +940,7 @@ async fn exported_ddl_matches_migrate() {
             .commit_poll(&key(), &lease, &page(&["o1", "o2"], 1)?)
             .await?;
         ensure!(
-            store.count_items(&key()).await? == 2,
+            store.counts(&key()).await.map(|c| c.items)? == 2,
             "store on hand-made DDL"
         );
         drop_schema(&pool, &schema)
@@ -1041,7 +1054,7 @@ async fn takeover_waits_for_the_commit_in_flight() {
             .ok_or_else(|| fail("B did not get the expired lease"))?;
         ensure!(lease_b.epoch == lease_a.epoch + 1, "B's epoch: {lease_b:?}");
         ensure!(
-            b.count_items(&k).await? == 2,
+            b.counts(&k).await.map(|c| c.items)? == 2,
             "A's in-flight page did not land whole"
         );
         let state = b.load_state(&k).await?.ok_or_else(|| fail("no state"))?;
@@ -1051,7 +1064,10 @@ async fn takeover_waits_for_the_commit_in_flight() {
             lease_a.epoch,
             "A after the takeover",
         )?;
-        ensure!(b.count_items(&k).await? == 2, "A's stale page landed");
+        ensure!(
+            b.counts(&k).await.map(|c| c.items)? == 2,
+            "A's stale page landed"
+        );
 
         drop_schema(&pool_a, &schema)
             .await
@@ -1122,14 +1138,15 @@ async fn migrate_upgrades_a_version_1_schema() {
             "indexes after the upgrade: {indexes:?}"
         );
         ensure!(
-            store.count_pending(&key()).await? == 3 && store.count_items(&key()).await? == 3,
+            store.counts(&key()).await.map(|c| c.pending)? == 3
+                && store.counts(&key()).await.map(|c| c.items)? == 3,
             "rows lost in the upgrade"
         );
         let pending = store.load_pending(&key(), 10).await?;
         let ids: Vec<String> = pending.iter().map(|row| row.event_id.clone()).collect();
         store.ack_events(&key(), &lease, &ids).await?;
         ensure!(
-            store.count_pending(&key()).await? == 0,
+            store.counts(&key()).await.map(|c| c.pending)? == 0,
             "acks after the upgrade"
         );
         // Running it again changes nothing.

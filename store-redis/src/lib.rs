@@ -14,9 +14,9 @@ use futures::stream::{self, BoxStream, StreamExt};
 use redis::aio::{ConnectionManagerConfig, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Client, Value};
 use watukuy_core::{
-    Capabilities, CommitBatch, Error, ItemRow, Lease, LogQuery, LoggedEvent, OutboxRow,
-    OutboxStatus, PKey, ParkedKind, ParkedQuery, ParkedRow, PollerState, Result, SerializedError,
-    StatePatch, Store, StoreErrorKind, Validator,
+    Capabilities, CommitBatch, Error, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent, OutboxRow,
+    OutboxStatus, PKey, ParkedAction, ParkedKind, ParkedQuery, ParkedRow, PollerState, Result,
+    SerializedError, StatePatch, Store, StoreErrorKind, Validator,
 };
 
 pub use crate::budget::RedisBudgetStore;
@@ -484,10 +484,24 @@ impl Store for RedisStore {
         .boxed()
     }
 
-    async fn count_items(&self, key: &PKey) -> Result<u64> {
-        let keys = self.of(key);
-        let n: i64 = self.query(redis::cmd("HLEN").arg(&keys.items)).await?;
-        Ok(count(n))
+    async fn counts(&self, key: &PKey) -> Result<KeyCounts> {
+        Ok(KeyCounts {
+            items: self.count_items(key).await?,
+            pending: self.count_pending(key).await?,
+            parked: self.count_parked(key).await?,
+        })
+    }
+
+    async fn resolve_parked(
+        &self,
+        key: &PKey,
+        ids: &[String],
+        action: ParkedAction,
+    ) -> Result<u64> {
+        match action {
+            ParkedAction::Retry => self.retry_parked(key, ids).await,
+            ParkedAction::Discard => self.discard_parked(key, ids).await,
+        }
     }
 
     async fn commit_poll(&self, key: &PKey, lease: &Lease, batch: &CommitBatch) -> Result<()> {
@@ -587,12 +601,6 @@ impl Store for RedisStore {
         Ok(rows)
     }
 
-    async fn count_pending(&self, key: &PKey) -> Result<u64> {
-        let keys = self.of(key);
-        let n: i64 = self.query(redis::cmd("ZCARD").arg(&keys.outbox)).await?;
-        Ok(count(n))
-    }
-
     async fn ack_events(&self, key: &PKey, lease: &Lease, ids: &[String]) -> Result<()> {
         let k = self.of(key);
         let call = SCRIPTS
@@ -669,12 +677,87 @@ impl Store for RedisStore {
         Ok(rows)
     }
 
+    async fn held_keys(&self, key: &PKey) -> Result<Vec<String>> {
+        let keys = self.of(key);
+        let held: Vec<String> = self.query(redis::cmd("HVALS").arg(&keys.hold)).await?;
+        Ok(held
+            .into_iter()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect())
+    }
+
+    async fn get_validator(&self, key: &PKey, url_hash: &str) -> Result<Option<Validator>> {
+        let keys = self.of(key);
+        let text: Option<String> = self
+            .query(redis::cmd("HGET").arg(&keys.validators).arg(url_hash))
+            .await?;
+        text.map(|text| decode("a validator", &text)).transpose()
+    }
+
+    async fn read_log(
+        &self,
+        key: &PKey,
+        query: LogQuery,
+        limit: usize,
+    ) -> Result<Vec<LoggedEvent>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let k = self.of(key);
+        let call = SCRIPTS
+            .read_log
+            .call(&[&k.log, &k.log_rows, &k.log_at])
+            .arg(
+                query
+                    .after_sequence
+                    .map_or_else(|| "-inf".to_owned(), |s| format!("({s}")),
+            )
+            .arg(query.from_time.map(|t| t.to_string()).unwrap_or_default())
+            .arg(query.to_time.map(|t| t.to_string()).unwrap_or_default())
+            .arg(limit.to_string());
+        let texts: Vec<String> = run(&self.conn, call).await?;
+        texts
+            .iter()
+            .map(|text| decode("a log entry", text))
+            .collect()
+    }
+
+    async fn prune_log(&self, key: &PKey, older_than: i64) -> Result<u64> {
+        let k = self.of(key);
+        let call = SCRIPTS
+            .prune_log
+            .call(&[&k.log, &k.log_rows, &k.log_at])
+            .arg(format!("({older_than}"));
+        let n: i64 = run(&self.conn, call).await?;
+        Ok(count(n))
+    }
+}
+
+/// The parts of [`Store::counts`] and [`Store::resolve_parked`].
+impl RedisStore {
+    /// The snapshot's size.
+    async fn count_items(&self, key: &PKey) -> Result<u64> {
+        let keys = self.of(key);
+        let n: i64 = self.query(redis::cmd("HLEN").arg(&keys.items)).await?;
+        Ok(count(n))
+    }
+
+    /// The number of pending outbox rows.
+    async fn count_pending(&self, key: &PKey) -> Result<u64> {
+        let keys = self.of(key);
+        let n: i64 = self.query(redis::cmd("ZCARD").arg(&keys.outbox)).await?;
+        Ok(count(n))
+    }
+
+    /// The number of parked rows of every kind.
     async fn count_parked(&self, key: &PKey) -> Result<u64> {
         let keys = self.of(key);
         let n: i64 = self.query(redis::cmd("HLEN").arg(&keys.parked)).await?;
         Ok(count(n))
     }
 
+    /// Moves poison rows back to the outbox as pending (see `Store::resolve_parked`).
     async fn retry_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
         let k = self.of(key);
         let mut pending: Vec<&String> = unique(ids);
@@ -734,6 +817,7 @@ impl Store for RedisStore {
         Ok(moved)
     }
 
+    /// Deletes parked rows (see `Store::resolve_parked`).
     async fn discard_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
         let wanted = unique(ids);
         if wanted.is_empty() {
@@ -744,80 +828,6 @@ impl Store for RedisStore {
             .discard_parked
             .call(&[&k.parked, &k.hold])
             .arg(wanted);
-        let n: i64 = run(&self.conn, call).await?;
-        Ok(count(n))
-    }
-
-    async fn held_keys(&self, key: &PKey) -> Result<Vec<String>> {
-        let keys = self.of(key);
-        let held: Vec<String> = self.query(redis::cmd("HVALS").arg(&keys.hold)).await?;
-        Ok(held
-            .into_iter()
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect())
-    }
-
-    async fn get_validator(&self, key: &PKey, url_hash: &str) -> Result<Option<Validator>> {
-        let keys = self.of(key);
-        let text: Option<String> = self
-            .query(redis::cmd("HGET").arg(&keys.validators).arg(url_hash))
-            .await?;
-        text.map(|text| decode("a validator", &text)).transpose()
-    }
-
-    async fn set_validator(
-        &self,
-        key: &PKey,
-        lease: &Lease,
-        url_hash: &str,
-        validator: &Validator,
-    ) -> Result<()> {
-        let k = self.of(key);
-        let call = SCRIPTS
-            .set_validator
-            .call(&[&k.meta, &k.validators])
-            .arg(&lease.owner)
-            .arg(lease.epoch.to_string())
-            .arg(url_hash)
-            .arg(encode("a validator", validator)?);
-        self.fenced(key, lease, call).await
-    }
-
-    async fn read_log(
-        &self,
-        key: &PKey,
-        query: LogQuery,
-        limit: usize,
-    ) -> Result<Vec<LoggedEvent>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let k = self.of(key);
-        let call = SCRIPTS
-            .read_log
-            .call(&[&k.log, &k.log_rows, &k.log_at])
-            .arg(
-                query
-                    .after_sequence
-                    .map_or_else(|| "-inf".to_owned(), |s| format!("({s}")),
-            )
-            .arg(query.from_time.map(|t| t.to_string()).unwrap_or_default())
-            .arg(query.to_time.map(|t| t.to_string()).unwrap_or_default())
-            .arg(limit.to_string());
-        let texts: Vec<String> = run(&self.conn, call).await?;
-        texts
-            .iter()
-            .map(|text| decode("a log entry", text))
-            .collect()
-    }
-
-    async fn prune_log(&self, key: &PKey, older_than: i64) -> Result<u64> {
-        let k = self.of(key);
-        let call = SCRIPTS
-            .prune_log
-            .call(&[&k.log, &k.log_rows, &k.log_at])
-            .arg(format!("({older_than}"));
         let n: i64 = run(&self.conn, call).await?;
         Ok(count(n))
     }

@@ -63,7 +63,6 @@ pub(crate) struct Scripts {
     pub(crate) ack_events: Lua,
     pub(crate) record_attempt: Lua,
     pub(crate) park_event: Lua,
-    pub(crate) set_validator: Lua,
     pub(crate) delete_key: Lua,
     pub(crate) load_pending: Lua,
     pub(crate) retry_parked: Lua,
@@ -75,7 +74,7 @@ pub(crate) struct Scripts {
 }
 
 impl Scripts {
-    pub(crate) fn all(&'static self) -> [&'static Lua; 20] {
+    pub(crate) fn all(&'static self) -> [&'static Lua; 19] {
         [
             &self.register_key,
             &self.unregister_key,
@@ -88,7 +87,6 @@ impl Scripts {
             &self.ack_events,
             &self.record_attempt,
             &self.park_event,
-            &self.set_validator,
             &self.delete_key,
             &self.load_pending,
             &self.retry_parked,
@@ -114,7 +112,6 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     ack_events: lua!("ack_events"),
     record_attempt: lua!("record_attempt"),
     park_event: lua!("park_event"),
-    set_validator: lua!("set_validator"),
     delete_key: lua!("delete_key"),
     load_pending: lua!("load_pending"),
     retry_parked: lua!("retry_parked"),

@@ -282,18 +282,19 @@ async fn weird_names_keep_one_slot_and_never_collide() {
                     Some(T0 + 1),
                 )
                 .await?;
-            store
-                .set_validator(
-                    key,
-                    &lease,
-                    "url:{hash}",
-                    &Validator {
-                        etag: Some("\"e\"".to_owned()),
-                        last_modified: None,
-                        stored_at: T0,
-                    },
-                )
-                .await?;
+            let validator = watukuy_core::UrlValidator {
+                url_hash: "url:{hash}".to_owned(),
+                validator: Validator {
+                    etag: Some("\"e\"".to_owned()),
+                    last_modified: None,
+                    stored_at: T0,
+                },
+            };
+            let batch = CommitBatch {
+                validators: vec![validator],
+                ..CommitBatch::default()
+            };
+            store.commit_poll(key, &lease, &batch).await?;
             let names = scan(&server, store.options().get_prefix()).await?;
             let mut slots = BTreeSet::new();
             let mut data_keys = 0;
@@ -339,7 +340,10 @@ async fn weird_names_keep_one_slot_and_never_collide() {
         for (i, key) in weird.iter().enumerate() {
             let ids: Vec<Vec<String>> = store.stream_identities(key, 10).try_collect().await?;
             ensure!(ids == vec![vec![format!("id-{i}")]], "{key:?} sees {ids:?}");
-            ensure!(store.count_pending(key).await? == 1, "{key:?} outbox");
+            ensure!(
+                store.counts(key).await.map(|c| c.pending)? == 1,
+                "{key:?} outbox"
+            );
             ensure!(
                 store.held_keys(key).await? == vec![format!("id-{i}")],
                 "{key:?} holds"
@@ -348,10 +352,13 @@ async fn weird_names_keep_one_slot_and_never_collide() {
         // Deleting `a:b`/`c` leaves `a`/`b:c` alone.
         store.delete_key(&weird[0]).await?;
         ensure!(
-            store.count_items(&weird[0]).await? == 0,
+            store.counts(&weird[0]).await.map(|c| c.items)? == 0,
             "a:b/c not deleted"
         );
-        ensure!(store.count_items(&weird[1]).await? == 1, "a/b:c was hit");
+        ensure!(
+            store.counts(&weird[1]).await.map(|c| c.items)? == 1,
+            "a/b:c was hit"
+        );
         ensure!(
             store.list_keys(Some("a")).await? == vec![weird[1].clone()],
             "a/b:c unlisted"
@@ -411,7 +418,10 @@ async fn two_instances_share_data_and_fence_each_other() {
         );
         a.commit_poll(&key, &lease_a, &page(&key, "o1", 1, &json("{}")?))
             .await?;
-        ensure!(b.count_items(&key).await? == 1, "b does not see a's commit");
+        ensure!(
+            b.counts(&key).await.map(|c| c.items)? == 1,
+            "b does not see a's commit"
+        );
         let lease_b = acquire(&b, &key, "node-b", T0 + TTL).await?;
         ensure!(lease_b.epoch == lease_a.epoch + 1, "epoch did not advance");
         match a
@@ -421,7 +431,10 @@ async fn two_instances_share_data_and_fence_each_other() {
             Err(Error::LeaseLost { epoch, .. }) if epoch == lease_a.epoch => {}
             other => return Err(fail(format!("a's stale commit: {other:?}"))),
         }
-        ensure!(b.count_items(&key).await? == 1, "a's stale commit landed");
+        ensure!(
+            b.counts(&key).await.map(|c| c.items)? == 1,
+            "a's stale commit landed"
+        );
         // Both race for an expired lease: exactly one wins each round.
         let mut now = T0 + TTL;
         for round in 0..20 {
@@ -486,7 +499,8 @@ async fn foreign_data_is_a_permanent_error() {
             "commit over foreign data: {err:?}"
         );
         ensure!(
-            store.count_pending(&key).await? == 0 && store.count_parked(&key).await? == 0,
+            store.counts(&key).await.map(|c| c.pending)? == 0
+                && store.counts(&key).await.map(|c| c.parked)? == 0,
             "a commit that failed on foreign data left part of its writes"
         );
         let err = store.load_versions(&key, &["o1".to_owned()]).await.err();
@@ -590,7 +604,7 @@ async fn redis_restart_mid_run_is_transient_then_recovers() {
         .commit_poll(&key, &lease, &page(&key, "o2", 2, &payload))
         .await
         .expect("commit after SCRIPT FLUSH");
-    assert_eq!(store.count_items(&key).await.expect("count"), 2);
+    assert_eq!(store.counts(&key).await.map(|c| c.items).expect("count"), 2);
 
     // The server dies in the middle of the run.
     server.kill().await;
@@ -601,7 +615,7 @@ async fn redis_restart_mid_run_is_transient_then_recovers() {
             .await
             .err(),
         store.acquire_lease(&key, "node-a", TTL, T0 + 1).await.err(),
-        store.count_pending(&key).await.err(),
+        store.counts(&key).await.map(|c| c.pending).err(),
     ];
     for error in errors {
         let error = error.expect("a call succeeded while Redis was down");
@@ -615,7 +629,7 @@ async fn redis_restart_mid_run_is_transient_then_recovers() {
     let _server = RedisChild::start(port).await;
     let mut recovered = None;
     for _ in 0..10 {
-        match store.count_items(&key).await {
+        match store.counts(&key).await.map(|c| c.items) {
             Ok(n) => {
                 recovered = Some(n);
                 break;
@@ -648,7 +662,14 @@ async fn redis_restart_mid_run_is_transient_then_recovers() {
         .commit_poll(&key, &fresh, &page(&key, "o4", 4, &payload))
         .await
         .expect("commit after restart (scripts reloaded)");
-    assert_eq!(store.count_pending(&key).await.expect("pending"), 1);
+    assert_eq!(
+        store
+            .counts(&key)
+            .await
+            .map(|c| c.pending)
+            .expect("pending"),
+        1
+    );
 }
 
 /// A port nothing listens on right now.

@@ -9,9 +9,9 @@ use rusqlite::types::ToSql;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 use tokio::sync::Mutex as AsyncMutex;
 use watukuy_core::{
-    Capabilities, CommitBatch, Error, Event, ItemRow, Lease, LogQuery, LoggedEvent, OutboxRow,
-    PKey, ParkedQuery, ParkedRow, PollerState, Result, SerializedError, StatePatch, Store,
-    StoreErrorKind, UrlValidator, Validator,
+    Capabilities, CommitBatch, Error, Event, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent,
+    OutboxRow, PKey, ParkedAction, ParkedQuery, ParkedRow, PollerState, Result, SerializedError,
+    StatePatch, Store, StoreErrorKind, UrlValidator, Validator,
 };
 
 use crate::codec::{
@@ -667,8 +667,24 @@ impl Store for SqliteStore {
         .boxed()
     }
 
-    async fn count_items(&self, key: &PKey) -> Result<u64> {
-        self.count(key, |ctx| &ctx.sql.items_count).await
+    async fn counts(&self, key: &PKey) -> Result<KeyCounts> {
+        Ok(KeyCounts {
+            items: self.count_items(key).await?,
+            pending: self.count_pending(key).await?,
+            parked: self.count_parked(key).await?,
+        })
+    }
+
+    async fn resolve_parked(
+        &self,
+        key: &PKey,
+        ids: &[String],
+        action: ParkedAction,
+    ) -> Result<u64> {
+        match action {
+            ParkedAction::Retry => self.retry_parked(key, ids).await,
+            ParkedAction::Discard => self.discard_parked(key, ids).await,
+        }
     }
 
     async fn commit_poll(&self, key: &PKey, lease: &Lease, batch: &CommitBatch) -> Result<()> {
@@ -694,10 +710,6 @@ impl Store for SqliteStore {
             Ok(out)
         })
         .await
-    }
-
-    async fn count_pending(&self, key: &PKey) -> Result<u64> {
-        self.count(key, |ctx| &ctx.sql.outbox_count).await
     }
 
     async fn ack_events(&self, key: &PKey, lease: &Lease, ids: &[String]) -> Result<()> {
@@ -771,57 +783,6 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn count_parked(&self, key: &PKey) -> Result<u64> {
-        self.count(key, |ctx| &ctx.sql.parked_count).await
-    }
-
-    async fn retry_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
-        if ids.is_empty() {
-            return Ok(0);
-        }
-        let ids = unique(ids);
-        self.unfenced(key, move |tx, ctx, key| {
-            let rows = query_in(tx, &ctx.sql.parked_retryable_in, key, &ids, |row| {
-                let id: String = row.get(0)?;
-                let text: String = row.get(1)?;
-                let parked_at: i64 = row.get(2)?;
-                let event: Event = decode(format_args!("the event of parked row {id:?}"), &text)?;
-                Ok((id, event.sequence, text, parked_at))
-            })?;
-            let mut insert = tx.prepare_cached(&ctx.sql.outbox_upsert)?;
-            let mut delete = tx.prepare_cached(&ctx.sql.parked_delete)?;
-            for (id, sequence, event, parked_at) in &rows {
-                // The event text moves as stored: no re-serialization.
-                insert.execute(params![
-                    key.poller,
-                    key.partition,
-                    id,
-                    sequence,
-                    event,
-                    0,
-                    None::<i64>,
-                    None::<String>,
-                    parked_at,
-                ])?;
-                delete.execute(params![key.poller, key.partition, id])?;
-            }
-            Ok(u64::try_from(rows.len()).unwrap_or(u64::MAX))
-        })
-        .await
-    }
-
-    async fn discard_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
-        if ids.is_empty() {
-            return Ok(0);
-        }
-        let ids = unique(ids);
-        self.unfenced(key, move |tx, ctx, key| {
-            let removed = execute_in(tx, &ctx.sql.parked_delete_in, key, &ids)?;
-            Ok(u64::try_from(removed).unwrap_or(u64::MAX))
-        })
-        .await
-    }
-
     async fn held_keys(&self, key: &PKey) -> Result<Vec<String>> {
         let key = key.clone();
         self.read(move |conn, ctx| {
@@ -849,29 +810,6 @@ impl Store for SqliteStore {
                 })
                 .optional()?;
             Ok(validator)
-        })
-        .await
-    }
-
-    async fn set_validator(
-        &self,
-        key: &PKey,
-        lease: &Lease,
-        url_hash: &str,
-        validator: &Validator,
-    ) -> Result<()> {
-        let url_hash = url_hash.to_owned();
-        let validator = validator.clone();
-        self.fenced(key, lease, move |tx, ctx, key| {
-            tx.prepare_cached(&ctx.sql.validator_set)?.execute(params![
-                key.poller,
-                key.partition,
-                url_hash,
-                validator.etag,
-                validator.last_modified,
-                validator.stored_at
-            ])?;
-            Ok(())
         })
         .await
     }
@@ -921,6 +859,73 @@ impl Store for SqliteStore {
                 key.partition,
                 older_than
             ])?;
+            Ok(u64::try_from(removed).unwrap_or(u64::MAX))
+        })
+        .await
+    }
+}
+
+/// The parts of [`Store::counts`] and [`Store::resolve_parked`].
+impl SqliteStore {
+    /// The snapshot's size.
+    async fn count_items(&self, key: &PKey) -> Result<u64> {
+        self.count(key, |ctx| &ctx.sql.items_count).await
+    }
+
+    /// The number of pending outbox rows.
+    async fn count_pending(&self, key: &PKey) -> Result<u64> {
+        self.count(key, |ctx| &ctx.sql.outbox_count).await
+    }
+
+    /// The number of parked rows of every kind.
+    async fn count_parked(&self, key: &PKey) -> Result<u64> {
+        self.count(key, |ctx| &ctx.sql.parked_count).await
+    }
+
+    /// Moves poison rows back to the outbox as pending (see `Store::resolve_parked`).
+    async fn retry_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let ids = unique(ids);
+        self.unfenced(key, move |tx, ctx, key| {
+            let rows = query_in(tx, &ctx.sql.parked_retryable_in, key, &ids, |row| {
+                let id: String = row.get(0)?;
+                let text: String = row.get(1)?;
+                let parked_at: i64 = row.get(2)?;
+                let event: Event = decode(format_args!("the event of parked row {id:?}"), &text)?;
+                Ok((id, event.sequence, text, parked_at))
+            })?;
+            let mut insert = tx.prepare_cached(&ctx.sql.outbox_upsert)?;
+            let mut delete = tx.prepare_cached(&ctx.sql.parked_delete)?;
+            for (id, sequence, event, parked_at) in &rows {
+                // The event text moves as stored: no re-serialization.
+                insert.execute(params![
+                    key.poller,
+                    key.partition,
+                    id,
+                    sequence,
+                    event,
+                    0,
+                    None::<i64>,
+                    None::<String>,
+                    parked_at,
+                ])?;
+                delete.execute(params![key.poller, key.partition, id])?;
+            }
+            Ok(u64::try_from(rows.len()).unwrap_or(u64::MAX))
+        })
+        .await
+    }
+
+    /// Deletes parked rows (see `Store::resolve_parked`).
+    async fn discard_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let ids = unique(ids);
+        self.unfenced(key, move |tx, ctx, key| {
+            let removed = execute_in(tx, &ctx.sql.parked_delete_in, key, &ids)?;
             Ok(u64::try_from(removed).unwrap_or(u64::MAX))
         })
         .await

@@ -124,9 +124,20 @@ async fn whole_pages(path: &Path) -> i64 {
     let pages = sequence / PAGE;
     let rows = u64::try_from(sequence).expect("non-negative");
 
-    assert_eq!(store.count_items(&key).await.expect("count_items"), rows);
     assert_eq!(
-        store.count_pending(&key).await.expect("count_pending"),
+        store
+            .counts(&key)
+            .await
+            .map(|c| c.items)
+            .expect("count_items"),
+        rows
+    );
+    assert_eq!(
+        store
+            .counts(&key)
+            .await
+            .map(|c| c.pending)
+            .expect("count_pending"),
         rows
     );
     let log = store

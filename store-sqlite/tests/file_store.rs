@@ -122,8 +122,16 @@ async fn two_stores_on_one_file_share_data_and_fencing() {
     a.commit_poll(&key, &lease_a, &page(&key, &["o1", "o2"], 1))
         .await
         .expect("A commits");
-    assert_eq!(b.count_items(&key).await.unwrap(), 2, "B sees A's items");
-    assert_eq!(b.count_pending(&key).await.unwrap(), 2, "B sees A's events");
+    assert_eq!(
+        b.counts(&key).await.map(|c| c.items).unwrap(),
+        2,
+        "B sees A's items"
+    );
+    assert_eq!(
+        b.counts(&key).await.map(|c| c.pending).unwrap(),
+        2,
+        "B sees A's events"
+    );
 
     // B is fenced out with a lease it made up.
     let made_up = Lease {
@@ -137,11 +145,11 @@ async fn two_stores_on_one_file_share_data_and_fencing() {
     );
     expect_lease_lost(b.ack_events(&key, &made_up, &["evt-1".into()]).await, 1);
     assert_eq!(
-        a.count_items(&key).await.unwrap(),
+        a.counts(&key).await.map(|c| c.items).unwrap(),
         2,
         "B's rejected commit left nothing"
     );
-    assert_eq!(a.count_pending(&key).await.unwrap(), 2);
+    assert_eq!(a.counts(&key).await.map(|c| c.pending).unwrap(), 2);
 
     // After expiry B takes over with epoch + 1 and A is fenced out.
     let lease_b = b
@@ -176,7 +184,11 @@ async fn two_stores_on_one_file_share_data_and_fencing() {
     b.commit_poll(&key, &lease_b, &page(&key, &["o3"], 3))
         .await
         .expect("B commits");
-    assert_eq!(a.count_items(&key).await.unwrap(), 3, "A sees B's items");
+    assert_eq!(
+        a.counts(&key).await.map(|c| c.items).unwrap(),
+        3,
+        "A sees B's items"
+    );
     let pending: Vec<String> = a
         .load_pending(&key, 10)
         .await
@@ -221,8 +233,9 @@ async fn concurrent_writers_on_one_file_all_land() {
                 .await
                 .expect("no busy error escapes the busy timeout");
             store
-                .count_pending(&key)
+                .counts(&key)
                 .await
+                .map(|c| c.pending)
                 .expect("reads work meanwhile");
         }
     };
@@ -234,8 +247,8 @@ async fn concurrent_writers_on_one_file_all_land() {
     ta.await.unwrap();
     tb.await.unwrap();
     for (store, key) in [(a, &key_a), (b, &key_b), (a, &key_b), (b, &key_a)] {
-        assert_eq!(store.count_items(key).await.unwrap(), 40);
-        assert_eq!(store.count_pending(key).await.unwrap(), 40);
+        assert_eq!(store.counts(key).await.map(|c| c.items).unwrap(), 40);
+        assert_eq!(store.counts(key).await.map(|c| c.pending).unwrap(), 40);
         let state = store.load_state(key).await.unwrap().unwrap();
         assert_eq!(state.sequence, PAGES);
     }
@@ -270,8 +283,8 @@ async fn prefixes_share_a_file_independently() {
         .commit_poll(&key, &l1, &page(&key, &["only-in-first"], 1))
         .await
         .unwrap();
-    assert_eq!(first.count_items(&key).await.unwrap(), 1);
-    assert_eq!(second.count_items(&key).await.unwrap(), 0);
+    assert_eq!(first.counts(&key).await.map(|c| c.items).unwrap(), 1);
+    assert_eq!(second.counts(&key).await.map(|c| c.items).unwrap(), 0);
     assert_eq!(second.load_state(&key).await.unwrap(), None);
 
     let conn = rusqlite::Connection::open(&path).unwrap();
@@ -323,14 +336,14 @@ async fn long_id_lists_are_chunked() {
         )
         .await
         .unwrap();
-    assert_eq!(store.count_items(&key).await.unwrap(), 134);
+    assert_eq!(store.counts(&key).await.map(|c| c.items).unwrap(), 134);
 
     let events: Vec<String> = (1..=1_234).map(|seq| format!("evt-{seq}")).collect();
     store
         .ack_events(&key, &lease, &events[..1_000])
         .await
         .unwrap();
-    assert_eq!(store.count_pending(&key).await.unwrap(), 234);
+    assert_eq!(store.counts(&key).await.map(|c| c.pending).unwrap(), 234);
 
     // Park the remaining 234 events, then retry 100 and discard the rest (with unknown ids).
     let remaining = store.load_pending(&key, 1_000).await.unwrap();
@@ -338,15 +351,27 @@ async fn long_id_lists_are_chunked() {
         let parked = watukuy_conformance::cases::fixtures::poison(row.event.clone(), None, T0);
         store.park_event(&key, &lease, &parked).await.unwrap();
     }
-    assert_eq!(store.count_pending(&key).await.unwrap(), 0);
+    assert_eq!(store.counts(&key).await.map(|c| c.pending).unwrap(), 0);
     let mut retry: Vec<String> = events[1_000..1_100].to_vec();
     retry.extend((0..600).map(|n| format!("unknown-{n}")));
-    assert_eq!(store.retry_parked(&key, &retry).await.unwrap(), 100);
-    assert_eq!(store.count_pending(&key).await.unwrap(), 100);
+    assert_eq!(
+        store
+            .resolve_parked(&key, &retry, watukuy_core::ParkedAction::Retry)
+            .await
+            .unwrap(),
+        100
+    );
+    assert_eq!(store.counts(&key).await.map(|c| c.pending).unwrap(), 100);
     let mut discard: Vec<String> = events.clone();
     discard.extend(events[1_100..].iter().cloned());
-    assert_eq!(store.discard_parked(&key, &discard).await.unwrap(), 134);
-    assert_eq!(store.count_parked(&key).await.unwrap(), 0);
+    assert_eq!(
+        store
+            .resolve_parked(&key, &discard, watukuy_core::ParkedAction::Discard)
+            .await
+            .unwrap(),
+        134
+    );
+    assert_eq!(store.counts(&key).await.map(|c| c.parked).unwrap(), 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -440,7 +465,7 @@ async fn synchronous_is_full_by_default_and_normal_when_asked() {
         Synchronous::Normal,
         "a reopened store applies its level again"
     );
-    assert_eq!(full.count_items(&key).await.unwrap(), 1);
+    assert_eq!(full.counts(&key).await.map(|c| c.items).unwrap(), 1);
     let memory_normal =
         SqliteStore::open(SqliteOptions::in_memory().synchronous(Synchronous::Normal)).unwrap();
     assert_eq!(
@@ -460,7 +485,11 @@ async fn reopen_after_close() {
     let lease = leased_page(&store, &key, &["a", "b"], 1).await;
     store.close().await.unwrap();
     store.close().await.unwrap();
-    assert_eq!(store.count_items(&key).await.unwrap(), 2, "reopened lazily");
+    assert_eq!(
+        store.counts(&key).await.map(|c| c.items).unwrap(),
+        2,
+        "reopened lazily"
+    );
     store
         .commit_poll(&key, &lease, &page(&key, &["c"], 3))
         .await
@@ -468,7 +497,7 @@ async fn reopen_after_close() {
     store.close().await.unwrap();
 
     let again = SqliteStore::open(SqliteOptions::file(&path).table_prefix("t_")).unwrap();
-    assert_eq!(again.count_items(&key).await.unwrap(), 3);
+    assert_eq!(again.counts(&key).await.map(|c| c.items).unwrap(), 3);
     assert_eq!(again.get_lease(&key).await.unwrap(), Some(lease.clone()));
     assert_eq!(
         again
@@ -483,7 +512,7 @@ async fn reopen_after_close() {
     leased_page(&memory, &key, &["m"], 1).await;
     memory.close().await.unwrap();
     assert_eq!(
-        memory.count_items(&key).await.unwrap(),
+        memory.counts(&key).await.map(|c| c.items).unwrap(),
         1,
         "closing an in-memory store keeps its data"
     );
@@ -502,7 +531,7 @@ async fn close_returns_after_the_connections_are_closed() {
         store.delete_key(&key).await.unwrap();
         leased_page(&store, &key, &["a", "b"], 1).await;
         // A read opens a read connection too.
-        assert_eq!(store.count_items(&key).await.unwrap(), 2);
+        assert_eq!(store.counts(&key).await.map(|c| c.items).unwrap(), 2);
         assert!(wal_path(&path).exists(), "the WAL is in use while open");
         store.close().await.unwrap();
         assert!(
@@ -635,7 +664,7 @@ async fn a_corrupt_database_is_a_clear_store_error() {
         "{message}"
     );
     assert!(message.contains("corrupt.db"), "{message}");
-    let (kind, _, _) = store_kind(store.count_items(&key).await);
+    let (kind, _, _) = store_kind(store.counts(&key).await.map(|c| c.items));
     assert_eq!(kind, StoreErrorKind::Corrupt);
 }
 

@@ -106,19 +106,19 @@ pub async fn applies_everything_together(env: Env) -> CaseResult {
         ]),
         "the upserts landed"
     );
-    check_eq!(store.count_items(&k).await?, 2);
+    check_eq!(store.counts(&k).await.map(|c| c.items)?, 2);
     check_eq!(
         store.load_pending(&k, 10).await?,
         events,
         "the events landed as pending rows"
     );
-    check_eq!(store.count_pending(&k).await?, 2);
+    check_eq!(store.counts(&k).await.map(|c| c.pending)?, 2);
     check_eq!(
         store.list_parked(&k, ParkedQuery::default()).await?,
         vec![quarantined.clone()],
         "the invalid row landed with its issues"
     );
-    check_eq!(store.count_parked(&k).await?, 1);
+    check_eq!(store.counts(&k).await.map(|c| c.parked)?, 1);
     check!(
         store.held_keys(&k).await?.is_empty(),
         "an invalid row without hold_key holds nothing"
@@ -265,7 +265,7 @@ pub async fn recommitting_event_overwrites_row(env: Env) -> CaseResult {
         vec![overwrite.clone(), e2.clone()],
         "the row was overwritten: attempts 0, no error, no next attempt, new event and created_at"
     );
-    check_eq!(store.count_pending(&k).await?, 2);
+    check_eq!(store.counts(&k).await.map(|c| c.pending)?, 2);
 
     // Committed as delivered: no longer pending.
     let delivered = OutboxRow {
@@ -278,7 +278,7 @@ pub async fn recommitting_event_overwrites_row(env: Env) -> CaseResult {
         vec![e2.clone()],
         "a row committed as delivered is not pending"
     );
-    check_eq!(store.count_pending(&k).await?, 1);
+    check_eq!(store.counts(&k).await.map(|c| c.pending)?, 1);
 
     // Committed pending again (at a later sequence): it is back, in its new place.
     let mut again_event = changed;
@@ -290,7 +290,7 @@ pub async fn recommitting_event_overwrites_row(env: Env) -> CaseResult {
         vec![e2, again],
         "re-committing the id as pending re-adds it at its new sequence"
     );
-    check_eq!(store.count_pending(&k).await?, 2);
+    check_eq!(store.counts(&k).await.map(|c| c.pending)?, 2);
     Ok(())
 }
 
@@ -318,9 +318,9 @@ pub async fn empty_batch_applies_patch(env: Env) -> CaseResult {
         Some(state.clone()),
         "an empty batch creates the zero state plus the patch"
     );
-    check_eq!(store.count_items(&k).await?, 0);
-    check_eq!(store.count_pending(&k).await?, 0);
-    check_eq!(store.count_parked(&k).await?, 0);
+    check_eq!(store.counts(&k).await.map(|c| c.items)?, 0);
+    check_eq!(store.counts(&k).await.map(|c| c.pending)?, 0);
+    check_eq!(store.counts(&k).await.map(|c| c.parked)?, 0);
     if store.capabilities().log {
         check!(
             store

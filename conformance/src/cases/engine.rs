@@ -140,7 +140,7 @@ pub async fn g4_crash_after_commit_is_recovered_with_same_ids(env: Env) -> CaseR
     drop(crashed);
     // Pages hold 4 items: the first page was committed, then the process "died".
     check_eq!(
-        env.store.count_pending(&key()).await?,
+        env.store.counts(&key()).await.map(|c| c.pending)?,
         4,
         "the committed page is in the outbox"
     );
@@ -161,7 +161,7 @@ pub async fn g4_crash_after_commit_is_recovered_with_same_ids(env: Env) -> CaseR
         control.ids(),
         "recovery delivers every event with the clean run's ids"
     );
-    check_eq!(env.store.count_pending(&key()).await?, 0);
+    check_eq!(env.store.counts(&key()).await.map(|c| c.pending)?, 0);
     control_store.cleanup().await;
     Ok(())
 }
@@ -209,8 +209,16 @@ pub async fn g4_failed_commit_persists_nothing(env: Env) -> CaseResult {
         "no commit or event hook for a failed commit: {seen:?}"
     );
     let store = env.store();
-    check_eq!(store.count_pending(&key()).await?, 0, "no event persisted");
-    check_eq!(store.count_items(&key()).await?, 0, "no item persisted");
+    check_eq!(
+        store.counts(&key()).await.map(|c| c.pending)?,
+        0,
+        "no event persisted"
+    );
+    check_eq!(
+        store.counts(&key()).await.map(|c| c.items)?,
+        0,
+        "no item persisted"
+    );
     let state = store.load_state(&key()).await?;
     let cursor = state
         .as_ref()
@@ -314,11 +322,11 @@ pub async fn g5_stale_holder_is_fenced_out(env: Env) -> CaseResult {
         "the stale instance delivered nothing"
     );
     check_eq!(
-        env.store.count_pending(&key()).await?,
+        env.store.counts(&key()).await.map(|c| c.pending)?,
         0,
         "its page was not committed"
     );
-    check_eq!(env.store.count_items(&key()).await?, 0);
+    check_eq!(env.store.counts(&key()).await.map(|c| c.items)?, 0);
     check_eq!(
         env.store.get_lease(&key()).await?.map(|l| l.owner),
         Some("node-b".to_owned()),

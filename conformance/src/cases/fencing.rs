@@ -253,7 +253,7 @@ pub async fn ack_events_rejects_stale_lease(env: Env) -> CaseResult {
     }
     store.ack_events(key, &seeded.current, &ids).await?;
     check_eq!(
-        store.count_pending(key).await?,
+        store.counts(key).await.map(|c| c.pending)?,
         0,
         "ack_events with the current lease"
     );
@@ -320,41 +320,9 @@ pub async fn park_event_rejects_stale_lease(env: Env) -> CaseResult {
     Ok(())
 }
 
-/// `Store::set_validator` contract 1: with a bad lease `set_validator` fails with `LeaseLost`
-/// and `get_validator` stays `None`.
-pub async fn set_validator_rejects_stale_lease(env: Env) -> CaseResult {
-    let store = env.store();
-    let (seeded, stale) = seed(store).await?;
-    let key = &seeded.key;
-    let validator = Validator {
-        etag: Some("\"v2\"".to_owned()),
-        last_modified: Some("Thu, 01 Jan 2026 00:00:30 GMT".to_owned()),
-        stored_at: T0 + TTL,
-    };
-    for (lease, label) in seeded.rejected(&stale) {
-        let what = format!("set_validator with {label}");
-        expect_lease_lost(
-            store.set_validator(key, &lease, URL, &validator).await,
-            key,
-            lease.epoch,
-            &what,
-        )?;
-        seeded.verify_unchanged(store, &what).await?;
-    }
-    store
-        .set_validator(key, &seeded.current, URL, &validator)
-        .await?;
-    check_eq!(
-        store.get_validator(key, URL).await?,
-        Some(validator),
-        "set_validator with the current lease"
-    );
-    Ok(())
-}
-
 /// `Store::save_state` contract 3: a made-up ("ghost") lease on a key nobody ever leased is
 /// rejected by every fenced method (`save_state`, `commit_poll`, `ack_events`, `record_attempt`,
-/// `park_event`, `set_validator`) with `LeaseLost`, and no state, lease or key is created.
+/// `park_event`) with `LeaseLost`, and no state, lease or key is created.
 pub async fn fenced_writes_without_lease_are_rejected(env: Env) -> CaseResult {
     let store = env.store();
     let key = key();
@@ -374,15 +342,18 @@ pub async fn fenced_writes_without_lease_are_rejected(env: Env) -> CaseResult {
         upserts: vec![item("i1", "h1")],
         events: vec![pending(&key, "e1", 1, "i1")],
         log,
+        validators: vec![watukuy_core::UrlValidator {
+            url_hash: URL.to_owned(),
+            validator: Validator {
+                etag: Some("\"v1\"".to_owned()),
+                last_modified: None,
+                stored_at: T0,
+            },
+        }],
         ..CommitBatch::default()
     };
     let error = SerializedError::new("HandlerError", "boom");
     let row = poison(event(&key, "e1", 1, "i1"), Some("i1"), T0);
-    let validator = Validator {
-        etag: Some("\"v1\"".to_owned()),
-        last_modified: None,
-        stored_at: T0,
-    };
     let epoch = ghost.epoch;
     expect_lease_lost(
         store.save_state(&key, &ghost, &patch).await,
@@ -413,12 +384,6 @@ pub async fn fenced_writes_without_lease_are_rejected(env: Env) -> CaseResult {
         &key,
         epoch,
         "park_event with a ghost lease",
-    )?;
-    expect_lease_lost(
-        store.set_validator(&key, &ghost, URL, &validator).await,
-        &key,
-        epoch,
-        "set_validator with a ghost lease",
     )?;
     check_eq!(
         observe(store, &key, &[URL]).await?,

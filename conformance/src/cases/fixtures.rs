@@ -266,9 +266,9 @@ pub async fn observe(
         lease: store.get_lease(key).await?,
         identities,
         items,
-        item_count: store.count_items(key).await?,
+        item_count: store.counts(key).await.map(|c| c.items)?,
         pending: store.load_pending(key, OBSERVE_LIMIT).await?,
-        pending_count: store.count_pending(key).await?,
+        pending_count: store.counts(key).await.map(|c| c.pending)?,
         parked: store
             .list_parked(
                 key,
@@ -278,7 +278,7 @@ pub async fn observe(
                 },
             )
             .await?,
-        parked_count: store.count_parked(key).await?,
+        parked_count: store.counts(key).await.map(|c| c.parked)?,
         held_keys,
         validators,
         log,
@@ -323,4 +323,22 @@ pub async fn pending_ids(store: &dyn Store, key: &PKey) -> Result<Vec<String>, C
         .into_iter()
         .map(|row| row.event_id)
         .collect())
+}
+
+/// Stores `validator` for `url_hash` the only way the contract has: a `commit_poll` carrying it.
+pub async fn write_validator(
+    store: &dyn Store,
+    key: &PKey,
+    lease: &Lease,
+    url_hash: &str,
+    validator: &watukuy_core::Validator,
+) -> watukuy_core::Result<()> {
+    let batch = watukuy_core::CommitBatch {
+        validators: vec![watukuy_core::UrlValidator {
+            url_hash: url_hash.to_owned(),
+            validator: validator.clone(),
+        }],
+        ..watukuy_core::CommitBatch::default()
+    };
+    store.commit_poll(key, lease, &batch).await
 }

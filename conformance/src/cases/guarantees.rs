@@ -505,7 +505,7 @@ pub async fn g3_per_key_order_under_concurrency_and_failures(env: Env) -> CaseRe
     check_eq!(parked.len(), 1);
     check_eq!(parked[0].hold_key.as_deref(), Some("k07"));
     check_eq!(
-        w.store.count_pending(&w.key).await?,
+        w.store.counts(&w.key).await.map(|c| c.pending)?,
         3,
         "k07's three successors wait behind the parked event"
     );
@@ -646,8 +646,8 @@ pub async fn g7_retry_delivers_poison_then_successors_in_order(env: Env) -> Case
         vec![events[1].id.clone(), events[5].id.clone()],
         "the parked event first, then its successor"
     );
-    check_eq!(w.store.count_parked(&w.key).await?, 0);
-    check_eq!(w.store.count_pending(&w.key).await?, 0);
+    check_eq!(w.store.counts(&w.key).await.map(|c| c.parked)?, 0);
+    check_eq!(w.store.counts(&w.key).await.map(|c| c.pending)?, 0);
     Ok(())
 }
 
@@ -671,7 +671,7 @@ pub async fn g7_discard_releases_the_key(env: Env) -> CaseResult {
         !seen.delivered_ids().contains(&events[1].id),
         "the discarded event is never delivered"
     );
-    check_eq!(w.store.count_pending(&w.key).await?, 0);
+    check_eq!(w.store.counts(&w.key).await.map(|c| c.pending)?, 0);
     Ok(())
 }
 
@@ -687,7 +687,7 @@ pub async fn g10_subscribe_never_pulls_more_than_asked(env: Env) -> CaseResult {
     let consumer = async {
         let first = subscription.next().await;
         let second = subscription.next().await;
-        let pending = w.store.count_pending(&w.key).await;
+        let pending = w.store.counts(&w.key).await.map(|c| c.pending);
         let acks = faulty.calls(Op::AckEvents);
         drop(subscription);
         (first, second, pending, acks)
@@ -723,7 +723,7 @@ pub async fn g10_subscribe_never_pulls_more_than_asked(env: Env) -> CaseResult {
         for _ in 0..4 {
             got.extend(subscription.next().await.map(|e| e.id));
         }
-        let before_last_ack = w.store.count_pending(&w.key).await;
+        let before_last_ack = w.store.counts(&w.key).await.map(|c| c.pending);
         // Asking once more acknowledges the last event; nothing further arrives.
         let mut next = std::pin::pin!(subscription.next());
         let more = futures::poll!(next.as_mut());
@@ -743,7 +743,7 @@ pub async fn g10_subscribe_never_pulls_more_than_asked(env: Env) -> CaseResult {
     );
     check!(nothing_more);
     check_eq!(report?.delivered, 4);
-    check_eq!(w.store.count_pending(&w.key).await?, 0);
+    check_eq!(w.store.counts(&w.key).await.map(|c| c.pending)?, 0);
     Ok(())
 }
 
@@ -801,7 +801,7 @@ pub async fn g10_dispatcher_holds_at_most_one_slice(env: Env) -> CaseResult {
         "the window widened only as far as needed"
     );
     check!(faulty.max_load_pending_rows() <= 16);
-    check_eq!(w.store.count_pending(&w.key).await?, 12);
+    check_eq!(w.store.counts(&w.key).await.map(|c| c.pending)?, 12);
     check_eq!(w.pending_ids().await?, ids(&events[..12]));
     Ok(())
 }

@@ -50,7 +50,7 @@ async fn populate(store: &dyn Store, key: &PKey, lease: &Lease) -> CaseResult {
         last_modified: None,
         stored_at: T0,
     };
-    store.set_validator(key, lease, URL, &validator).await?;
+    super::fixtures::write_validator(store, key, lease, URL, &validator).await?;
     Ok(())
 }
 
@@ -112,10 +112,10 @@ async fn expect_fenced_out(store: &dyn Store, key: &PKey, lease: &Lease, what: &
         &format!("park_event {what}"),
     )?;
     expect_lease_lost(
-        store.set_validator(key, lease, URL, &validator).await,
+        super::fixtures::write_validator(store, key, lease, URL, &validator).await,
         key,
         epoch,
-        &format!("set_validator {what}"),
+        &format!("a commit of a validator {what}"),
     )?;
     Ok(())
 }
@@ -218,17 +218,17 @@ async fn check_isolated(store: &dyn Store, other: &PKey) -> CaseResult {
     };
     store.commit_poll(other, &lease_o, &batch).await?;
     check_eq!(
-        store.count_items(other).await?,
+        store.counts(other).await.map(|c| c.items)?,
         1,
         "{other} sees only its own item"
     );
     check_eq!(
-        store.count_pending(other).await?,
+        store.counts(other).await.map(|c| c.pending)?,
         1,
         "{other} sees only its own event"
     );
     check_eq!(
-        store.count_parked(other).await?,
+        store.counts(other).await.map(|c| c.parked)?,
         1,
         "{other} sees only its own parked row"
     );
@@ -245,34 +245,44 @@ async fn check_isolated(store: &dyn Store, other: &PKey) -> CaseResult {
         .ack_events(other, &lease_o, &owned_ids(&["evt-1", "evt-2"]))
         .await?;
     check_eq!(
-        store.count_pending(other).await?,
+        store.counts(other).await.map(|c| c.pending)?,
         0,
         "{other} acked its own evt-1"
     );
     check_eq!(
-        store.retry_parked(other, &owned_ids(&["evt-3"])).await?,
+        store
+            .resolve_parked(
+                other,
+                &owned_ids(&["evt-3"]),
+                watukuy_core::ParkedAction::Retry
+            )
+            .await?,
         0,
         "A's poison row cannot be retried through {other}"
     );
     check_eq!(
         store
-            .discard_parked(other, &owned_ids(&["evt-3", "invalid:a"]))
+            .resolve_parked(
+                other,
+                &owned_ids(&["evt-3", "invalid:a"]),
+                watukuy_core::ParkedAction::Discard
+            )
             .await?,
         1,
         "only {other}'s own invalid:a is discarded, not A's evt-3"
     );
-    store
-        .set_validator(
-            other,
-            &lease_o,
-            URL,
-            &Validator {
-                etag: Some("\"etag-other\"".to_owned()),
-                last_modified: Some("Thu, 01 Jan 2026 00:00:00 GMT".to_owned()),
-                stored_at: T0 + 5_000,
-            },
-        )
-        .await?;
+    super::fixtures::write_validator(
+        store,
+        other,
+        &lease_o,
+        URL,
+        &Validator {
+            etag: Some("\"etag-other\"".to_owned()),
+            last_modified: Some("Thu, 01 Jan 2026 00:00:00 GMT".to_owned()),
+            stored_at: T0 + 5_000,
+        },
+    )
+    .await?;
     store
         .save_state(
             other,

@@ -209,7 +209,7 @@ pub async fn upserts_replace_and_deletes_remove(env: Env) -> CaseResult {
     );
     check!(!rows.contains_key("b"), "b was deleted");
     check_eq!(rows.get("c"), Some(&c), "c is untouched");
-    check_eq!(store.count_items(&k).await?, 2);
+    check_eq!(store.counts(&k).await.map(|c| c.items)?, 2);
 
     // A batch that only deletes identities that do not exist succeeds and changes nothing.
     commit_items(store, &k, &lease, Vec::new(), &["b", "ghost"]).await?;
@@ -227,7 +227,7 @@ pub async fn upserts_replace_and_deletes_remove(env: Env) -> CaseResult {
         "a deleted identity can be upserted again"
     );
     check!(!rows.contains_key("c"), "c was deleted");
-    check_eq!(store.count_items(&k).await?, 2);
+    check_eq!(store.counts(&k).await.map(|c| c.items)?, 2);
     Ok(())
 }
 
@@ -255,7 +255,7 @@ pub async fn stream_identities_batches(env: Env) -> CaseResult {
     let expected: HashSet<String> = (0..2_500).map(|i| format!("item-{i:04}")).collect();
     let upserts = expected.iter().map(|id| item(id, "hash")).collect();
     commit_items(store, &k, &lease, upserts, &[]).await?;
-    check_eq!(store.count_items(&k).await?, 2_500);
+    check_eq!(store.counts(&k).await.map(|c| c.items)?, 2_500);
 
     let batches = identity_batches(store, &k, 1000).await?;
     let sizes: Vec<usize> = batches.iter().map(Vec::len).collect();
@@ -474,14 +474,14 @@ pub async fn count_items_counts_snapshot(env: Env) -> CaseResult {
     let store = env.store();
     let k = key();
     check_eq!(
-        store.count_items(&k).await?,
+        store.counts(&k).await.map(|c| c.items)?,
         0,
         "a key never written counts 0"
     );
 
     let lease = acquire(store, &k, NODE_A, T0).await?;
     check_eq!(
-        store.count_items(&k).await?,
+        store.counts(&k).await.map(|c| c.items)?,
         0,
         "a leased key without items counts 0"
     );
@@ -494,7 +494,7 @@ pub async fn count_items_counts_snapshot(env: Env) -> CaseResult {
         &[],
     )
     .await?;
-    check_eq!(store.count_items(&k).await?, 3);
+    check_eq!(store.counts(&k).await.map(|c| c.items)?, 3);
 
     commit_items(
         store,
@@ -505,30 +505,34 @@ pub async fn count_items_counts_snapshot(env: Env) -> CaseResult {
     )
     .await?;
     check_eq!(
-        store.count_items(&k).await?,
+        store.counts(&k).await.map(|c| c.items)?,
         4,
         "a replacement does not add"
     );
 
     commit_items(store, &k, &lease, Vec::new(), &["b", "unknown"]).await?;
     check_eq!(
-        store.count_items(&k).await?,
+        store.counts(&k).await.map(|c| c.items)?,
         3,
         "only the existing identity is subtracted"
     );
 
     commit_items(store, &k, &lease, Vec::new(), &["a", "c", "d"]).await?;
-    check_eq!(store.count_items(&k).await?, 0, "every row deleted");
+    check_eq!(
+        store.counts(&k).await.map(|c| c.items)?,
+        0,
+        "every row deleted"
+    );
 
     commit_items(store, &k, &lease, vec![item("e", "h1")], &[]).await?;
-    check_eq!(store.count_items(&k).await?, 1);
+    check_eq!(store.counts(&k).await.map(|c| c.items)?, 1);
     check_eq!(
-        store.count_items(&key_b()).await?,
+        store.counts(&key_b()).await.map(|c| c.items)?,
         0,
         "another partition counts 0"
     );
     check_eq!(
-        store.count_items(&key_other()).await?,
+        store.counts(&key_other()).await.map(|c| c.items)?,
         0,
         "another poller counts 0"
     );

@@ -102,7 +102,7 @@ pub async fn park_event_removes_outbox_row_and_holds(env: Env) -> CaseResult {
         owned_ids(&["o1"]),
         "a row without hold_key holds nothing"
     );
-    check_eq!(store.count_parked(&k).await?, 2);
+    check_eq!(store.counts(&k).await.map(|c| c.parked)?, 2);
 
     // A second poison row holding the same key: still one hold key.
     let poisoned_3 = poison(e3.event.clone(), Some("o1"), T0 + 3_000);
@@ -138,7 +138,7 @@ pub async fn park_event_removes_outbox_row_and_holds(env: Env) -> CaseResult {
         vec![quarantined],
         "the invalid filter lists only invalid rows"
     );
-    check_eq!(store.count_parked(&k).await?, 4);
+    check_eq!(store.counts(&k).await.map(|c| c.parked)?, 4);
     for other in [key_b(), key_other()] {
         check!(
             held(store, &other).await?.is_empty(),
@@ -240,19 +240,19 @@ pub async fn count_parked_counts_every_kind(env: Env) -> CaseResult {
     let store = env.store();
     let k = key();
     check_eq!(
-        store.count_parked(&k).await?,
+        store.counts(&k).await.map(|c| c.parked)?,
         0,
         "a key never written counts 0"
     );
     let lease = acquire(store, &k, NODE_A, T0).await?;
-    check_eq!(store.count_parked(&k).await?, 0);
+    check_eq!(store.counts(&k).await.map(|c| c.parked)?, 0);
 
     let p1 = poison(event(&k, "evt-1", 1, "o1"), Some("o1"), T0 + 1_000);
     store.park_event(&k, &lease, &p1).await?;
     let i1 = invalid("invalid:1", r#"{"id":"o9"}"#, T0 + 2_000);
     commit_parked(store, &k, &lease, vec![i1.clone()]).await?;
     check_eq!(
-        store.count_parked(&k).await?,
+        store.counts(&k).await.map(|c| c.parked)?,
         2,
         "a poison and an invalid row"
     );
@@ -270,7 +270,7 @@ pub async fn count_parked_counts_every_kind(env: Env) -> CaseResult {
     };
     store.park_event(&k, &lease, &p1_again).await?;
     check_eq!(
-        store.count_parked(&k).await?,
+        store.counts(&k).await.map(|c| c.parked)?,
         2,
         "re-parking the same id does not add a row"
     );
@@ -289,7 +289,7 @@ pub async fn count_parked_counts_every_kind(env: Env) -> CaseResult {
     ]);
     commit_parked(store, &k, &lease, vec![i1_again.clone()]).await?;
     check_eq!(
-        store.count_parked(&k).await?,
+        store.counts(&k).await.map(|c| c.parked)?,
         2,
         "re-committing the same id does not add a row"
     );
@@ -300,12 +300,12 @@ pub async fn count_parked_counts_every_kind(env: Env) -> CaseResult {
         "both rows were replaced (attempts 5, new issues, new parked_at)"
     );
     check_eq!(
-        store.count_parked(&key_b()).await?,
+        store.counts(&key_b()).await.map(|c| c.parked)?,
         0,
         "another partition counts 0"
     );
     check_eq!(
-        store.count_parked(&key_other()).await?,
+        store.counts(&key_other()).await.map(|c| c.parked)?,
         0,
         "another poller counts 0"
     );
@@ -380,7 +380,11 @@ pub async fn retry_parked_moves_poison_back(env: Env) -> CaseResult {
     );
 
     let moved = store
-        .retry_parked(&k, &owned_ids(&["evt-1", "invalid:x", "unknown"]))
+        .resolve_parked(
+            &k,
+            &owned_ids(&["evt-1", "invalid:x", "unknown"]),
+            watukuy_core::ParkedAction::Retry,
+        )
         .await?;
     check_eq!(
         moved,
@@ -414,12 +418,20 @@ pub async fn retry_parked_moves_poison_back(env: Env) -> CaseResult {
     );
 
     check_eq!(
-        store.retry_parked(&k, &owned_ids(&["evt-1"])).await?,
+        store
+            .resolve_parked(
+                &k,
+                &owned_ids(&["evt-1"]),
+                watukuy_core::ParkedAction::Retry
+            )
+            .await?,
         0,
         "a second retry moves nothing"
     );
     check_eq!(
-        store.retry_parked(&k, &[]).await?,
+        store
+            .resolve_parked(&k, &[], watukuy_core::ParkedAction::Retry)
+            .await?,
         0,
         "an empty id list moves nothing"
     );
@@ -429,7 +441,16 @@ pub async fn retry_parked_moves_poison_back(env: Env) -> CaseResult {
         "nothing changed"
     );
 
-    check_eq!(store.retry_parked(&k, &owned_ids(&["evt-2"])).await?, 1);
+    check_eq!(
+        store
+            .resolve_parked(
+                &k,
+                &owned_ids(&["evt-2"]),
+                watukuy_core::ParkedAction::Retry
+            )
+            .await?,
+        1
+    );
     let retried_2 = OutboxRow {
         created_at: T0 + 6_000,
         ..e2
@@ -447,7 +468,11 @@ pub async fn retry_parked_moves_poison_back(env: Env) -> CaseResult {
     );
     check_eq!(
         store
-            .retry_parked(&key_b(), &owned_ids(&["evt-1", "evt-2"]))
+            .resolve_parked(
+                &key_b(),
+                &owned_ids(&["evt-1", "evt-2"]),
+                watukuy_core::ParkedAction::Retry
+            )
             .await?,
         0,
         "another key has nothing to retry"
@@ -488,7 +513,7 @@ pub async fn discard_parked_returns_count(env: Env) -> CaseResult {
     let quarantined = invalid("invalid:1", r#"{"id":"o9"}"#, T0 + 10_000);
     store.park_event(&k, &lease, &quarantined).await?;
     check_eq!(
-        store.count_parked(&k).await?,
+        store.counts(&k).await.map(|c| c.parked)?,
         4,
         "fixture: four parked rows"
     );
@@ -500,12 +525,16 @@ pub async fn discard_parked_returns_count(env: Env) -> CaseResult {
 
     check_eq!(
         store
-            .discard_parked(&k, &owned_ids(&["evt-2", "evt-2", "unknown"]))
+            .resolve_parked(
+                &k,
+                &owned_ids(&["evt-2", "evt-2", "unknown"]),
+                watukuy_core::ParkedAction::Discard
+            )
             .await?,
         1,
         "a duplicate id counts once, an unknown id not at all"
     );
-    check_eq!(store.count_parked(&k).await?, 3);
+    check_eq!(store.counts(&k).await.map(|c| c.parked)?, 3);
     check_eq!(
         held(store, &k).await?,
         owned_ids(&["o1", "o2"]),
@@ -514,7 +543,11 @@ pub async fn discard_parked_returns_count(env: Env) -> CaseResult {
 
     check_eq!(
         store
-            .discard_parked(&k, &owned_ids(&["evt-3", "invalid:1"]))
+            .resolve_parked(
+                &k,
+                &owned_ids(&["evt-3", "invalid:1"]),
+                watukuy_core::ParkedAction::Discard
+            )
             .await?,
         2,
         "both kinds are discarded"
@@ -526,23 +559,35 @@ pub async fn discard_parked_returns_count(env: Env) -> CaseResult {
     );
 
     check_eq!(
-        store.discard_parked(&k, &owned_ids(&["evt-3"])).await?,
+        store
+            .resolve_parked(
+                &k,
+                &owned_ids(&["evt-3"]),
+                watukuy_core::ParkedAction::Discard
+            )
+            .await?,
         0,
         "discarding again removes nothing"
     );
     check_eq!(
-        store.discard_parked(&k, &[]).await?,
+        store
+            .resolve_parked(&k, &[], watukuy_core::ParkedAction::Discard)
+            .await?,
         0,
         "an empty id list removes nothing"
     );
 
     check_eq!(
         store
-            .discard_parked(&k, &owned_ids(&["evt-1", "evt-1"]))
+            .resolve_parked(
+                &k,
+                &owned_ids(&["evt-1", "evt-1"]),
+                watukuy_core::ParkedAction::Discard
+            )
             .await?,
         1
     );
-    check_eq!(store.count_parked(&k).await?, 0);
+    check_eq!(store.counts(&k).await.map(|c| c.parked)?, 0);
     check!(held(store, &k).await?.is_empty(), "no hold is left");
     check_eq!(
         store.load_pending(&k, 10).await?,
@@ -551,7 +596,11 @@ pub async fn discard_parked_returns_count(env: Env) -> CaseResult {
     );
     check_eq!(
         store
-            .discard_parked(&key_other(), &owned_ids(&["evt-1"]))
+            .resolve_parked(
+                &key_other(),
+                &owned_ids(&["evt-1"]),
+                watukuy_core::ParkedAction::Discard
+            )
             .await?,
         0,
         "another key has nothing to discard"

@@ -7,7 +7,7 @@ use crate::harness::{CaseResult, Env};
 use crate::{check, check_eq};
 
 /// `Store::get_validator` contract 1: `None` until set (on a fresh key and on a leased one);
-/// `set_validator` round-trips, an all-`None` validator is stored as such (not as "no
+/// a validator written by a commit round-trips, an all-`None` validator is stored as such (not as "no
 /// validator"), a second set overwrites the whole value (a field set to `None` is cleared), and
 /// URL hashes and keys are independent.
 pub async fn validators_round_trip(env: Env) -> CaseResult {
@@ -28,7 +28,7 @@ pub async fn validators_round_trip(env: Env) -> CaseResult {
         last_modified: Some("Wed, 21 Oct 2015 07:28:00 GMT".to_owned()),
         stored_at: T0,
     };
-    store.set_validator(&k, &lease, "url-1", &first).await?;
+    super::fixtures::write_validator(store, &k, &lease, "url-1", &first).await?;
     check_eq!(
         store.get_validator(&k, "url-1").await?,
         Some(first.clone()),
@@ -44,7 +44,7 @@ pub async fn validators_round_trip(env: Env) -> CaseResult {
         last_modified: None,
         stored_at: T0 + 1,
     };
-    store.set_validator(&k, &lease, "url-2", &bare).await?;
+    super::fixtures::write_validator(store, &k, &lease, "url-2", &bare).await?;
     check_eq!(
         store.get_validator(&k, "url-2").await?,
         Some(bare.clone()),
@@ -56,7 +56,7 @@ pub async fn validators_round_trip(env: Env) -> CaseResult {
         last_modified: None,
         stored_at: T0 + 2_000,
     };
-    store.set_validator(&k, &lease, "url-1", &replaced).await?;
+    super::fixtures::write_validator(store, &k, &lease, "url-1", &replaced).await?;
     check_eq!(
         store.get_validator(&k, "url-1").await?,
         Some(replaced),

@@ -403,7 +403,7 @@ impl Dispatcher {
         let mut report = DrainReport::default();
         let Some(consumer) = self.slot.current() else {
             report.no_consumer = true;
-            report.remaining = self.store.count_pending(key).await?;
+            report.remaining = self.store.counts(key).await?.pending;
             return Ok(report);
         };
         let cancel = ctx.cancel.child_token();
@@ -493,7 +493,7 @@ impl Dispatcher {
         report.aborted |= cancel.is_cancelled() && !report.halted;
         report.remaining = match remaining {
             Some(remaining) => remaining,
-            None => self.store.count_pending(key).await?,
+            None => self.store.counts(key).await?.pending,
         };
         Ok(report)
     }
@@ -766,12 +766,16 @@ impl Dispatcher {
     /// Moves parked poison events back to the outbox as pending (releasing their hold); the next
     /// drain delivers them, then their key's successors in order. Returns how many moved.
     pub async fn retry_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
-        self.store.retry_parked(key, ids).await
+        self.store
+            .resolve_parked(key, ids, crate::model::ParkedAction::Retry)
+            .await
     }
 
     /// Deletes parked rows (releasing their hold). Returns how many were removed.
     pub async fn discard_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
-        self.store.discard_parked(key, ids).await
+        self.store
+            .resolve_parked(key, ids, crate::model::ParkedAction::Discard)
+            .await
     }
 }
 

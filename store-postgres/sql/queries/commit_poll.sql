@@ -27,7 +27,7 @@
 -- log entries: $33 seq, $34 event, $35 created_at;
 -- parked rows: $36 id, $37 kind, $38 event, $39 event_seq, $40 item, $41 error, $42 attempts,
 --   $43 parked_at, $44 hold_key;
--- validators to insert or replace whole (as set_validator.sql): $45 url_hash, $46 etag,
+-- validators to insert or replace whole: $45 url_hash, $46 etag,
 --   $47 last_modified, $48 stored_at.
 WITH fence AS (
     UPDATE {pollers} AS p SET
