@@ -319,11 +319,18 @@ pub trait Store: Send + Sync + 'static {
     async fn resolve_parked(&self, key: &PKey, ids: &[String], action: ParkedAction)
     -> Result<u64>;
 
-    /// The distinct non-null hold keys of parked rows.
+    /// The distinct non-null hold keys of parked rows. Provided: read from
+    /// [`list_parked`](Self::list_parked) (every row); a store with many parked rows overrides it
+    /// with a query of the distinct keys (the dispatcher reads it once per drain).
     ///
     /// **Contract**
     /// 1. Reflects parking, retrying and discarding (`parked::park_event_removes_outbox_row_and_holds`).
-    async fn held_keys(&self, key: &PKey) -> Result<Vec<String>>;
+    async fn held_keys(&self, key: &PKey) -> Result<Vec<String>> {
+        let rows = self.list_parked(key, ParkedQuery::default()).await?;
+        let held: std::collections::BTreeSet<String> =
+            rows.into_iter().filter_map(|row| row.hold_key).collect();
+        Ok(held.into_iter().collect())
+    }
 
     /// The validators stored for a URL hash.
     ///

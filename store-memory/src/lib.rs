@@ -402,21 +402,6 @@ impl Store for MemoryStore {
         Ok(moved)
     }
 
-    async fn held_keys(&self, key: &PKey) -> Result<Vec<String>> {
-        Ok(self.read(
-            key,
-            |r| {
-                let held: BTreeSet<String> = r
-                    .parked
-                    .values()
-                    .filter_map(|row| row.hold_key.clone())
-                    .collect();
-                held.into_iter().collect()
-            },
-            Vec::new(),
-        ))
-    }
-
     async fn get_validator(&self, key: &PKey, url_hash: &str) -> Result<Option<Validator>> {
         Ok(self.read(key, |r| r.validators.get(url_hash).cloned(), None))
     }
