@@ -9,12 +9,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
-use watukuy_core::engine::LaneCursors;
-use watukuy_core::model::LaneCursor;
-use watukuy_core::{
-    Clock, Engine, Lease, PKey, ParkedKind, ParkedQuery, PollSummary, PollerState, ScheduleState,
-    Store, SystemClock,
-};
+use watukuy_core::{Clock, Engine, PKey, ParkedKind, ParkedQuery, PollerState, Store, SystemClock};
 
 /// The page: plain HTML with a small inline script, served as is (no build step).
 pub const PAGE_HTML: &str = include_str!("page.html");
@@ -295,65 +290,17 @@ impl AdminState {
     }
 }
 
-/// One key as the store holds it: the stored fields of [`watukuy_core::PollerInspect`], same
-/// names and JSON shape.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct KeyInspect {
-    poller: String,
-    partition: String,
-    paused: bool,
-    lease: Option<Lease>,
-    cursors: LaneCursors,
-    schedule: ScheduleState,
-    last_poll: Option<PollSummary>,
-    outbox_pending: u64,
-    parked: u64,
-    items: u64,
-    lag_ms: Option<i64>,
-}
+use watukuy_core::ops::KeyInspect;
 
-/// One key read from the store alone (lag for cursors of the timestamp strategy's shape only).
+/// One key read from the store alone, as the command line reads it.
 async fn inspect_key(
     store: &dyn Store,
     key: &PKey,
     now: i64,
 ) -> Result<KeyInspect, watukuy_core::Error> {
-    let state = store
-        .load_state(key)
-        .await?
-        .unwrap_or_else(|| PollerState::zero(now));
-    let cursor = |lane: Option<&LaneCursor>| {
-        lane.and_then(|l| l.cursor.clone())
-            .map(|text| serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
-    };
-    let cursors = LaneCursors {
-        live: cursor(state.lanes.live.as_ref()),
-        reconcile: cursor(state.lanes.reconcile.as_ref()),
-        backfill: cursor(state.lanes.backfill.as_ref()),
-        replay: cursor(state.lanes.replay.as_ref()),
-    };
-    let lag_ms = cursors
-        .live
-        .as_ref()
-        .and_then(serde_json::Value::as_object)
-        .filter(|o| o.len() == 2 && o.contains_key("tieBreak"))
-        .and_then(|o| o.get("value")?.as_str())
-        .and_then(watukuy_core::cursor::parse_timestamp)
-        .map(|at| now.saturating_sub(at));
-    Ok(KeyInspect {
-        poller: key.poller.clone(),
-        partition: key.partition.clone(),
-        paused: state.paused,
-        lease: store.get_lease(key).await?,
-        cursors,
-        last_poll: state.schedule.last_poll.clone(),
-        schedule: state.schedule,
-        outbox_pending: store.counts(key).await.map(|c| c.pending)?,
-        parked: store.counts(key).await.map(|c| c.parked)?,
-        items: store.counts(key).await.map(|c| c.items)?,
-        lag_ms,
-    })
+    let initial = PollerState::zero(now);
+    let lag = watukuy_core::cursor::persisted_lag_ms;
+    watukuy_core::ops::inspect_key(store, key, now, initial, lag).await
 }
 
 async fn page() -> Response {

@@ -5,11 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use watukuy_core::engine::LaneCursors;
-use watukuy_core::model::{CommitBatch, LaneCursor, LogQuery, OutboxRow};
 use watukuy_core::{
-    Clock, Error, Event, Lane, Lease, PKey, ParkedKind, ParkedQuery, ParkedRow, PollSummary,
-    PollerState, ScheduleState, StatePatch, Store, StoreErrorKind, SystemClock, schedule,
+    Clock, PKey, ParkedKind, ParkedQuery, ParkedRow, PollerState, Store, SystemClock, ops,
 };
 
 use crate::CliError;
@@ -21,7 +18,7 @@ pub const CLI_OWNER: &str = "watukuy-cli";
 pub const CLI_LEASE_TTL_MS: i64 = 60_000;
 
 /// Log entries copied per commit by `replay` (as the engine does).
-pub const REPLAY_PAGE: usize = 500;
+pub const REPLAY_PAGE: usize = watukuy_core::ops::REPLAY_PAGE;
 
 /// What `inspect` reports: one entry per key the store holds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -38,32 +35,7 @@ pub struct Report {
 /// The state of one `(poller, partition)` as the store holds it: the fields of
 /// [`watukuy_core::PollerInspect`] that live in the store, with the same names and JSON shape
 /// (the engine's in-memory counters are not in the store, so not here).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct KeyInspect {
-    /// The poller.
-    pub poller: String,
-    /// The partition (`""` for an unpartitioned poller).
-    pub partition: String,
-    /// Paused by an operator.
-    pub paused: bool,
-    /// The current lease holder, expired or not, if any.
-    pub lease: Option<Lease>,
-    /// The lane cursors (parsed JSON, or the raw text if it does not parse).
-    pub cursors: LaneCursors,
-    /// The schedule (the default, due-now one for a key whose state was never saved).
-    pub schedule: ScheduleState,
-    /// What the last cycle did.
-    pub last_poll: Option<PollSummary>,
-    /// Events waiting in the outbox.
-    pub outbox_pending: u64,
-    /// Parked rows (poison and invalid).
-    pub parked: u64,
-    /// Items in the snapshot.
-    pub items: u64,
-    /// How far behind now the live cursor is (timestamp-shaped cursors only).
-    pub lag_ms: Option<i64>,
-}
+pub use watukuy_core::ops::KeyInspect;
 
 /// A store, a clock and how patiently to wait for a lease: everything the commands need.
 #[derive(Clone)]
@@ -215,32 +187,9 @@ impl Session {
     }
 
     async fn inspect_key(&self, key: &PKey, now: i64) -> Result<KeyInspect, CliError> {
-        let store = &self.store;
-        let state = store
-            .load_state(key)
-            .await?
-            .unwrap_or_else(|| PollerState::zero(now));
-        let cursor = |lane: Option<&LaneCursor>| parsed(lane.and_then(|l| l.cursor.clone()));
-        let cursors = LaneCursors {
-            live: cursor(state.lanes.live.as_ref()),
-            reconcile: cursor(state.lanes.reconcile.as_ref()),
-            backfill: cursor(state.lanes.backfill.as_ref()),
-            replay: cursor(state.lanes.replay.as_ref()),
-        };
-        let lag_ms = cursors.live.as_ref().and_then(|c| timestamp_lag(c, now));
-        Ok(KeyInspect {
-            poller: key.poller.clone(),
-            partition: key.partition.clone(),
-            paused: state.paused,
-            lease: store.get_lease(key).await?,
-            cursors,
-            last_poll: state.schedule.last_poll.clone(),
-            schedule: state.schedule,
-            outbox_pending: store.counts(key).await.map(|c| c.pending)?,
-            parked: store.counts(key).await.map(|c| c.parked)?,
-            items: store.counts(key).await.map(|c| c.items)?,
-            lag_ms,
-        })
+        let initial = PollerState::zero(now);
+        let lag = watukuy_core::cursor::persisted_lag_ms;
+        Ok(ops::inspect_key(&*self.store, key, now, initial, lag).await?)
     }
 
     /// Parked rows of a key, oldest first (filtered by id and kind).
@@ -354,59 +303,24 @@ impl Session {
     }
 
     async fn state(&self, key: &PKey) -> Result<PollerState, CliError> {
-        Ok(self
-            .store
-            .load_state(key)
-            .await?
-            .unwrap_or_else(|| PollerState::zero(self.now())))
-    }
-
-    async fn save(&self, key: &PKey, patch: StatePatch) -> Result<(), CliError> {
-        Ok(self.store.save_state_unfenced(key, &patch).await?)
+        Ok(ops::state_or(&*self.store, key, PollerState::zero(self.now())).await?)
     }
 
     /// Pauses a key (unfenced write of `paused: true`).
     pub async fn pause(&self, key: &PKey) -> Result<(), CliError> {
-        self.save(
-            key,
-            StatePatch {
-                paused: Some(true),
-                updated_at: Some(self.now()),
-                ..StatePatch::default()
-            },
-        )
-        .await
+        Ok(ops::pause(&*self.store, key, self.now()).await?)
     }
 
     /// Resumes a key and makes it due now.
     pub async fn resume(&self, key: &PKey) -> Result<(), CliError> {
-        let state = self.state(key).await?;
         let now = self.now();
-        self.save(
-            key,
-            StatePatch {
-                paused: Some(false),
-                schedule: Some(schedule::make_due(&state.schedule, now)),
-                updated_at: Some(now),
-                ..StatePatch::default()
-            },
-        )
-        .await
+        Ok(ops::resume(&*self.store, key, now, PollerState::zero(now)).await?)
     }
 
     /// Makes a key due now (`next_due_at = now`, throttle cleared; an open circuit stays open).
     pub async fn trigger(&self, key: &PKey) -> Result<(), CliError> {
-        let state = self.state(key).await?;
         let now = self.now();
-        self.save(
-            key,
-            StatePatch {
-                schedule: Some(schedule::make_due(&state.schedule, now)),
-                updated_at: Some(now),
-                ..StatePatch::default()
-            },
-        )
-        .await
+        Ok(ops::make_due(&*self.store, key, now, PollerState::zero(now)).await?)
     }
 
     /// Sets the live cursor to `cursor` (the strategy's cursor as JSON text; `None` for its
@@ -428,29 +342,16 @@ impl Session {
             None => None,
             Some(text) => Some(check_cursor(text.trim(), current.as_deref())?),
         };
-        if clear_snapshot {
-            self.store.clear_items(key).await?;
-        }
-        let mut lanes = state.lanes.clone();
-        lanes.live.get_or_insert_with(LaneCursor::default).cursor = cursor;
         let now = self.now();
-        self.save(
-            key,
-            StatePatch {
-                lanes: Some(lanes),
-                schedule: Some(schedule::make_due(&state.schedule, now)),
-                updated_at: Some(now),
-                ..StatePatch::default()
-            },
-        )
-        .await
+        Ok(ops::reset_cursor(&*self.store, key, cursor, clear_snapshot, now, state).await?)
     }
 
     /// Copies the events logged on `key` between `from_ms` and `to_ms` (inclusive; `None`: up
-    /// to now) into the outbox, as [`watukuy_core::Engine::replay`] does: under the key's lease
-    /// (owner [`CLI_OWNER`]), in pages of [`REPLAY_PAGE`], with their original ids, lane
-    /// `replay`, fresh sequences continuing the key's, attempt 0, and not logged again. The
-    /// key's next run delivers them. Returns how many were queued.
+    /// to now) into the outbox, as [`watukuy_core::Engine::replay`] does (both call
+    /// [`watukuy_core::ops::replay`]): under the key's lease (owner [`CLI_OWNER`], renewed after
+    /// every page of [`REPLAY_PAGE`]), with their original ids, lane `replay`, fresh sequences
+    /// continuing the key's, attempt 0, and not logged again. The key's next run delivers them.
+    /// Returns how many were queued.
     ///
     /// The poller must keep a log (`PollerBuilder::log`); the command line cannot see the
     /// poller's configuration, so a poller without one simply replays nothing.
@@ -466,123 +367,23 @@ impl Session {
                 "this store keeps no replay log",
             ));
         }
-        let lease = self.acquire(key).await?;
-        let outcome = self.copy_log(key, &lease, from_ms, to_ms).await;
-        // Released whatever happened; a failed release only means the lease expires by itself.
-        let released = self.store.release_lease(key, &lease).await;
-        let replayed = outcome?;
-        released?;
-        Ok(replayed)
-    }
-
-    async fn acquire(&self, key: &PKey) -> Result<Lease, CliError> {
-        for attempt in 0..self.lease_tries {
-            if attempt > 0 {
-                self.clock.sleep(self.lease_retry).await;
-            }
-            let now = self.now();
-            if let Some(lease) = self
-                .store
-                .acquire_lease(key, CLI_OWNER, CLI_LEASE_TTL_MS, now)
-                .await?
-            {
-                return Ok(lease);
-            }
-        }
-        let holder = match self.store.get_lease(key).await? {
-            Some(lease) => format!(
-                "{} (epoch {}, expires {})",
-                lease.owner,
-                lease.epoch,
-                crate::render::time(lease.expires_at)
-            ),
-            None => "another instance".to_owned(),
+        let retry = ops::LeaseRetry {
+            tries: self.lease_tries,
+            every: self.lease_retry,
+            ttl_ms: CLI_LEASE_TTL_MS,
         };
-        Err(Error::store(
-            StoreErrorKind::Busy,
-            true,
-            format!(
-                "{key} stayed leased by {holder} for {} tries; try again when its run is over",
-                self.lease_tries
-            ),
+        let initial = PollerState::zero(self.now());
+        Ok(ops::replay(
+            &*self.store,
+            &*self.clock,
+            key,
+            CLI_OWNER,
+            retry,
+            (from_ms, to_ms),
+            initial,
         )
-        .into())
+        .await?)
     }
-
-    async fn copy_log(
-        &self,
-        key: &PKey,
-        lease: &Lease,
-        from_ms: i64,
-        to_ms: Option<i64>,
-    ) -> Result<u64, CliError> {
-        let to_ms = to_ms.unwrap_or_else(|| self.now());
-        let mut sequence = self.state(key).await?.sequence;
-        let mut after = None;
-        let mut replayed = 0_u64;
-        loop {
-            let query = LogQuery {
-                after_sequence: after,
-                from_time: Some(from_ms),
-                to_time: Some(to_ms),
-            };
-            let page = self.store.read_log(key, query, REPLAY_PAGE).await?;
-            let Some(last) = page.last() else { break };
-            after = Some(last.sequence);
-            let now = self.now();
-            let events: Vec<OutboxRow> = page
-                .iter()
-                .map(|logged| {
-                    sequence += 1;
-                    let event = Event {
-                        lane: Lane::Replay,
-                        sequence,
-                        attempt: 0,
-                        ..logged.event.clone()
-                    };
-                    OutboxRow::pending(event, now)
-                })
-                .collect();
-            replayed += u64::try_from(events.len()).unwrap_or(u64::MAX);
-            let batch = CommitBatch {
-                state_patch: StatePatch {
-                    sequence: Some(sequence),
-                    updated_at: Some(now),
-                    ..StatePatch::default()
-                },
-                events,
-                log: false,
-                ..CommitBatch::default()
-            };
-            self.store.commit_poll(key, lease, &batch).await?;
-            if page.len() < REPLAY_PAGE {
-                break;
-            }
-            if !self
-                .store
-                .renew_lease(key, lease, CLI_LEASE_TTL_MS, self.now())
-                .await?
-            {
-                return Err(Error::lease_lost(key, lease.epoch).into());
-            }
-        }
-        Ok(replayed)
-    }
-}
-
-/// A persisted cursor as JSON, or as its raw text when it does not parse (as `inspect` does).
-fn parsed(text: Option<String>) -> Option<serde_json::Value> {
-    text.map(|text| serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
-}
-
-/// `now − value` for a cursor shaped like the timestamp strategy's.
-fn timestamp_lag(cursor: &serde_json::Value, now: i64) -> Option<i64> {
-    let object = cursor.as_object()?;
-    if object.len() != 2 || !object.contains_key("tieBreak") {
-        return None;
-    }
-    let value = object.get("value")?.as_str()?;
-    watukuy_core::cursor::parse_timestamp(value).map(|at| now.saturating_sub(at))
 }
 
 /// The JSON kind and, for objects, the sorted keys: what must not change across a reset.
@@ -628,28 +429,6 @@ fn check_cursor(text: &str, current: Option<&str>) -> Result<String, CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn lag_only_for_timestamp_shaped_cursors() {
-        let t0 = 1_767_225_600_000;
-        let ts = json!({ "value": "2026-01-01T00:00:00Z", "tieBreak": null });
-        assert_eq!(timestamp_lag(&ts, t0 + 42), Some(42));
-        assert_eq!(
-            timestamp_lag(&json!({ "value": "1767225600", "tieBreak": "x" }), t0),
-            Some(0)
-        );
-        assert_eq!(
-            timestamp_lag(&json!({ "value": null, "tieBreak": null }), t0),
-            None
-        );
-        assert_eq!(
-            timestamp_lag(&json!({ "value": "garbage", "tieBreak": null }), t0),
-            None
-        );
-        assert_eq!(timestamp_lag(&json!({ "page": 3 }), t0), None);
-        assert_eq!(timestamp_lag(&json!("2026-01-01T00:00:00Z"), t0), None);
-    }
 
     #[test]
     fn cursor_checks_keep_the_shape() {

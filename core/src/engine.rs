@@ -334,18 +334,7 @@ pub struct TickResult {
     pub timed_out: bool,
 }
 
-/// The cursor of each lane, as `inspect()` shows them.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct LaneCursors {
-    /// The live lane.
-    pub live: Option<serde_json::Value>,
-    /// The reconcile lane (the page it is on, while a listing is in progress).
-    pub reconcile: Option<serde_json::Value>,
-    /// The backfill lane.
-    pub backfill: Option<serde_json::Value>,
-    /// The replay lane.
-    pub replay: Option<serde_json::Value>,
-}
+pub use crate::ops::LaneCursors;
 
 /// Options of [`Engine::backfill`].
 #[derive(Clone, Debug, Default)]
@@ -679,54 +668,50 @@ impl Engine {
         Ok(())
     }
 
+    /// What a key that never ran looks like to this engine: the poller's initial schedule.
+    fn initial_state(&self, rt: &Runtime) -> PollerState {
+        let now = self.inner.now();
+        let mut state = PollerState::zero(now);
+        state.schedule = schedule::initial_schedule(&rt.def.schedule, now);
+        state
+    }
+
     async fn state_or_initial(&self, key: &PKey, rt: &Runtime) -> Result<PollerState> {
-        Ok(match self.inner.shared.store.load_state(key).await? {
-            Some(state) => state,
-            None => {
-                let now = self.inner.now();
-                let mut state = PollerState::zero(now);
-                state.schedule = schedule::initial_schedule(&rt.def.schedule, now);
-                state
-            }
-        })
+        crate::ops::state_or(&*self.inner.shared.store, key, self.initial_state(rt)).await
+    }
+
+    /// How this engine waits for a key's lease in an operation (a replay).
+    fn lease_retry(&self) -> crate::ops::LeaseRetry {
+        crate::ops::LeaseRetry {
+            ttl_ms: self.inner.shared.lease_ttl_ms,
+            ..crate::ops::LeaseRetry::default()
+        }
     }
 
     /// Makes a key due now (an open circuit stays open: the run is a half-open probe).
     pub async fn trigger(&self, name: &str, partition: Option<&str>) -> Result<()> {
         let (key, rt) = self.key_for(name, partition)?;
-        let state = self.state_or_initial(&key, rt).await?;
-        let now = self.inner.now();
-        let patch = StatePatch {
-            schedule: Some(schedule::make_due(&state.schedule, now)),
-            updated_at: Some(now),
-            ..StatePatch::default()
-        };
-        self.admin_write(&key, &patch).await
+        let store = &*self.inner.shared.store;
+        crate::ops::make_due(store, &key, self.inner.now(), self.initial_state(rt)).await?;
+        self.inner.wake.notify_one();
+        Ok(())
     }
 
     /// Pauses a key: it is not polled and its outbox is not drained.
     pub async fn pause(&self, name: &str, partition: Option<&str>) -> Result<()> {
         let (key, _) = self.key_for(name, partition)?;
-        let patch = StatePatch {
-            paused: Some(true),
-            updated_at: Some(self.inner.now()),
-            ..StatePatch::default()
-        };
-        self.admin_write(&key, &patch).await
+        crate::ops::pause(&*self.inner.shared.store, &key, self.inner.now()).await?;
+        self.inner.wake.notify_one();
+        Ok(())
     }
 
     /// Resumes a paused key and makes it due now.
     pub async fn resume(&self, name: &str, partition: Option<&str>) -> Result<()> {
         let (key, rt) = self.key_for(name, partition)?;
-        let state = self.state_or_initial(&key, rt).await?;
-        let now = self.inner.now();
-        let patch = StatePatch {
-            paused: Some(false),
-            schedule: Some(schedule::make_due(&state.schedule, now)),
-            updated_at: Some(now),
-            ..StatePatch::default()
-        };
-        self.admin_write(&key, &patch).await
+        let store = &*self.inner.shared.store;
+        crate::ops::resume(store, &key, self.inner.now(), self.initial_state(rt)).await?;
+        self.inner.wake.notify_one();
+        Ok(())
     }
 
     /// Moves the live cursor to `to` (a raw API value; `None` = the strategy's beginning) and
@@ -745,20 +730,12 @@ impl Engine {
             Some(raw) => Some(strategy.serialize(&strategy.from_raw(Some(raw))?)),
             None => None,
         };
-        let state = self.state_or_initial(&key, rt).await?;
-        let mut lanes = state.lanes.clone();
-        lanes.live.get_or_insert_with(Default::default).cursor = cursor;
+        let store = &*self.inner.shared.store;
         let now = self.inner.now();
-        if clear_snapshot {
-            self.inner.shared.store.clear_items(&key).await?;
-        }
-        let patch = StatePatch {
-            lanes: Some(lanes),
-            schedule: Some(schedule::make_due(&state.schedule, now)),
-            updated_at: Some(now),
-            ..StatePatch::default()
-        };
-        self.admin_write(&key, &patch).await
+        let initial = self.initial_state(rt);
+        crate::ops::reset_cursor(store, &key, cursor, clear_snapshot, now, initial).await?;
+        self.inner.wake.notify_one();
+        Ok(())
     }
 
     /// Starts (or replaces) a backfill: the key re-reads history from `from` to `to` on the
@@ -823,92 +800,17 @@ impl Engine {
             });
         }
         let shared = &self.inner.shared;
-        let lease = self.acquire_with_retry(&key).await?;
-        let outcome = self.copy_log(&key, rt, &lease, from_ms, to_ms).await;
-        if let Err(error) = shared.store.release_lease(&key, &lease).await {
-            tracing::warn!(%key, %error, "lease release after replay failed; it expires by itself");
-        }
-        let replayed = outcome?;
+        let replayed = crate::ops::replay(
+            &*shared.store,
+            &*shared.clock,
+            &key,
+            &shared.instance_id,
+            self.lease_retry(),
+            (from_ms, to_ms),
+            self.initial_state(rt),
+        )
+        .await?;
         self.inner.wake.notify_one();
-        Ok(replayed)
-    }
-
-    /// Takes a key's lease for an operation: 20 tries, 250 ms apart on the engine's clock.
-    async fn acquire_with_retry(&self, key: &PKey) -> Result<Lease> {
-        let shared = &self.inner.shared;
-        for attempt in 0..20 {
-            if attempt > 0 {
-                shared.clock.sleep(Duration::from_millis(250)).await;
-            }
-            let now = shared.clock.now_ms();
-            if let Some(lease) = shared
-                .store
-                .acquire_lease(key, &shared.instance_id, shared.lease_ttl_ms, now)
-                .await?
-            {
-                return Ok(lease);
-            }
-        }
-        Err(Error::store(
-            crate::error::StoreErrorKind::Busy,
-            true,
-            format!("{key} stayed leased by another instance for 20 tries; try again later"),
-        ))
-    }
-
-    async fn copy_log(
-        &self,
-        key: &PKey,
-        rt: &Runtime,
-        lease: &Lease,
-        from_ms: i64,
-        to_ms: Option<i64>,
-    ) -> Result<u64> {
-        const PAGE: usize = 500;
-        let shared = &self.inner.shared;
-        let to_ms = to_ms.unwrap_or_else(|| shared.clock.now_ms());
-        let mut sequence = self.state_or_initial(key, rt).await?.sequence;
-        let mut after = None;
-        let mut replayed = 0_u64;
-        loop {
-            let query = crate::model::LogQuery {
-                after_sequence: after,
-                from_time: Some(from_ms),
-                to_time: Some(to_ms),
-            };
-            let page = shared.store.read_log(key, query, PAGE).await?;
-            let Some(last) = page.last() else { break };
-            after = Some(last.sequence);
-            let now = shared.clock.now_ms();
-            let events: Vec<crate::model::OutboxRow> = page
-                .iter()
-                .map(|logged| {
-                    sequence += 1;
-                    let event = crate::event::Event {
-                        lane: crate::model::Lane::Replay,
-                        sequence,
-                        attempt: 0,
-                        ..logged.event.clone()
-                    };
-                    crate::model::OutboxRow::pending(event, now)
-                })
-                .collect();
-            replayed += events.len() as u64;
-            let batch = crate::model::CommitBatch {
-                state_patch: StatePatch {
-                    sequence: Some(sequence),
-                    updated_at: Some(now),
-                    ..StatePatch::default()
-                },
-                events,
-                log: false,
-                ..crate::model::CommitBatch::default()
-            };
-            shared.store.commit_poll(key, lease, &batch).await?;
-            if page.len() < PAGE {
-                break;
-            }
-        }
         Ok(replayed)
     }
 
@@ -961,38 +863,26 @@ impl Engine {
             }
             for partition in inner.partition_list(name) {
                 let key = PKey::new(name.clone(), partition.key.clone());
-                let state = self.state_or_initial(&key, rt).await?;
-                let counts = store.counts(&key).await?;
-                let live = state.lanes.live.as_ref().and_then(|l| l.cursor.clone());
-                let lag_ms = live
-                    .as_deref()
-                    .and_then(|text| rt.def.strategy.deserialize(text).ok())
-                    .and_then(|c| rt.def.strategy.lag_ms(&c, now));
+                let strategy = &rt.def.strategy;
+                let lag = |text: &str, now: i64| {
+                    let cursor = strategy.deserialize(text).ok()?;
+                    strategy.lag_ms(&cursor, now)
+                };
+                let key_report =
+                    crate::ops::inspect_key(&**store, &key, now, self.initial_state(rt), lag)
+                        .await?;
                 pollers.push(PollerInspect {
-                    poller: name.clone(),
-                    partition: partition.key.clone(),
-                    paused: state.paused,
-                    lease: store.get_lease(&key).await?,
-                    cursors: LaneCursors {
-                        live: parsed(live),
-                        reconcile: parsed(
-                            state
-                                .lanes
-                                .reconcile
-                                .as_ref()
-                                .and_then(|l| l.cursor.clone()),
-                        ),
-                        backfill: parsed(
-                            state.lanes.backfill.as_ref().and_then(|l| l.cursor.clone()),
-                        ),
-                        replay: parsed(state.lanes.replay.as_ref().and_then(|l| l.cursor.clone())),
-                    },
-                    last_poll: state.schedule.last_poll.clone(),
-                    schedule: state.schedule,
-                    outbox_pending: counts.pending,
-                    parked: counts.parked,
-                    items: counts.items,
-                    lag_ms,
+                    poller: key_report.poller,
+                    partition: key_report.partition,
+                    paused: key_report.paused,
+                    lease: key_report.lease,
+                    cursors: key_report.cursors,
+                    last_poll: key_report.last_poll,
+                    schedule: key_report.schedule,
+                    outbox_pending: key_report.outbox_pending,
+                    parked: key_report.parked,
+                    items: key_report.items,
+                    lag_ms: key_report.lag_ms,
                     delivery: rt.dispatcher.counters(&partition.key),
                 });
             }
@@ -1004,11 +894,6 @@ impl Engine {
             pollers,
         })
     }
-}
-
-/// A persisted cursor as JSON, or as its raw text when it does not parse.
-fn parsed(text: Option<String>) -> Option<serde_json::Value> {
-    text.map(|text| serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
 }
 
 impl Inner {

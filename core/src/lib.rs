@@ -15,6 +15,7 @@ mod full_scan;
 pub mod hooks;
 pub mod json;
 pub mod model;
+pub mod ops;
 pub mod poller;
 pub mod rng;
 pub mod runner;

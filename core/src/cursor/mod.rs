@@ -142,3 +142,23 @@ pub use snapshot_diff::SnapshotDiffCursor;
 pub use time::{format_timestamp, parse_timestamp};
 pub use timestamp::{FormatFn, ParseFn, TimestampCursor, TimestampCursorBuilder};
 pub use token::TokenCursor;
+
+/// How far behind `now_ms` a persisted live cursor is, read without the poller's code (the
+/// command line, the admin page): the timestamp strategy's persisted form, its value read by the
+/// default timestamp parser (RFC 3339, or epoch seconds or milliseconds). `None` for any other
+/// strategy's cursor, a cursor without a value, or a value the default parser cannot read (a
+/// poller with its own `parse` knows better: the engine asks its strategy).
+///
+/// ```
+/// use watukuy_core::cursor::persisted_lag_ms;
+///
+/// let t0 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
+/// let text = r#"{"value":"2026-01-01T00:00:00Z","tieBreak":"o-1"}"#;
+/// assert_eq!(persisted_lag_ms(text, t0 + 42), Some(42));
+/// assert_eq!(persisted_lag_ms(r#"{"page":3}"#, t0), None);
+/// ```
+pub fn persisted_lag_ms(text: &str, now_ms: i64) -> Option<i64> {
+    let strategy = TimestampCursor::new("updatedAt").ok()?;
+    let cursor = strategy.deserialize(text).ok()?;
+    strategy.lag_ms(&cursor, now_ms)
+}
