@@ -113,33 +113,37 @@ pub trait Harness: Send + Sync + 'static {
     fn name(&self) -> String;
 
     /// A fresh store in its own namespace, already migrated. Return
-    /// `Err(CaseError::Skipped(..))` when the backend is not available (see [`backend_url`]).
+    /// `Err(CaseError::Failed(..))` when the backend is not available (see [`backend_url`]), or
+    /// `Err(CaseError::Skipped(..))` when the case does not apply to this store.
     async fn fresh(&self, ctx: CaseContext) -> Result<Fresh, CaseError>;
 }
 
 /// The environment variable naming backends that must be available (comma separated, e.g.
-/// `postgres,redis`): a missing one fails instead of skipping.
+/// `postgres,redis`). [`backend_url`] names it in its failure; the watukuy workspace's own tests
+/// read it when they are compiled, and never leave out a test that needs a backend it names
+/// (docs/testing.md).
 pub const REQUIRE_BACKENDS_ENV: &str = "WATUKUY_REQUIRE_BACKENDS";
 
-/// Reads a backend's URL from `env_var`. When it is unset, the case is skipped with a loud
-/// reason, unless [`REQUIRE_BACKENDS_ENV`] names `backend`: then it fails.
+/// Reads a backend's URL from `env_var`. When it is unset, the case fails, saying so: a test that
+/// needs a backend never passes without it. Leave such tests out while the variable is unset by
+/// marking them ignored (`store_tests!(Harness, #[cfg_attr(..., ignore = "...")])`), so libtest
+/// counts them as ignored, not passed.
 pub fn backend_url(backend: &str, env_var: &str) -> Result<String, CaseError> {
     match std::env::var(env_var) {
         Ok(url) if !url.trim().is_empty() => Ok(url),
         _ => {
             let required = std::env::var(REQUIRE_BACKENDS_ENV).unwrap_or_default();
-            if required
+            let why = if required
                 .split(',')
                 .any(|b| b.trim().eq_ignore_ascii_case(backend))
             {
-                Err(CaseError::failed(format!(
-                    "{env_var} is not set but {REQUIRE_BACKENDS_ENV} requires the {backend} backend"
-                )))
+                format!("{REQUIRE_BACKENDS_ENV} requires it")
             } else {
-                Err(CaseError::skipped(format!(
-                    "SKIPPED: {env_var} is not set, so the {backend} backend was not tested"
-                )))
-            }
+                "a test that needs it should be ignored while it is unset".to_owned()
+            };
+            Err(CaseError::failed(format!(
+                "{env_var} is not set, so the {backend} backend cannot be tested ({why})"
+            )))
         }
     }
 }

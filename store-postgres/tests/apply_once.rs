@@ -7,8 +7,8 @@
 //! - projection failure: the marker is rolled back with it;
 //! - replay into an empty read model (an engine with a log, `Engine::replay`): rebuilt exactly.
 //!
-//! Each test runs in its own schema (`WATUKUY_TEST_POSTGRES_URL`; skipped loudly when unset,
-//! failing when `WATUKUY_REQUIRE_BACKENDS` names `postgres`). "Crashes" drop the transaction's
+//! Each test runs in its own schema (`WATUKUY_TEST_POSTGRES_URL`; ignored while it is unset, see
+//! docs/testing.md). "Crashes" drop the transaction's
 //! future at the right point or inject a failure; nothing sleeps.
 
 mod common;
@@ -144,6 +144,7 @@ fn order(id: &str, subject: &str) -> Event {
     event(&key(), id, 1, subject)
 }
 
+#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_before_commit_applies_nothing_and_the_redelivery_applies_once() {
     with_database("crash_before_commit", |database| async move {
@@ -227,6 +228,7 @@ async fn crash_before_commit_applies_nothing_and_the_redelivery_applies_once() {
     .await;
 }
 
+#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_after_commit_before_ack_is_redelivered_and_detected_as_duplicate() {
     with_database("crash_after_commit", |database| async move {
@@ -336,6 +338,7 @@ async fn crash_after_commit_before_ack_is_redelivered_and_detected_as_duplicate(
     .await;
 }
 
+#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_duplicate_deliveries_apply_once() {
     with_database("concurrent_duplicates", |database| async move {
@@ -439,6 +442,7 @@ async fn concurrent_duplicate_deliveries_apply_once() {
     .await;
 }
 
+#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_projection_failure_rolls_back_the_marker() {
     with_database("projection_failure", |database| async move {
@@ -496,6 +500,7 @@ async fn a_projection_failure_rolls_back_the_marker() {
     .await;
 }
 
+#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn markers_are_pruned_by_age_and_migrations_are_idempotent() {
     with_database("prune", |database| async move {
@@ -550,6 +555,7 @@ struct Target {
     processed: ProcessedEvents,
 }
 
+#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_into_an_empty_read_model_rebuilds_it_exactly() {
     with_database("replay_rebuild", |database| async move {
@@ -660,6 +666,7 @@ async fn replay_into_an_empty_read_model_rebuilds_it_exactly() {
 
 /// The failure details of a parked row (issue 9) survive the store: they travel inside the
 /// row's error JSON, so no schema change was needed.
+#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parked_rows_keep_the_failure_details() {
     use watukuy_core::model::{AttemptRecord, FailureClass, FailureDetails, ParkReason};

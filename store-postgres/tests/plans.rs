@@ -393,6 +393,7 @@ fn checks(schema: &str, lease: &Lease) -> Vec<Check> {
 /// analyzed: the ack, `record_attempt`, `commit_poll` and `load_versions` probe the primary key
 /// per id, and `load_pending` reads the partial queue index in order, with custom and generic
 /// plans, before and after `ANALYZE`.
+#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn id_lookups_probe_the_primary_key_on_an_unanalyzed_schema() {
     with_database("plans", |db: Database| async move {

@@ -126,6 +126,7 @@ async fn acquire(store: &dyn Store, owner: &str, now: i64) -> Result<Lease, Case
 
 /// Two stores with two pools on one schema: they share data, and a lease taken over by one
 /// instance fences every write of the other, including writes racing the takeover.
+#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_share_data_and_fence_each_other() {
     with_database("two_instances", |db: Database| async move {
@@ -274,6 +275,7 @@ async fn two_instances_share_data_and_fence_each_other() {
 /// Ten instances (ten pools) run `migrate()` at once on a schema that does not exist yet, plus
 /// two other prefixes in the same schema: every call succeeds, each prefix records each
 /// migration once, and the store works.
+#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_concurrent_migrations_succeed() {
     with_database("concurrent_migrate", |db: Database| async move {
@@ -346,6 +348,7 @@ async fn ten_concurrent_migrations_succeed() {
 /// The backend running a `commit_poll` is terminated while the statement waits on a row lock
 /// (after it already applied the state patch): the store reports a transient error, nothing of
 /// the page is visible, and committing the same page again succeeds.
+#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminated_backend_mid_commit_is_transient_and_atomic() {
     with_database("terminated_backend", |db: Database| async move {
@@ -481,6 +484,7 @@ async fn terminated_backend_mid_commit_is_transient_and_atomic() {
 /// With a tiny `max_rows_per_statement` a commit becomes several statements in one
 /// transaction: everything lands (duplicates resolved like the reference store), and a stale
 /// lease still writes nothing.
+#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunked_commits_land_whole_or_not_at_all() {
     with_database("chunked_commit", |db: Database| async move {
@@ -614,6 +618,7 @@ async fn chunked_commits_land_whole_or_not_at_all() {
 /// JSON that `jsonb` would rewrite or refuse comes back byte for byte: key order, spacing,
 /// escapes, number spellings, big integers and the `\u0000` escape, in payloads, events, parked
 /// items and state (whose error message here even holds a raw NUL character).
+#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_round_trips_verbatim() {
     with_database("json_verbatim", |db: Database| async move {
@@ -701,9 +706,9 @@ async fn json_round_trips_verbatim() {
     .await;
 }
 
-/// A closed local port and a database that does not exist are clear, transient `Connection`
-/// store errors naming where the store tried to connect; an unusable URL and invalid
-/// identifiers are `Config` errors before any connection is tried.
+/// A closed local port is a clear, transient `Connection` store error naming where the store
+/// tried to connect; an unusable URL and invalid identifiers are `Config` errors before any
+/// connection is tried. (Needs no server.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_urls_and_identifiers_are_clear_errors() {
     // A port that was just free: bind, read it, release it.
@@ -779,13 +784,22 @@ async fn bad_urls_and_identifiers_are_clear_errors() {
             "{err:?}"
         );
     }
+}
 
+/// A database that does not exist on a reachable server is a clear, transient `Connection`
+/// store error naming the database.
+#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_database_is_a_clear_error() {
     with_database("missing_database", |db: Database| async move {
+        // The test URL with its database (if it names one) replaced.
         let mut url = db.url.clone();
-        let Some(slash) = url.rfind('/').filter(|i| *i > "postgres://".len()) else {
-            return Err(CaseError::skipped("the test URL names no database"));
-        };
-        url.truncate(slash);
+        if let Some(query) = url.find('?') {
+            url.truncate(query);
+        }
+        if let Some(slash) = url.rfind('/').filter(|i| *i > "postgres://".len()) {
+            url.truncate(slash);
+        }
         url.push_str("/watukuy_no_such_database");
         let err = PostgresStore::connect(&url, PostgresOptions::default())
             .await
@@ -807,6 +821,7 @@ async fn bad_urls_and_identifiers_are_clear_errors() {
 
 /// Before `migrate()` every call fails with a `Schema` error that says to run it; `close()`
 /// leaves the pool open unless `close_pool(true)`, after which calls fail permanently.
+#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unmigrated_store_and_close_pool() {
     with_database("close_pool", |db: Database| async move {
@@ -893,6 +908,7 @@ async fn catalog(pool: &sqlx::PgPool, schema: &str) -> Result<Vec<String>, CaseE
 /// The exported DDL is what `migrate()` applies: run by hand, it leaves a schema that
 /// `migrate()` accepts as current and the store uses, with the same tables, columns and
 /// indexes as a migrated one.
+#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exported_ddl_matches_migrate() {
     with_database("exported_ddl", |db: Database| async move {
@@ -956,6 +972,7 @@ async fn exported_ddl_matches_migrate() {
 /// statement (holding the key's row lock, blocked on an item row), instance B's acquisition of
 /// the expired lease waits for it. A's page lands whole, B then gets the next epoch, and A's
 /// next write is rejected.
+#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn takeover_waits_for_the_commit_in_flight() {
     with_database("takeover_race", |db: Database| async move {
@@ -1082,6 +1099,7 @@ async fn takeover_waits_for_the_commit_in_flight() {
 /// A schema at version 1 (the tables and indexes of `sql/0001_init.sql`, with rows in them)
 /// is brought to the current version by `migrate()`: the outbox's pending index is replaced by
 /// the partial queue index, the parked table gets its hold-key index, and the rows survive.
+#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_upgrades_a_version_1_schema() {
     with_database("upgrade_v1", |db: Database| async move {

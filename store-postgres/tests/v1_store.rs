@@ -41,6 +41,7 @@ async fn load_v1(url: &str, schema: &str) -> Result<(), CaseError> {
 }
 
 /// The v1 schema migrates, reads back whole and its pending events are delivered.
+#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_v1_postgres_store_is_migrated_read_and_delivered() {
     common::with_database("v1_store", |database| async move {

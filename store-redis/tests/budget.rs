@@ -36,6 +36,7 @@ const SPEC: BucketPolicy = BucketPolicy {
     burst: 3,
 };
 
+#[watukuy_testenv::requires(redis, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pinned_examples_of_the_spec() {
     with_server("budget_pinned", |server| async move {
@@ -188,6 +189,7 @@ async fn agree(
     Ok(granted)
 }
 
+#[watukuy_testenv::requires(redis, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_and_memory_buckets_agree_step_for_step() {
     with_server("budget_agreement", |server| async move {

@@ -5,4 +5,7 @@ mod common;
 
 use common::RedisHarness;
 
-watukuy_conformance::store_tests!(RedisHarness);
+watukuy_conformance::store_tests!(
+    RedisHarness,
+    #[watukuy_testenv::requires(redis, or_cfg(feature = "testcontainers"))]
+);

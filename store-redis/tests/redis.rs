@@ -180,6 +180,7 @@ async fn fresh(server: &Server, what: &str) -> Result<RedisStore, CaseError> {
 }
 
 /// A 5 MB payload goes through every path of the store intact.
+#[watukuy_testenv::requires(redis, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_megabyte_payload_round_trips() {
     with_server("five_megabyte_payload", |server| async move {
@@ -201,6 +202,7 @@ async fn five_megabyte_payload_round_trips() {
 
 /// Big integers, escapes, unicode, empty containers, odd numbers and key order come back
 /// exactly as written, in payloads and in lane cursors.
+#[watukuy_testenv::requires(redis, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_round_trips_byte_for_byte() {
     with_server("json_byte_for_byte", |server| async move {
@@ -253,6 +255,7 @@ async fn json_round_trips_byte_for_byte() {
 /// Names with `:`, `{`, `}`, `%`, unicode and empty strings are stored and listed exactly; all
 /// keys of one `(poller, partition)` share one cluster slot; `a:b`/`c` and `a`/`b:c` do not
 /// collide.
+#[watukuy_testenv::requires(redis, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn weird_names_keep_one_slot_and_never_collide() {
     with_server("weird_names", |server| async move {
@@ -375,6 +378,7 @@ async fn weird_names_keep_one_slot_and_never_collide() {
 
 /// Identities that are special in `ZRANGEBYLEX` (`-`, `+`, `(`, `[`, the empty string) and
 /// unicode page exactly, in byte order.
+#[watukuy_testenv::requires(redis, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_identities_pages_special_identities_exactly() {
     with_server("special_identities", |server| async move {
@@ -402,6 +406,7 @@ async fn stream_identities_pages_special_identities_exactly() {
 
 /// Two stores on two connections and one prefix share data, and a lease taken over by one
 /// fences every write of the other.
+#[watukuy_testenv::requires(redis, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_share_data_and_fence_each_other() {
     with_server("two_instances", |server| async move {
@@ -454,6 +459,7 @@ async fn two_instances_share_data_and_fence_each_other() {
 
 /// Values of other types or unreadable rows under the store's keys are permanent errors, never
 /// panics.
+#[watukuy_testenv::requires(redis, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_data_is_a_permanent_error() {
     with_server("foreign_data", |server| async move {
@@ -563,6 +569,7 @@ async fn connection_failures_are_clear() {
 /// A Redis restart in the middle of a run: calls fail with transient errors while the server
 /// is down, the store recovers by itself when it is back (reloading its scripts), and — the
 /// server has no persistence — everything stored before is gone, as the README warns.
+#[watukuy_testenv::requires(redis_server)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restart_mid_run_is_transient_then_recovers() {
     let port = free_port();
@@ -684,10 +691,12 @@ struct RedisChild {
 }
 
 impl RedisChild {
-    /// Starts it and waits until it logs that it accepts connections. Fails loudly when
-    /// `redis-server` is not on `PATH`: CI has it, so a missing one is a broken setup, not a skip.
+    /// Starts it and waits until it logs that it accepts connections. Fails when `redis-server`
+    /// was not found (the test is ignored then, unless run anyway or required).
     async fn start(port: u16) -> Self {
-        let mut child = Command::new("redis-server")
+        let program =
+            watukuy_testenv::program!("redis-server").unwrap_or_else(|why| panic!("{why}"));
+        let mut child = Command::new(program)
             .args([
                 "--port",
                 &port.to_string(),
@@ -704,9 +713,7 @@ impl RedisChild {
             .stderr(Stdio::null())
             .kill_on_drop(true)
             .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot start redis-server (install it; CI has it on PATH): {e}")
-            });
+            .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
         let stdout = child.stdout.take().expect("redis-server stdout");
         let mut lines = BufReader::new(stdout).lines();
         let ready = tokio::time::timeout(Duration::from_secs(30), async {

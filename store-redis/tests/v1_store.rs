@@ -93,6 +93,7 @@ async fn load_v1(url: &str, prefix: &str) -> Result<(), CaseError> {
 }
 
 /// The v1 keys migrate, read back whole and their pending events are delivered.
+#[watukuy_testenv::requires(redis, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_v1_redis_store_is_migrated_read_and_delivered() {
     common::with_server("v1_store", |server| async move {

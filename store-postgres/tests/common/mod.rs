@@ -3,8 +3,8 @@
 //!
 //! The database is `WATUKUY_TEST_POSTGRES_URL` (CI: the local server). When it is unset and the
 //! crate's `testcontainers` feature is on, each case starts a throwaway PostgreSQL 15 in Docker;
-//! otherwise the case is skipped loudly, or fails when `WATUKUY_REQUIRE_BACKENDS` names
-//! `postgres`.
+//! otherwise the tests are ignored (`#[watukuy_testenv::requires(postgres, ..)]`, see
+//! docs/testing.md), and one run anyway fails.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -28,7 +28,7 @@ pub struct Database {
 }
 
 /// The test database: the URL from the environment, else (with the `testcontainers` feature) a
-/// fresh container, else a loud skip or, when required, a failure.
+/// fresh container, else a failure saying the variable is unset.
 pub async fn database() -> Result<Database, CaseError> {
     if let Ok(url) = std::env::var(URL_ENV)
         && !url.trim().is_empty()
@@ -43,7 +43,7 @@ pub async fn database() -> Result<Database, CaseError> {
         Ok(database) => return Ok(database),
         Err(reason) => eprintln!("testcontainers could not start PostgreSQL: {reason}"),
     }
-    // Unset and no container: skip loudly, or fail when the backend is required.
+    // Unset and no container: a failure (the test should have been ignored).
     let url = backend_url("postgres", URL_ENV)?;
     Ok(Database {
         url,
@@ -146,24 +146,19 @@ impl Harness for PgHarness {
     }
 }
 
-/// Runs a test body that needs the database: a skip is printed loudly and passes, a failure
-/// panics (as the conformance runner does).
+/// Runs a test body that needs the database. Its test is marked
+/// `#[watukuy_testenv::requires(postgres, ..)]`, so it is ignored while the database is not
+/// configured; when it runs anyway, a missing database fails it, as does a body that fails or
+/// skips (a test that did not do its work never passes).
 pub async fn with_database<F, Fut>(name: &str, body: F)
 where
     F: FnOnce(Database) -> Fut,
     Fut: std::future::Future<Output = Result<(), CaseError>>,
 {
-    let database = match database().await {
-        Ok(database) => database,
-        Err(CaseError::Skipped(reason)) => {
-            eprintln!("[postgres] {name} SKIPPED: {reason}");
-            return;
-        }
-        Err(CaseError::Failed(message)) => panic!("[postgres] {name} FAILED: {message}"),
-    };
-    match body(database).await {
-        Ok(()) => {}
-        Err(CaseError::Skipped(reason)) => eprintln!("[postgres] {name} SKIPPED: {reason}"),
-        Err(CaseError::Failed(message)) => panic!("[postgres] {name} FAILED: {message}"),
+    let database = database()
+        .await
+        .unwrap_or_else(|error| panic!("[postgres] {name} {error}"));
+    if let Err(error) = body(database).await {
+        panic!("[postgres] {name} {error}");
     }
 }

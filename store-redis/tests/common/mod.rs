@@ -3,7 +3,8 @@
 //!
 //! The server is `WATUKUY_TEST_REDIS_URL` (CI: the local server). When it is unset and the
 //! crate's `testcontainers` feature is on, a throwaway Redis 7 starts in Docker; otherwise the
-//! case is skipped loudly, or fails when `WATUKUY_REQUIRE_BACKENDS` names `redis`.
+//! tests are ignored (`#[watukuy_testenv::requires(redis, ..)]`, see docs/testing.md), and one
+//! run anyway fails.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -25,7 +26,7 @@ pub struct Server {
 }
 
 /// The test server: the URL from the environment, else (with the `testcontainers` feature) a
-/// fresh container, else a loud skip or, when required, a failure.
+/// fresh container, else a failure saying the variable is unset.
 pub async fn server() -> Result<Server, CaseError> {
     if let Ok(url) = std::env::var(URL_ENV)
         && !url.trim().is_empty()
@@ -40,7 +41,7 @@ pub async fn server() -> Result<Server, CaseError> {
         Ok(server) => return Ok(server),
         Err(reason) => eprintln!("testcontainers could not start Redis: {reason}"),
     }
-    // Unset and no container: skip loudly, or fail when the backend is required.
+    // Unset and no container: a failure (the test should have been ignored).
     let url = backend_url("redis", URL_ENV)?;
     Ok(Server {
         url,
@@ -120,24 +121,19 @@ impl Harness for RedisHarness {
     }
 }
 
-/// Runs a test body that needs the server: a skip is printed loudly and passes, a failure
-/// panics (as the conformance runner does).
+/// Runs a test body that needs the server. Its test is marked
+/// `#[watukuy_testenv::requires(redis, ..)]`, so it is ignored while the server is not
+/// configured; when it runs anyway, a missing server fails it, as does a body that fails or
+/// skips (a test that did not do its work never passes).
 pub async fn with_server<F, Fut>(name: &str, body: F)
 where
     F: FnOnce(Server) -> Fut,
     Fut: std::future::Future<Output = Result<(), CaseError>>,
 {
-    let server = match server().await {
-        Ok(server) => server,
-        Err(CaseError::Skipped(reason)) => {
-            eprintln!("[redis] {name} SKIPPED: {reason}");
-            return;
-        }
-        Err(CaseError::Failed(message)) => panic!("[redis] {name} FAILED: {message}"),
-    };
-    match body(server).await {
-        Ok(()) => {}
-        Err(CaseError::Skipped(reason)) => eprintln!("[redis] {name} SKIPPED: {reason}"),
-        Err(CaseError::Failed(message)) => panic!("[redis] {name} FAILED: {message}"),
+    let server = server()
+        .await
+        .unwrap_or_else(|error| panic!("[redis] {name} {error}"));
+    if let Err(error) = body(server).await {
+        panic!("[redis] {name} {error}");
     }
 }
