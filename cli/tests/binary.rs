@@ -73,11 +73,13 @@ async fn sqlite() {
     on(Kind::Sqlite, "binary", binary_on).await;
 }
 
+#[watukuy_testenv::requires(postgres)]
 #[tokio::test]
 async fn postgres() {
     on(Kind::Postgres, "binary", binary_on).await;
 }
 
+#[watukuy_testenv::requires(redis)]
 #[tokio::test]
 async fn redis() {
     on(Kind::Redis, "binary", binary_on).await;

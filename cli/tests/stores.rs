@@ -1,8 +1,8 @@
 //! The command line against real stores (SQLite, PostgreSQL, Redis): an engine writes, the
 //! command line reads and operates, the store and the engine see the result.
 //!
-//! PostgreSQL and Redis come from `WATUKUY_TEST_POSTGRES_URL` / `WATUKUY_TEST_REDIS_URL`; unset,
-//! their tests are skipped loudly, or fail when `WATUKUY_REQUIRE_BACKENDS` names them.
+//! PostgreSQL and Redis come from `WATUKUY_TEST_POSTGRES_URL` / `WATUKUY_TEST_REDIS_URL`; while
+//! one is unset, its tests are ignored with the reason (docs/testing.md).
 
 mod common;
 
@@ -543,6 +543,7 @@ macro_rules! on_every_store {
         mod postgres {
             use super::*;
             $(
+                #[watukuy_testenv::requires(postgres)]
                 #[tokio::test]
                 async fn $name() {
                     on(Kind::Postgres, stringify!($name), super::$name).await;
@@ -552,6 +553,7 @@ macro_rules! on_every_store {
         mod redis {
             use super::*;
             $(
+                #[watukuy_testenv::requires(redis)]
                 #[tokio::test]
                 async fn $name() {
                     on(Kind::Redis, stringify!($name), super::$name).await;

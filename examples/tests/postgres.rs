@@ -1,24 +1,16 @@
 //! The PostgreSQL examples (`read_model`, `multi_instance`), run against
-//! `WATUKUY_TEST_POSTGRES_URL` (CI sets it). When it is unset the tests say so and pass, unless
-//! `WATUKUY_REQUIRE_BACKENDS` names `postgres`: then they fail (the semantics of
-//! `watukuy_conformance::backend_url`).
+//! `WATUKUY_TEST_POSTGRES_URL` (CI sets it). While it is unset the tests are ignored with the
+//! reason (docs/testing.md); run anyway, they fail.
 
 use std::process::Command;
 
-use watukuy_conformance::{CaseError, backend_url};
+use watukuy_conformance::backend_url;
 
 const URL_ENV: &str = "WATUKUY_TEST_POSTGRES_URL";
 
-/// The database URL, or `None` (after saying so) when the backend is not configured.
-fn postgres_url() -> Option<String> {
-    match backend_url("postgres", URL_ENV) {
-        Ok(url) => Some(url),
-        Err(CaseError::Skipped(reason)) => {
-            eprintln!("{reason}");
-            None
-        }
-        Err(CaseError::Failed(message)) => panic!("{message}"),
-    }
+/// The database URL; a missing one fails the test.
+fn postgres_url() -> String {
+    backend_url("postgres", URL_ENV).unwrap_or_else(|error| panic!("{error}"))
 }
 
 fn run(binary: &str, url: &str) -> String {
@@ -36,9 +28,10 @@ fn run(binary: &str, url: &str) -> String {
     stdout
 }
 
+#[watukuy_testenv::requires(postgres)]
 #[test]
 fn read_model_applies_every_event_exactly_once() {
-    let Some(url) = postgres_url() else { return };
+    let url = postgres_url();
     let stdout = run(env!("CARGO_BIN_EXE_read_model"), &url);
     for expected in [
         "created order-2 #2 (attempt 2): deduplicated",
@@ -52,9 +45,10 @@ fn read_model_applies_every_event_exactly_once() {
     }
 }
 
+#[watukuy_testenv::requires(postgres)]
 #[test]
 fn multi_instance_fails_over_when_an_instance_is_killed() {
-    let Some(url) = postgres_url() else { return };
+    let url = postgres_url();
     let stdout = run(env!("CARGO_BIN_EXE_multi_instance"), &url);
     for expected in [
         "--- parent: killed instance b",

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use watukuy_conformance::{CaseError, FaultyStore, KillPoint, KillSwitch, backend_url};
+use watukuy_conformance::{FaultyStore, KillPoint, KillSwitch, backend_url};
 use watukuy_core::cursor::{self, Cursor};
 use watukuy_core::{
     Engine, Event, EventType, FetchContext, HandlerContext, HandlerError, ManualClock, Poller,
@@ -172,16 +172,11 @@ async fn sqlite_a_crash_between_fetch_and_commit_loses_no_change() {
     crash_between_fetch_and_commit(Arc::new(store), "sqlite").await;
 }
 
+#[watukuy_testenv::requires(postgres)]
 #[tokio::test]
 async fn postgres_a_crash_between_fetch_and_commit_loses_no_change() {
-    let url = match backend_url("postgres", "WATUKUY_TEST_POSTGRES_URL") {
-        Ok(url) => url,
-        Err(error @ CaseError::Skipped(_)) => {
-            eprintln!("{error}");
-            return;
-        }
-        Err(error) => panic!("{error}"),
-    };
+    let url = backend_url("postgres", "WATUKUY_TEST_POSTGRES_URL")
+        .unwrap_or_else(|error| panic!("{error}"));
     let schema = format!("wk_{}_http_crash", std::process::id());
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
     let drop_schema = format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
