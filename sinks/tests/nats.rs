@@ -1,6 +1,8 @@
 //! The NATS JetStream sink against real servers: the shared one at `WATUKUY_TEST_NATS_URL`
-//! (default `nats://127.0.0.1:4222`) for dedup, and a `nats-server` child process of this test,
-//! killed and restarted, for the outage case.
+//! (e.g. `nats://127.0.0.1:4222`, JetStream enabled) for dedup, and a `nats-server` child process
+//! of this test, killed and restarted, for the outage case. While the variable is unset, or
+//! `nats-server` is not found, the tests that need it are ignored with the reason
+//! (docs/testing.md); run anyway, they fail.
 
 mod common;
 
@@ -18,7 +20,12 @@ use watukuy_core::{CloudEvent, Event, EventType, Handler, HandlerErrorKind};
 use watukuy_sinks::{EventFormat, NatsSink};
 
 fn nats_url() -> String {
-    std::env::var("WATUKUY_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+    std::env::var("WATUKUY_TEST_NATS_URL")
+        .ok()
+        .filter(|url| !url.trim().is_empty())
+        .unwrap_or_else(|| {
+            panic!("WATUKUY_TEST_NATS_URL is not set, so the NATS sink cannot be tested")
+        })
 }
 
 async fn connect(url: &str) -> async_nats::Client {
@@ -53,6 +60,7 @@ async fn message_count(stream: &mut stream::Stream) -> u64 {
     stream.info().await.unwrap().state.messages
 }
 
+#[watukuy_testenv::requires(nats)]
 #[tokio::test]
 async fn the_same_event_twice_is_one_message_in_the_stream() {
     let client = connect(&nats_url()).await;
@@ -98,6 +106,7 @@ async fn the_same_event_twice_is_one_message_in_the_stream() {
     js.delete_stream(&poller).await.unwrap();
 }
 
+#[watukuy_testenv::requires(nats)]
 #[tokio::test]
 async fn raw_format_and_a_custom_subject() {
     let client = connect(&nats_url()).await;
@@ -124,6 +133,7 @@ async fn raw_format_and_a_custom_subject() {
     js.delete_stream(&poller).await.unwrap();
 }
 
+#[watukuy_testenv::requires(nats)]
 #[tokio::test]
 async fn no_stream_for_the_subject_is_a_transient_error() {
     let client = connect(&nats_url()).await;
@@ -150,9 +160,8 @@ impl ChildServer {
     /// Starts the server and waits until it logs that it is ready (it reports readiness on
     /// stderr, so nothing here polls or sleeps).
     async fn start(port: u16, dir: &Path) -> Self {
-        let bin = std::env::var("WATUKUY_TEST_NATS_SERVER_BIN")
-            .unwrap_or_else(|_| "nats-server".to_owned());
-        let mut child = Command::new(&bin)
+        let bin = watukuy_testenv::program!("nats-server").unwrap_or_else(|why| panic!("{why}"));
+        let mut child = Command::new(bin)
             .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
             .arg(dir)
             .stdin(Stdio::null())
@@ -160,13 +169,7 @@ impl ChildServer {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start `{bin}` ({e}): the NATS outage test runs its own server. \
-                     Install nats-server (Debian package `nats-server`) or set \
-                     WATUKUY_TEST_NATS_SERVER_BIN"
-                )
-            });
+            .unwrap_or_else(|e| panic!("cannot start `{bin}` ({e})"));
         let stderr = child.stderr.take().expect("stderr is piped");
         let log = Arc::new(Mutex::new(Vec::new()));
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
@@ -204,6 +207,7 @@ impl ChildServer {
     }
 }
 
+#[watukuy_testenv::requires(nats_server)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_is_down_fails_transiently_then_delivers_when_back() {
     let port = free_port();
