@@ -22,8 +22,8 @@ use watukuy_core::poller::Fetch;
 use watukuy_core::schedule::{self, CircuitOptions, ScheduleOptions, ScheduleReason};
 use watukuy_core::{
     BoxError, Circuit, Clock, Engine, Error, ErrorCode, Event, EventType, FetchContext, Lane,
-    LaneCursor, Lanes, LogQuery, ManualClock, PKey, Page, Poller, PollerInspect, ScheduleState,
-    SeededRng, StopOptions, Store, TickResult, TokioClock,
+    LaneCursor, Lanes, LogQuery, ManualClock, PKey, Page, Poller, ScheduleState, SeededRng,
+    StopOptions, Store, TickResult, TokioClock,
 };
 use watukuy_store_memory::MemoryStore;
 
@@ -73,10 +73,10 @@ fn engine(world: &World, store: &Arc<MemoryStore>, poller: Poller) -> (Engine, R
 }
 
 /// The one `(poller, partition)` the engine reports.
-async fn only(engine: &Engine) -> PollerInspect {
+async fn only(engine: &Engine) -> watukuy_core::ops::KeyInspect {
     let report = engine.inspect().await.unwrap();
     assert_eq!(report.pollers.len(), 1, "{report:?}");
-    report.pollers.into_iter().next().unwrap()
+    report.pollers.into_iter().next().unwrap().key
 }
 
 /// The lanes as persisted.

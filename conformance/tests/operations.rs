@@ -22,8 +22,8 @@ use watukuy_core::{
     BoxError, Circuit, Clock, Engine, EngineBuilder, Error, ErrorCode, Event, EventType,
     FetchContext, HandlerContext, HandlerError, Json, Lane, Lease, LogQuery, ManualClock, PKey,
     Page, ParkedKind, ParkedQuery, ParkedRow, Partition, PollSummary, Poller, PollerBuilder,
-    PollerInspect, SeededRng, SerializedError, Status, StopOptions, Store, TickOptions, TickResult,
-    TokioClock, ValidationIssue,
+    SeededRng, SerializedError, Status, StopOptions, Store, TickOptions, TickResult, TokioClock,
+    ValidationIssue,
 };
 use watukuy_store_memory::MemoryStore;
 
@@ -64,10 +64,10 @@ fn timestamp_engine(world: &World, store: Arc<dyn Store>) -> Engine {
 }
 
 /// The one `(poller, partition)` the engine reports.
-async fn only(engine: &Engine) -> PollerInspect {
+async fn only(engine: &Engine) -> watukuy_core::ops::KeyInspect {
     let report = engine.inspect().await.unwrap();
     assert_eq!(report.pollers.len(), 1, "{report:?}");
-    report.pollers.into_iter().next().unwrap()
+    report.pollers.into_iter().next().unwrap().key
 }
 
 fn types_and_subjects(events: &[Event]) -> Vec<(EventType, String)> {
@@ -650,7 +650,7 @@ async fn inspected(engine: &Engine) -> Vec<String> {
         .unwrap()
         .pollers
         .into_iter()
-        .map(|p| p.partition)
+        .map(|p| p.key.partition)
         .collect();
     partitions.sort();
     partitions

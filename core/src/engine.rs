@@ -16,9 +16,7 @@ use crate::delivery::{
 };
 use crate::error::{Error, Result};
 use crate::hooks::{ComposedHooks, Hooks};
-use crate::model::{
-    Lease, PKey, ParkedQuery, ParkedRow, PollSummary, PollerState, ScheduleState, StatePatch,
-};
+use crate::model::{PKey, ParkedQuery, ParkedRow, PollerState, StatePatch};
 use crate::poller::Poller;
 use crate::rng::{Rng, SystemRng};
 use crate::runner::{self, KeyOutcome, PollResult, RunOptions, Runtime, Shared};
@@ -380,35 +378,27 @@ pub struct InspectReport {
     pub pollers: Vec<PollerInspect>,
 }
 
-/// The state of one `(poller, partition)`.
+/// The state of one `(poller, partition)`: what its store holds (read through
+/// [`ops::inspect_key`](crate::ops::inspect_key), the same for the engine, the CLI and the admin
+/// page; its fields read directly through `Deref`), and this engine's delivery counters.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PollerInspect {
-    /// The poller.
-    pub poller: String,
-    /// The partition.
-    pub partition: String,
-    /// Paused by an operator.
-    pub paused: bool,
-    /// The current lease holder, if any.
-    pub lease: Option<Lease>,
-    /// The lane cursors (parsed JSON, or the raw text if it does not parse).
-    pub cursors: LaneCursors,
-    /// The schedule (the initial one for a key that never ran).
-    pub schedule: ScheduleState,
-    /// What the last cycle did.
-    pub last_poll: Option<PollSummary>,
-    /// Events waiting in the outbox.
-    pub outbox_pending: u64,
-    /// Parked rows (poison and invalid).
-    pub parked: u64,
-    /// Items in the snapshot.
-    pub items: u64,
-    /// How far behind now the cursor is (timestamp strategy only).
-    pub lag_ms: Option<i64>,
+    /// The key as its store holds it (the schedule is the poller's initial one for a key that
+    /// never ran; `lag_ms` comes from the poller's strategy).
+    #[serde(flatten)]
+    pub key: crate::ops::KeyInspect,
     /// This engine's delivery counters for the key (received, applied, deduplicated, skipped,
     /// failed), in memory since the engine was built.
     pub delivery: crate::delivery::DeliveryCounters,
+}
+
+impl std::ops::Deref for PollerInspect {
+    type Target = crate::ops::KeyInspect;
+
+    fn deref(&self) -> &Self::Target {
+        &self.key
+    }
 }
 
 impl Engine {
@@ -872,17 +862,7 @@ impl Engine {
                     crate::ops::inspect_key(&**store, &key, now, self.initial_state(rt), lag)
                         .await?;
                 pollers.push(PollerInspect {
-                    poller: key_report.poller,
-                    partition: key_report.partition,
-                    paused: key_report.paused,
-                    lease: key_report.lease,
-                    cursors: key_report.cursors,
-                    last_poll: key_report.last_poll,
-                    schedule: key_report.schedule,
-                    outbox_pending: key_report.outbox_pending,
-                    parked: key_report.parked,
-                    items: key_report.items,
-                    lag_ms: key_report.lag_ms,
+                    key: key_report,
                     delivery: rt.dispatcher.counters(&partition.key),
                 });
             }

@@ -18,7 +18,7 @@ use watukuy_core::hooks::{HookContext, Hooks};
 use watukuy_core::schedule::{CircuitOptions, ScheduleOptions, ScheduleReason};
 use watukuy_core::{
     BoxError, Circuit, Clock, Engine, Event, EventType, FetchContext, Lane, LaneCursor, Lanes,
-    LogQuery, LoggedEvent, PKey, Page, Poller, PollerInspect, SeededRng, TickResult,
+    LogQuery, LoggedEvent, PKey, Page, Poller, SeededRng, TickResult,
 };
 
 use crate::fake_api::{FakeApiError, Fault};
@@ -73,13 +73,14 @@ fn engine(
 }
 
 /// The one `(poller, partition)` the engine reports.
-async fn only(engine: &Engine) -> Result<PollerInspect, CaseError> {
+async fn only(engine: &Engine) -> Result<watukuy_core::ops::KeyInspect, CaseError> {
     let report = engine.inspect().await?;
     check_eq!(report.pollers.len(), 1, "{report:?}");
     report
         .pollers
         .into_iter()
         .next()
+        .map(|p| p.key)
         .ok_or_else(|| CaseError::failed("inspect reports no poller"))
 }
 
