@@ -3,7 +3,9 @@
 //! the engine's next run delivers the event (checked through the store). Screenshots are kept in
 //! `target/admin-screenshot.png` (and `target/admin-screenshot-after-retry.png`).
 //!
-//! Needs the Debian packages `chromium` and `chromium-driver` (`.ci/run` installs them).
+//! Needs `chromium` and `chromedriver` (Debian packages `chromium` and `chromium-driver`, which
+//! `.ci/run` installs) on `PATH`, or at `WATUKUY_TEST_CHROMIUM` / `WATUKUY_TEST_CHROMEDRIVER`;
+//! without them the test is ignored with the reason (docs/testing.md).
 
 mod common;
 
@@ -20,8 +22,14 @@ use watukuy_admin::{AdminState, Mode, router};
 use watukuy_core::Store;
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
 
-const CHROMIUM: &str = "/usr/bin/chromium";
-const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+/// Chromium and chromedriver as found when this test was compiled (`Err`: why not).
+const CHROMIUM: Result<&str, &str> = watukuy_testenv::program!("chromium");
+const CHROMEDRIVER: Result<&str, &str> = watukuy_testenv::program!("chromedriver");
+
+/// A program the test needs; a missing one fails it.
+fn program(found: Result<&'static str, &'static str>) -> &'static str {
+    found.unwrap_or_else(|why| panic!("{why}"))
+}
 
 /// Turns a hang (a browser that never answers) into a failure; never decides a passing run.
 const HANG_GUARD: Duration = Duration::from_secs(120);
@@ -184,7 +192,7 @@ impl WebDriver {
         let capabilities = json!({
             "capabilities": { "alwaysMatch": {
                 "browserName": "chrome",
-                "goog:chromeOptions": { "binary": CHROMIUM, "args": args },
+                "goog:chromeOptions": { "binary": program(CHROMIUM), "args": args },
             }}
         });
         let created = webdriver_value(&http(port, "POST", "/session", Some(&capabilities)).await?)?;
@@ -300,13 +308,14 @@ impl WebDriver {
 
 /// Starts chromedriver on a port it picks, and returns the child and the port it reports.
 async fn chromedriver() -> Result<(tokio::process::Child, u16), String> {
-    let mut child = tokio::process::Command::new(CHROMEDRIVER)
+    let chromedriver = program(CHROMEDRIVER);
+    let mut child = tokio::process::Command::new(chromedriver)
         .arg("--port=0")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| format!("cannot start {CHROMEDRIVER}: {e}"))?;
+        .map_err(|e| format!("cannot start {chromedriver}: {e}"))?;
     let stdout = child.stdout.take().ok_or("no stdout")?;
     let mut lines = BufReader::new(stdout).lines();
     while let Some(line) = lines.next_line().await.map_err(|e| e.to_string())? {
@@ -331,14 +340,11 @@ fn target_dir() -> PathBuf {
     )
 }
 
+#[watukuy_testenv::requires(browser)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_from_the_page_delivers_the_parked_event() {
-    for binary in [CHROMIUM, CHROMEDRIVER] {
-        assert!(
-            Path::new(binary).exists(),
-            "{binary} is missing: install the Debian packages `chromium chromium-driver` \
-             (.ci/run does)"
-        );
+    for found in [CHROMIUM, CHROMEDRIVER] {
+        program(found);
     }
     run().await.unwrap_or_else(|e| panic!("{e}"));
 }
