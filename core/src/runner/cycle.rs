@@ -1,0 +1,610 @@
+//! One lane cycle: page by page, fetch, plan, one `commit_poll` per page, deliver.
+
+use super::*;
+
+impl Run<'_> {
+    /// The poller's share of its rate budget for this cycle's lane, if it has one.
+    pub(super) fn budget_charge(&self, cycle: &Cycle) -> Option<crate::fetch::BudgetCharge> {
+        let def = &self.rt.def;
+        let name = def.budget.as_ref()?;
+        let max_wait = self
+            .shared
+            .budgets
+            .policy(name)
+            .and_then(|p| p.max_wait)
+            .unwrap_or(def.schedule.max);
+        Some(crate::fetch::BudgetCharge {
+            manager: Arc::clone(&self.shared.budgets),
+            name: name.clone(),
+            requester: format!("{}/{}", self.key.poller, self.key.partition),
+            weight: def.budget_weight,
+            lane: cycle.spec.lane,
+            cost: def.budget_cost,
+            max_wait: Some(max_wait),
+            hooks: Arc::clone(&self.shared.hooks),
+            hook: cycle.hook.clone(),
+        })
+    }
+
+    /// When the poller's budget can serve its next request, for a deferral (SPEC §8.4).
+    pub(super) async fn budget_ready_in(&self) -> i64 {
+        let def = &self.rt.def;
+        match &def.budget {
+            Some(name) => self
+                .shared
+                .budgets
+                .ready_in_ms(name, def.budget_cost)
+                .await
+                .unwrap_or(1_000)
+                .max(1),
+            None => 1_000,
+        }
+    }
+
+    /// One lane cycle: page by page, one commit per page, then deletes (full scans) and the
+    /// lane's bookkeeping: the live lane drives the schedule, reconcile and backfill record their
+    /// progress and back off on failure. Returns the state after the cycle (lanes and sequence),
+    /// which the next lane of the run continues from.
+    pub(super) async fn lane_cycle(
+        &self,
+        spec: LaneSpec,
+        state: PollerState,
+        schedule: ScheduleState,
+        report: &mut RunReport,
+    ) -> Result<PollerState, CycleError> {
+        let started = self.now();
+        let hook = HookContext {
+            lane: spec.lane,
+            ..self.hook.clone()
+        };
+        self.shared.hooks.on_poll_start(&hook, started).await;
+        let lane = spec.lane;
+        let traceparent = self.shared.trace.traceparent(&crate::telemetry::PollTrace {
+            poller: &self.key.poller,
+            partition: &self.key.partition,
+            lane,
+            instance_id: &self.shared.instance_id,
+            started_at: started,
+            sequence: state.sequence,
+        });
+        if let Some(traceparent) = &traceparent {
+            tracing::Span::current().record("traceparent", traceparent.as_str());
+        }
+        // A full scan merges its listing against the stored identities as the pages arrive
+        // (one stored batch at a time, see `full_scan`); the stream stays open across the
+        // cycle's pages and is read only while pages are listed and after the last one.
+        let mut scan = spec.full_scan.then(|| {
+            FullScan::new(
+                &self.key,
+                self.shared
+                    .store
+                    .stream_identities(&self.key, DEFAULT_IDENTITY_BATCH),
+            )
+        });
+        let conditional = !spec.full_scan && spec.strategy.conditional_requests();
+        let mut cycle = Cycle::new(state, schedule, spec, hook);
+        cycle.traceparent = traceparent;
+        cycle.validators = conditional.then(|| {
+            crate::fetch::ValidatorAccess::new(
+                Arc::clone(&self.shared.store),
+                self.key.clone(),
+                Arc::clone(&self.shared.clock),
+            )
+        });
+        let outcome = match self.pages(&mut cycle, scan.as_mut()).await {
+            Ok(()) => self.full_scan_deletes(&mut cycle, scan).await,
+            Err(e) => Err(e),
+        };
+        report.delivered += cycle.delivered;
+        report.next_retry_at = min_opt(report.next_retry_at, cycle.next_retry_at);
+        let now = self.now();
+        let summary = PollSummary {
+            lane,
+            started_at: started,
+            duration_ms: now.saturating_sub(started),
+            pages: cycle.pages,
+            items: cycle.items,
+            events: cycle.counts,
+            not_modified: cycle.saw_not_modified && cycle.items == 0,
+            truncated: cycle.truncated,
+        };
+        let mut result = PollResult {
+            poller: self.key.poller.clone(),
+            partition: self.key.partition.clone(),
+            lane,
+            items: cycle.items,
+            events: cycle.counts.created + cycle.counts.updated + cycle.counts.deleted,
+            delivered: cycle.delivered,
+            duration_ms: summary.duration_ms,
+            error: None,
+        };
+        let failure = match outcome {
+            Ok(()) => None,
+            Err(CycleError::Failed {
+                error: Error::BudgetTimeout { budget, waited_ms },
+                ..
+            }) => {
+                // A budget timeout is a deferral, not a failure (SPEC §8.4): no backoff, no
+                // circuit; the key is due again when the budget can serve it.
+                let ready_in = self.budget_ready_in().await;
+                tracing::info!(key = %self.key, budget, waited_ms, ready_in, lane = lane.as_str(), "cycle deferred by its rate budget");
+                self.defer(&mut cycle, ready_in, now).await?;
+                self.shared.hooks.on_poll_end(&cycle.hook, &summary).await;
+                report.polled.push(result);
+                let mut state = cycle.state;
+                state.sequence = cycle.sequence;
+                state.schedule = cycle.schedule;
+                return Ok(state);
+            }
+            Err(CycleError::Failed {
+                error,
+                phase,
+                throttle,
+            }) => {
+                let serialized = error.to_serialized();
+                tracing::warn!(key = %self.key, %error, lane = lane.as_str(), phase = phase.as_str(), "cycle failed");
+                self.shared
+                    .hooks
+                    .on_error(&cycle.hook, &serialized, phase)
+                    .await;
+                tracing::Span::current().record("error", serialized.message.as_str());
+                result.error = Some(serialized.clone());
+                Some((serialized, throttle))
+            }
+            Err(other) => return Err(other),
+        };
+        if lane == Lane::Live {
+            self.live_bookkeeping(&mut cycle, &summary, result.events > 0, failure, now)
+                .await?;
+        } else {
+            self.lane_bookkeeping(&mut cycle, failure.is_some(), now)
+                .await?;
+        }
+        self.shared.hooks.on_poll_end(&cycle.hook, &summary).await;
+        report.polled.push(result);
+        let mut state = cycle.state;
+        state.sequence = cycle.sequence;
+        state.schedule = cycle.schedule;
+        Ok(state)
+    }
+
+    pub(super) async fn pages(
+        &self,
+        cycle: &mut Cycle,
+        mut scan: Option<&mut FullScan<'_>>,
+    ) -> Result<(), CycleError> {
+        let strategy = Arc::clone(&cycle.spec.strategy);
+        let fetch = cycle.spec.fetch.clone();
+        let (lane, cap) = (cycle.spec.lane, cycle.spec.cap);
+        // A full scan always lists from its first page: its deletes come from one complete
+        // listing, so a scan interrupted at page k (a crash, a failed request, a deadline) starts
+        // over instead of resuming with pages 1..k unseen.
+        let stored = if cycle.spec.full_scan {
+            None
+        } else {
+            cycle
+                .state
+                .lanes
+                .get(lane)
+                .and_then(|l| l.cursor.as_deref())
+        };
+        let mut cursor = match stored {
+            Some(text) => strategy
+                .deserialize(text)
+                .map_err(|error| CycleError::Failed {
+                    error,
+                    phase: Phase::Fetch,
+                    throttle: None,
+                })?,
+            None => strategy.initial(),
+        };
+        // The stream form is opened once per cycle, from the cycle's first cursor.
+        let mut stream: Option<BoxStream<'static, Result<Page, BoxError>>> = None;
+        // With `overlap_delivery`, the drain of the pages committed so far runs while the next
+        // page is fetched, validated and committed (each step joins the drain before it ends).
+        let mut draining: Option<BoxFuture<'_, Result<DrainReport>>> = None;
+        loop {
+            let step = self.page(
+                cycle,
+                scan.as_deref_mut(),
+                (&strategy, &fetch, lane, cap),
+                &mut cursor,
+                &mut stream,
+            );
+            let (drained, step) = match draining.take() {
+                Some(drain) => {
+                    let (drained, step) = tokio::join!(drain, step);
+                    (Some(drained), step)
+                }
+                None => (None, step.await),
+            };
+            if let Some(drained) = drained {
+                self.delivered(cycle, drained).await?;
+            }
+            let PageStep::Page { events, last } = step? else {
+                return Ok(());
+            };
+            if cycle.halted {
+                return Ok(());
+            }
+            if events > 0 {
+                if self.rt.def.overlap_delivery && !last {
+                    draining = Some(Box::pin(self.drain()));
+                } else {
+                    let drained = self.drain().await;
+                    self.delivered(cycle, drained).await?;
+                    if cycle.halted {
+                        return Ok(());
+                    }
+                }
+            }
+            if !self
+                .keeper
+                .renew_now(self.shared, &self.key, &self.lease)
+                .await
+            {
+                return Err(CycleError::LeaseLost(self.lease.epoch));
+            }
+            if last {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Fetches, processes and commits the next page (its events are delivered by the caller).
+    pub(super) async fn page(
+        &self,
+        cycle: &mut Cycle,
+        scan: Option<&mut FullScan<'_>>,
+        (strategy, fetch, lane, cap): (&SharedStrategy, &FetchSource, Lane, u32),
+        cursor: &mut Cursor,
+        stream: &mut Option<BoxStream<'static, Result<Page, BoxError>>>,
+    ) -> Result<PageStep, CycleError> {
+        self.check_running()?;
+        if self.deadline_ms.is_some_and(|d| self.now() >= d) || u64::from(cap) <= cycle.pages {
+            cycle.truncated = true;
+            return Ok(PageStep::End);
+        }
+        let page_index = u32::try_from(cycle.pages + 1).unwrap_or(u32::MAX);
+        let ctx = FetchContext {
+            cursor: strategy.for_fetch(cursor, cycle.pages == 0),
+            page: page_index,
+            partition: self.partition.clone(),
+            lane,
+            attempt: 1,
+            cancel: self.cancel.clone(),
+            budget: self.budget_charge(cycle),
+            validators: cycle.validators.clone(),
+            clock: Some(Arc::clone(&self.shared.clock)),
+        };
+        let fetch_started = self.now();
+        let span = tracing::info_span!("watukuy.fetch", page = page_index);
+        let fetching = async {
+            match fetch {
+                FetchSource::Pages(fetch) => Some(fetch.fetch(ctx).await),
+                FetchSource::Stream(source) => {
+                    stream.get_or_insert_with(|| source.pages(ctx)).next().await
+                }
+            }
+        };
+        // A fetch that ignores its cancellation token is dropped when the run is cancelled.
+        let next = tokio::select! {
+            biased;
+            () = self.cancel.cancelled() => return Err(self.check_running().err().unwrap_or(CycleError::Aborted)),
+            next = fetching.instrument(span) => next,
+        };
+        let Some(fetched) = next else {
+            // The stream ended: the listing is complete.
+            return self
+                .stream_ended(cycle, cursor)
+                .await
+                .map(|()| PageStep::End);
+        };
+        // What the fetch staged belongs to this page: it lands with its commit or not at all.
+        let staged = cycle
+            .validators
+            .as_ref()
+            .map(crate::fetch::ValidatorAccess::take_staged)
+            .unwrap_or_default();
+        let page = fetched.map_err(fetch_failure)?;
+        cycle.pages += 1;
+        cycle.items += page.items.len() as u64;
+        if page.rate_limit.is_some() {
+            cycle.rate_limit.clone_from(&page.rate_limit);
+        }
+        cycle.saw_not_modified |= page.not_modified;
+        let info = FetchInfo {
+            page: page_index,
+            duration_ms: self.now().saturating_sub(fetch_started),
+            items: page.items.len(),
+            not_modified: page.not_modified,
+        };
+        self.shared.hooks.on_fetch(&cycle.hook, &info).await;
+        if page.not_modified {
+            // No body: nothing to advance over, validate or commit (validators staged by other
+            // requests of this fetch are dropped with the body they came from).
+            return Ok(match cycle.spec.strategy.after_not_modified(cursor) {
+                Some(next) => {
+                    *cursor = next;
+                    PageStep::Page {
+                        events: 0,
+                        last: false,
+                    }
+                }
+                None => {
+                    cycle.done = true;
+                    PageStep::End
+                }
+            });
+        }
+        let mut processed = self.process(cycle, scan, cursor, page).await?;
+        processed.validators = staged;
+        let events = self.commit(cycle, processed).await?;
+        if let Some(next) = cycle.cursor.clone() {
+            *cursor = next;
+        }
+        Ok(PageStep::Page {
+            events,
+            last: cycle.done && stream.is_none(),
+        })
+    }
+
+    /// A stream of pages ended: the cycle is complete, and the strategy's end-of-cycle cursor
+    /// is persisted if it differs from the last committed one.
+    pub(super) async fn stream_ended(
+        &self,
+        cycle: &mut Cycle,
+        cursor: &Cursor,
+    ) -> Result<(), CycleError> {
+        if cycle.done {
+            return Ok(());
+        }
+        cycle.done = true;
+        let strategy = Arc::clone(&cycle.spec.strategy);
+        let complete = strategy.on_cycle_complete(cursor);
+        if &complete == cursor {
+            return Ok(());
+        }
+        let mut lanes = cycle.state.lanes.clone();
+        lanes
+            .slot(cycle.spec.lane)
+            .get_or_insert_with(LaneCursor::default)
+            .cursor = Some(strategy.serialize(&complete));
+        let patch = StatePatch {
+            lanes: Some(lanes.clone()),
+            updated_at: Some(self.now()),
+            ..StatePatch::default()
+        };
+        self.shared
+            .store
+            .save_state(&self.key, &self.lease, &patch)
+            .await?;
+        cycle.state.lanes = lanes;
+        cycle.cursor = Some(complete);
+        Ok(())
+    }
+
+    /// Commits one page (cursor, snapshot delta, events, quarantined items and the current
+    /// schedule) in one transaction, then delivers.
+    /// Commits one page's work in one `commit_poll` and reports it to the hooks; returns how
+    /// many events it committed (the caller delivers them).
+    pub(super) async fn commit(
+        &self,
+        cycle: &mut Cycle,
+        processed: Processed,
+    ) -> Result<usize, CycleError> {
+        let now = self.now();
+        let mut lanes = cycle.state.lanes.clone();
+        let slot = lanes
+            .slot(cycle.spec.lane)
+            .get_or_insert_with(LaneCursor::default);
+        if let Some(cursor) = &cycle.cursor {
+            slot.cursor = Some(cycle.spec.strategy.serialize(cursor));
+        }
+        if let Some(suspects) = processed.suspects {
+            slot.suspects = Some(suspects).filter(|s| !s.is_empty());
+        }
+        let events = processed.events.len();
+        let batch = CommitBatch {
+            state_patch: StatePatch {
+                lanes: Some(lanes.clone()),
+                schedule: Some(cycle.schedule.clone()),
+                paused: None,
+                schema_version: Some(self.rt.def.schema_version),
+                sequence: Some(cycle.sequence),
+                updated_at: Some(now),
+            },
+            upserts: processed.upserts,
+            deletes: processed.deletes,
+            events: processed
+                .events
+                .iter()
+                .map(|e| OutboxRow::pending(e.clone(), now))
+                .collect(),
+            log: self.rt.def.log_retention.is_some(),
+            parked: processed.quarantined.clone(),
+            validators: processed.validators,
+        };
+        let started = self.now();
+        match self
+            .shared
+            .store
+            .commit_poll(&self.key, &self.lease, &batch)
+            .instrument(tracing::info_span!(
+                "watukuy.commit",
+                events,
+                upserts = batch.upserts.len(),
+                deletes = batch.deletes.len()
+            ))
+            .await
+        {
+            Ok(()) => {}
+            Err(Error::LeaseLost { epoch, .. }) => return Err(CycleError::LeaseLost(epoch)),
+            Err(error) => {
+                // Nothing of the page persisted; the cursor did not move, so the next cycle
+                // fetches the page again.
+                cycle.sequence -= i64::try_from(events).unwrap_or(0);
+                return Err(CycleError::Failed {
+                    error,
+                    phase: Phase::Commit,
+                    throttle: None,
+                });
+            }
+        }
+        cycle.state.lanes = lanes;
+        // Counted only now: a failed commit leaves the cycle's counts describing nothing of it.
+        for event in &processed.events {
+            match event.event_type {
+                EventType::Created => cycle.counts.created += 1,
+                EventType::Updated => cycle.counts.updated += 1,
+                EventType::Deleted => cycle.counts.deleted += 1,
+            }
+        }
+        let info = CommitInfo {
+            events,
+            upserts: batch.upserts.len(),
+            deletes: batch.deletes.len(),
+            duration_ms: self.now().saturating_sub(started),
+        };
+        self.shared.hooks.on_commit(&cycle.hook, &info).await;
+        for event in &processed.events {
+            self.shared.hooks.on_event(&cycle.hook, event).await;
+        }
+        for row in &processed.quarantined {
+            let (Some(item), Some(issues)) = (&row.item, &row.error.issues) else {
+                continue;
+            };
+            self.shared
+                .hooks
+                .on_invalid(&cycle.hook, item, issues)
+                .await;
+        }
+        Ok(events)
+    }
+}
+
+/// A fetch error as a cycle failure; 429, and 503 with Retry-After, are throttles.
+pub(super) fn fetch_failure(error: BoxError) -> CycleError {
+    let error = match error.downcast::<Error>() {
+        Ok(error) => *error,
+        Err(other) => {
+            return CycleError::Failed {
+                error: Error::Http {
+                    method: "FETCH".into(),
+                    url: String::new(),
+                    status: None,
+                    message: Some(other.to_string()),
+                    retry_after_ms: None,
+                },
+                phase: Phase::Fetch,
+                throttle: None,
+            };
+        }
+    };
+    let throttle = match &error {
+        Error::Http {
+            status: Some(429),
+            retry_after_ms,
+            ..
+        } => Some(*retry_after_ms),
+        Error::Http {
+            status: Some(503),
+            retry_after_ms: Some(ms),
+            ..
+        } => Some(Some(*ms)),
+        _ => None,
+    };
+    CycleError::Failed {
+        error,
+        phase: Phase::Fetch,
+        throttle,
+    }
+}
+
+/// The page work ready to commit.
+#[derive(Default)]
+pub(super) struct Processed {
+    pub(super) upserts: Vec<ItemRow>,
+    pub(super) deletes: Vec<String>,
+    pub(super) events: Vec<Event>,
+    /// Invalid items, parked with the page (`on_invalid: quarantine`).
+    pub(super) quarantined: Vec<ParkedRow>,
+    /// The validators of the responses the page was built from.
+    pub(super) validators: Vec<crate::model::UrlValidator>,
+    /// A full scan's new suspects, replacing the lane's (see `DeleteConfirmation`).
+    pub(super) suspects: Option<Vec<String>>,
+}
+
+/// How one page step of a cycle ended.
+pub(super) enum PageStep {
+    /// No page was fetched: the cycle was truncated, or the stream of pages ended.
+    End,
+    /// A page was committed with `events` events; `last` when no page follows.
+    Page { events: usize, last: bool },
+}
+
+/// What one lane cycle reads and how.
+pub(crate) struct LaneSpec {
+    pub(crate) lane: Lane,
+    pub(crate) strategy: SharedStrategy,
+    pub(crate) fetch: FetchSource,
+    /// Every cycle lists everything: unseen identities are deleted after a complete listing.
+    pub(crate) full_scan: bool,
+    pub(crate) cap: u32,
+    /// Backfill: re-emit known unchanged items as `updated`.
+    pub(crate) force: bool,
+    /// Backfill: stop once the cursor reached this.
+    pub(crate) target: Option<Cursor>,
+}
+
+/// The running totals of one cycle.
+pub(super) struct Cycle {
+    pub(super) spec: LaneSpec,
+    pub(super) hook: HookContext,
+    /// The W3C traceparent stamped on this cycle's events.
+    pub(super) traceparent: Option<String>,
+    pub(super) state: PollerState,
+    pub(super) schedule: ScheduleState,
+    pub(super) sequence: i64,
+    pub(super) cursor: Option<Cursor>,
+    pub(super) pages: u64,
+    pub(super) items: u64,
+    pub(super) counts: EventCounts,
+    pub(super) delivered: u64,
+    pub(super) next_retry_at: Option<i64>,
+    pub(super) unknown_invalid: bool,
+    pub(super) truncated: bool,
+    pub(super) saw_not_modified: bool,
+    pub(super) done: bool,
+    pub(super) halted: bool,
+    pub(super) rate_limit: Option<RateLimitInfo>,
+    /// The fetch's view of the key's validators (`None` for a full scan and for strategies
+    /// without conditional requests); what a fetch stages is taken into its page's commit.
+    pub(super) validators: Option<crate::fetch::ValidatorAccess>,
+}
+
+impl Cycle {
+    fn new(state: PollerState, schedule: ScheduleState, spec: LaneSpec, hook: HookContext) -> Self {
+        Self {
+            spec,
+            hook,
+            traceparent: None,
+            sequence: state.sequence,
+            state,
+            schedule,
+            cursor: None,
+            pages: 0,
+            items: 0,
+            counts: EventCounts::default(),
+            delivered: 0,
+            next_retry_at: None,
+            unknown_invalid: false,
+            truncated: false,
+            saw_not_modified: false,
+            done: false,
+            halted: false,
+            rate_limit: None,
+            validators: None,
+        }
+    }
+}
