@@ -1,7 +1,11 @@
 //! Quickstart: poll a (local) HTTP ERP into a SQLite file and print every change as an event.
 //!
 //! Run it with `cargo run -p watukuy-examples --bin quickstart` (stop it with Ctrl-C, or pass
-//! `--for <seconds>` / set `WATUKUY_QUICKSTART_FOR=<seconds>` to stop by itself).
+//! `--for <seconds>` / set `WATUKUY_QUICKSTART_FOR=<seconds>` to stop by itself). Its store is
+//! `./quickstart.sqlite` in the working folder: it stays when the quickstart stops, so the
+//! command line can show what happened (the quickstart prints the command:
+//! `cargo run -p watukuy-cli -- inspect -s sqlite:./quickstart.sqlite`), and the next run carries
+//! on from it. `--fresh` deletes it first.
 //!
 //! Everything runs in this one process, offline:
 //!
@@ -12,8 +16,8 @@
 //!   is `cursor::timestamp("updatedAt").tie_break("id").lag(1 ms)`: the lag holds back writes of
 //!   the current millisecond, so a later write with the same timestamp and a smaller id cannot be
 //!   skipped (docs/cursors.md);
-//! - the engine runs as a daemon (`engine.start()`), keeps cursors, items and the outbox in a
-//!   SQLite file in a temporary directory, and polls every 1–5 s (adaptive);
+//! - the engine runs as a daemon (`engine.start()`), keeps cursors, items and the outbox in the
+//!   SQLite file `./quickstart.sqlite`, and polls every 1–5 s (adaptive);
 //! - the handler prints each delivered event. It fails `ord-1002`'s creation once (a retry, then delivered)
 //!   and `ord-1003` every time (parked after 3 attempts, printed with its error, its key held);
 //! - every 3 s a status line from `engine.inspect()`: polls, events delivered, outbox, parked,
@@ -51,6 +55,13 @@ struct Order {
 
 /// Page size of the ERP's listing.
 const LIMIT: usize = 50;
+
+/// The store: a SQLite file in the working folder, kept between runs.
+const DATABASE: &str = "./quickstart.sqlite";
+
+/// The command that shows what the engine wrote to [`DATABASE`] (examples/tests/quickstart.rs
+/// runs it, and README.md shows it).
+const INSPECT: &str = "cargo run -p watukuy-cli -- inspect -s sqlite:./quickstart.sqlite";
 
 // ---------------------------------------------------------------------------------------------
 // The ERP: an in-memory order book behind one keyset-paginated route.
@@ -221,29 +232,55 @@ impl Hooks for Printer {
     }
 }
 
-/// `--for <seconds>` or `WATUKUY_QUICKSTART_FOR`: stop by itself after that long.
-fn run_for() -> Result<Option<Duration>, Box<dyn std::error::Error>> {
+/// The command line: `--for <seconds>` (or `WATUKUY_QUICKSTART_FOR`) to stop by itself after
+/// that long, `--fresh` to delete the database of earlier runs first.
+struct Args {
+    run_for: Option<Duration>,
+    fresh: bool,
+}
+
+fn args() -> Result<Args, Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let mut value = std::env::var("WATUKUY_QUICKSTART_FOR").ok();
+    let mut fresh = false;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--for" => value = args.next(),
-            other => return Err(format!("unknown argument {other:?} (try --for 10)").into()),
+            "--fresh" => fresh = true,
+            other => {
+                return Err(
+                    format!("unknown argument {other:?} (try --for 10, or --fresh)").into(),
+                );
+            }
         }
     }
-    Ok(match value {
+    let run_for = match value {
         Some(v) => {
             Some(Duration::from_secs(v.parse().map_err(|_| {
                 format!("--for expects a number of seconds, got {v:?}")
             })?))
         }
         None => None,
-    })
+    };
+    Ok(Args { run_for, fresh })
+}
+
+/// Deletes the database and its WAL files (`--fresh`); a missing file is fine.
+fn delete_database(path: &std::path::Path) -> std::io::Result<()> {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut file = path.as_os_str().to_owned();
+        file.push(suffix);
+        match std::fs::remove_file(&file) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let run_for = run_for()?;
+    let Args { run_for, fresh } = args()?;
 
     // The ERP starts with three orders and changes over time.
     let erp: ErpState = Arc::default();
@@ -257,9 +294,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tokio::spawn(run_erp(Arc::clone(&erp)));
 
     // The embedded default: one SQLite file holds cursors, the item snapshot and the outbox.
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("watukuy.sqlite");
-    let store = Arc::new(SqliteStore::open(SqliteOptions::file(&path))?);
+    let path = std::path::Path::new(DATABASE);
+    if fresh {
+        delete_database(path)?;
+    }
+    let earlier = path.exists();
+    let store = Arc::new(SqliteStore::open(SqliteOptions::file(path))?);
 
     // The poller: how to identify an order, where its cursor is, and how to fetch a page.
     let http = HttpClient::builder()
@@ -337,8 +377,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok::<(), HandlerError>(())
     })?;
 
-    println!("polling {base}/orders into {}", path.display());
+    if earlier {
+        let report = engine.inspect().await?;
+        let (items, parked) = report
+            .pollers
+            .iter()
+            .fold((0, 0), |(i, p), key| (i + key.items, p + key.parked));
+        println!(
+            "reusing {DATABASE} from an earlier run: {items} items, {parked} parked (--fresh \
+             starts over)"
+        );
+    } else {
+        println!("a new database: {DATABASE}");
+    }
+    println!("polling {base}/orders into {DATABASE}");
     println!("(Ctrl-C stops the engine cleanly)");
+    println!("see what it wrote, now or after it stops:");
+    println!("  {INSPECT}");
     engine.start().await?;
 
     let status = async {
@@ -388,12 +443,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let report = engine.inspect().await?;
     for key in &report.pollers {
         println!(
-            "stopped cleanly: {} events delivered, {} parked, {} items in {}",
-            key.delivery.applied,
-            key.parked,
-            key.items,
-            path.display()
+            "stopped cleanly: {} events delivered, {} parked, {} items in {DATABASE}",
+            key.delivery.applied, key.parked, key.items,
         );
     }
+    println!("see what it wrote:");
+    println!("  {INSPECT}");
     Ok(())
 }
