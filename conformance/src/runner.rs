@@ -158,7 +158,10 @@ pub async fn run_all(harness: impl Harness) -> Report {
     }
 }
 
-/// Runs one case as a `#[test]`: a skip is printed loudly and passes, a failure panics.
+/// Runs one case as a `#[test]`: a failure panics. A case that does not apply to the store
+/// (`CaseError::Skipped`, e.g. a missing capability) is printed and passes, as libtest cannot
+/// skip at run time; a missing backend is a failure ([`crate::backend_url`]), and a test left
+/// out for one is marked ignored when it is compiled (see [`crate::store_tests!`]).
 pub fn run_test(harness: impl Harness, case: Case) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
