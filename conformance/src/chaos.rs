@@ -1,4 +1,4 @@
-//! The chaos harness (SPEC §4.1): engines crash at the kill points K1–K7 while the API changes,
+//! The chaos harness: engines crash at the kill points K1–K7 ([`KillPoint`]) while the API changes,
 //! fresh instances carry on over the same store, and once everything is quiet an invariant
 //! checker proves G1 (convergence, lifecycle, no phantom versions, retained payloads), G2, G3,
 //! G4, G5, G7, G9 and liveness from what the consumer received.
@@ -29,7 +29,7 @@ use watukuy_core::{
 use crate::faulty::{FaultyStore, KillPoint, KillSwitch, LeaseAudit};
 use crate::world::{POLLER, StrategyKind, World};
 
-/// The lease TTL of every chaos engine (SPEC §4.1: 10 s).
+/// The lease TTL of every chaos engine: 10 s.
 pub const LEASE_TTL: Duration = Duration::from_secs(10);
 /// How far the clock moves when a crashed instance is replaced: past the lease TTL.
 pub const RESTART_ADVANCE: Duration = Duration::from_secs(11);
@@ -61,7 +61,7 @@ pub enum ChaosStrategy {
 }
 
 impl ChaosStrategy {
-    /// Every strategy, in SPEC order.
+    /// Every strategy, in the order the harness runs them.
     pub const ALL: [ChaosStrategy; 4] = [
         ChaosStrategy::Timestamp,
         ChaosStrategy::SnapshotDiff,
@@ -69,7 +69,8 @@ impl ChaosStrategy {
         ChaosStrategy::Page,
     ];
 
-    /// The SPEC name (`timestamp`, `snapshotDiff`, `token`, `page`).
+    /// The name in reports and replay hints (`timestamp`, `snapshotDiff`, `token`, `page`: the
+    /// TypeScript harness's spelling, so seeds compare across both).
     pub fn name(self) -> &'static str {
         match self {
             ChaosStrategy::Timestamp => "timestamp",
@@ -122,7 +123,7 @@ impl FromStr for ChaosStrategy {
     }
 }
 
-/// The options of a chaos run (SPEC §4.1 `ChaosOptions`).
+/// The options of a chaos run.
 #[derive(Clone)]
 pub struct ChaosOptions {
     /// The seed every random stream forks from.
@@ -213,7 +214,9 @@ const DEFAULT_ITEMS: usize = 20;
 const DEFAULT_CONCURRENCY: usize = 3;
 
 impl ChaosOptions {
-    /// The SPEC defaults for `seed`, over `store`.
+    /// The default options for `seed`, over `store`: 150 steps of the `timestamp` strategy,
+    /// every kill point with probability 0.3, up to 3 mutations per step, 20 initial items,
+    /// delivery concurrency 3, hashes retained (no payloads), no overlapped delivery, no ETags.
     pub fn new(seed: u32, store: Arc<dyn Store>) -> Self {
         Self {
             seed,
@@ -470,7 +473,7 @@ pub struct MutationCounts {
     pub removed: u64,
 }
 
-/// The result of a chaos run (SPEC §4.1 `ChaosReport`).
+/// The result of a chaos run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChaosReport {
     /// The seed.
@@ -659,7 +662,7 @@ struct Sim {
     violations: Vec<String>,
 }
 
-/// Runs one chaos simulation and checks every invariant (SPEC §4.1). Fails only when the
+/// Runs one chaos simulation and checks every invariant of the module docs. Fails only when the
 /// options are invalid or the world cannot be built; broken guarantees are the report's
 /// `violations`.
 pub async fn run_chaos(options: ChaosOptions) -> Result<ChaosReport, ChaosError> {

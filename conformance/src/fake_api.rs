@@ -1,4 +1,4 @@
-//! [`FakeApi`]: an in-process fake of a pull-only HTTP API (SPEC §2.21), for engine tests and
+//! [`FakeApi`]: an in-process fake of a pull-only HTTP API, for engine tests and
 //! guarantee cases.
 //!
 //! There is no HTTP server: tests and pollers call the fake directly. It holds a dataset of JSON
@@ -7,7 +7,7 @@
 //! rate-limit information, ETags with `304 Not Modified`, and latency on the injected clock.
 //! Every listing counts as a request, consumes at most one fault and is logged.
 //!
-//! The `fetch_*` adapters are poller fetch functions, one per cursor strategy (SPEC §2.4):
+//! The `fetch_*` adapters are poller fetch functions, one per cursor strategy:
 //!
 //! ```
 //! use std::sync::Arc;
@@ -405,7 +405,7 @@ struct Inner {
     state: Mutex<State>,
 }
 
-/// An in-process fake of a pull-only HTTP API (SPEC §2.21), for engine tests and guarantee
+/// An in-process fake of a pull-only HTTP API, for engine tests and guarantee
 /// cases; no HTTP server, the fake is called directly.
 ///
 /// It holds a dataset of JSON objects keyed by an id field, serves four listings (keyset by

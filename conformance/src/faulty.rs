@@ -4,7 +4,7 @@
 //! Two kinds of failure:
 //! - **Injected faults** ([`FaultyStore::fail`]): the next `n` calls of an [`Op`] fail with a
 //!   transient store error, before or after reaching the inner store. The instance goes on.
-//! - **Kill points** (SPEC §4.1, [`KillPoint`]): armed on a shared [`KillSwitch`], a kill fires
+//! - **Kill points** ([`KillPoint`], K1–K7): armed on a shared [`KillSwitch`], a kill fires
 //!   once, at the exact call it names, and the instance is then **dead**: every later call
 //!   through this wrapper fails with `SimulatedCrash(dead-instance)` without reaching the store
 //!   (no schedule save, no release, no acks), as if the process had died at that call.
@@ -68,7 +68,7 @@ pub enum Timing {
     After,
 }
 
-/// The kill points of SPEC §4.1: where a process dies.
+/// The kill points K1–K7: where a process dies (`docs/guarantees.md` lists them under G9).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum KillPoint {
     /// K1 `before-acquire`: `acquire_lease` fails before touching the store (nothing happened).
@@ -95,7 +95,7 @@ pub enum KillPoint {
 }
 
 impl KillPoint {
-    /// Every kill point, in SPEC order.
+    /// Every kill point, K1 to K7, then `handler`.
     pub const ALL: [KillPoint; 8] = [
         KillPoint::BeforeAcquire,
         KillPoint::AfterFetch,
@@ -121,7 +121,7 @@ impl KillPoint {
         }
     }
 
-    /// The SPEC label (`K1` ... `K7`; `handler` has none).
+    /// The label (`K1` ... `K7`; `handler` has none).
     pub fn label(self) -> &'static str {
         match self {
             KillPoint::BeforeAcquire => "K1",

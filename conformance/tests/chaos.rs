@@ -1,4 +1,4 @@
-//! The chaos harness on `MemoryStore` (SPEC §4.1): determinism, the checker catching a lossy
+//! The chaos harness on `MemoryStore`: determinism, the checker catching a lossy
 //! and a corrupting store with the right guarantee, option validation, and the
 //! first-cycle-crash regression in daemon mode. The per-strategy, per-kill-point and
 //! retain-payload runs are conformance cases (`conformance::chaos::*`), run by every store.
@@ -412,7 +412,7 @@ impl Store for TamperStore {
     }
 }
 
-// ----- the first-cycle-crash regression, daemon side (SPEC §4.1, last paragraph) -----
+// ----- the first-cycle-crash regression, daemon side -----
 
 /// After a crash right after the first commit of a new key, a restarted daemon runs the key
 /// once and then sleeps until it is due: at most 4 `load_state` calls in 200 scheduler rounds

@@ -1,6 +1,7 @@
 //! Convergence under random change, bad input and full-scan rules, for every cursor strategy: the
 //! engine end to end on `MemoryStore` and the `FakeApi`, on a manual clock with fixed seeds
-//! (SPEC §2.4–2.6, §2.12, §4 G1/G3, §8.2–8.3).
+//! (the cursor strategies, the diff, the commit per page, quarantine, guarantees G1 and G3, and
+//! the full-scan rules of `docs/decisions.md`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -76,7 +77,8 @@ struct Mutator {
     rng: SeededRng,
     added: u32,
     /// Every update writes a value never used before, so no two versions of an item are equal
-    /// (an A→B→A sequence would legitimately reuse an event id, SPEC §2.5).
+    /// (an A→B→A sequence would legitimately reuse an event id: the id is made of the version or
+    /// content hash, so the same content observed again gets the same id).
     next_value: i64,
     removed: BTreeSet<String>,
 }
@@ -98,14 +100,14 @@ impl Mutator {
     /// adds and updates of any item here:
     /// - `timestamp` lists by `updatedAt`, which `FakeApi::update` bumps;
     /// - `page`, `custom` (a page-number cursor that resets to 1 when done) and `token` (the
-    ///   fake's listing ends with a null token, which resets the cursor, SPEC §2.4) re-list from
+    ///   fake's listing ends with a null token, which resets the cursor to its start) re-list from
     ///   the first page every cycle, and a cycle always completes within one tick (the listing
     ///   stays far below `max_pages_per_cycle`), so a removal between cycles cannot shift an
     ///   unseen item past the cursor;
     /// - `snapshot_diff` lists everything every cycle.
     ///
-    /// Only `snapshot_diff` can see removals (SPEC §4 non-guarantee: no deletes on incremental
-    /// strategies without reconcile); for the others a removed item simply gets no delete.
+    /// Only `snapshot_diff` can see removals (incremental strategies without a reconcile lane
+    /// report no deletes, as `docs/guarantees.md` says); for the others a removed item simply gets no delete.
     fn step(&mut self, api: &FakeApi) -> Vec<String> {
         let mut log = Vec::new();
         for _ in 0..self.rng.int_in(0, 3) {
@@ -280,9 +282,9 @@ fn check_log(
 /// The fake stamps writes with the clock's millisecond, and ticks often run at the very instant
 /// of the next step's writes. Without lag, a poll at instant `P` moves the watermark to
 /// `(P, largest id written at P)`, and a later write at the same `P` with a smaller id is never
-/// listed (SPEC §2.4 fetch contract: at exactly `value`, only tie-breaks greater than the
-/// cursor's). Seed 66 of this test (run over seeds 1 to 200) hit it without lag: step 0 polled at
-/// +0 ms, step 1 updated `item-008` in the same millisecond, and that update was never fetched. `lag` is the SPEC's remedy: items at `now` wait for the next cycle.
+/// listed (the timestamp strategy's fetch contract: at exactly `value`, only tie-breaks greater
+/// than the cursor's). Seed 66 of this test (run over seeds 1 to 200) hit it without lag: step 0 polled at
+/// +0 ms, step 1 updated `item-008` in the same millisecond, and that update was never fetched. `lag` is the remedy: items at `now` wait for the next cycle.
 /// `timestamp_without_lag_misses_a_write_in_the_watermark_millisecond` pins both behaviours.
 fn convergence_poller(world: &World, kind: StrategyKind) -> Poller {
     let builder = world.poller(kind);
@@ -414,7 +416,7 @@ async fn timestamp_without_lag_misses_a_write_in_the_watermark_millisecond() {
         }
         let updated = subjects(&recorder.events(), EventType::Updated);
         if lag_ms == 0 {
-            // SPEC-conformant, and the reason `lag` exists: at exactly the watermark only ids
+            // As designed, and the reason `lag` exists: at exactly the watermark only ids
             // after its tie-break are listed, so `item-001`'s new version is never fetched.
             assert!(updated.is_empty(), "{label}: {updated:?}");
         } else {
@@ -717,7 +719,8 @@ async fn on_invalid_fail_reports_a_validation_error_instead() {
 
 #[tokio::test]
 async fn snapshot_diff_does_not_delete_an_item_that_became_invalid() {
-    // With `identity_field`, the raw item's identity still counts as seen (SPEC §8.3); with a
+    // With `identity_field`, the raw item's identity still counts as seen (an item that starts
+    // failing validation is not a delete, `docs/decisions.md`); with a
     // typed `identity` and no `raw_identity` it cannot be read, and then the scan emits no
     // deletes at all (it cannot tell which item went missing).
     for typed_identity in [false, true] {

@@ -1,5 +1,4 @@
-//! The lanes and the scheduler end to end on `MemoryStore` and the `FakeApi` (SPEC §2.6, §2.8,
-//! §8.4–8.6): reconcile finds the deletes an incremental cursor cannot see, backfill re-reads
+//! The lanes and the scheduler end to end on `MemoryStore` and the `FakeApi`: reconcile finds the deletes an incremental cursor cannot see, backfill re-reads
 //! history (and backs off while it fails), replay re-delivers the log with the original ids, log
 //! retention prunes, and the live schedule (AIMD, backoff and the circuit through an outage,
 //! Retry-After) is driven through the engine. Everything runs on a manual clock (tokio's paused
@@ -212,7 +211,8 @@ impl Hooks for ScheduleLog {
     }
 }
 
-/// Schedule `min 5 s, max 40 s, jitter 0` (the SPEC §2.8 pin), default backoff.
+/// Schedule `min 5 s, max 40 s, jitter 0` (the AIMD example both implementations pin), default
+/// backoff.
 fn pinned_schedule() -> ScheduleOptions {
     ScheduleOptions {
         min: Duration::from_secs(5),

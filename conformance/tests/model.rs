@@ -1,4 +1,4 @@
-//! Model-based test of delivery (SPEC §2.7, §4 G1/G3/G5/G7/G9) with `proptest-state-machine`:
+//! Model-based test of delivery (guarantees G1, G3, G5, G7, G9) with `proptest-state-machine`:
 //! random sequences of commits, drains, handler failures, crashes, lease steals and
 //! park/retry/discard run against the real [`Dispatcher`] over `MemoryStore` and against a pure
 //! reference model of delivery; after every step the delivered events, the outbox and the

@@ -863,7 +863,7 @@ async fn a_dropped_partition_stops_being_polled_and_resumes_by_itself_when_it_re
     assert_eq!(
         t.store.load_state(&Tenants::key("b")).await.unwrap(),
         b_state,
-        "nothing is written for a dropped partition (SPEC §8.8)"
+        "nothing is written for a dropped partition"
     );
     assert_eq!(recorder.events().len(), 5);
 

@@ -1,4 +1,4 @@
-//! The diff decisions (SPEC §2.5): what one fetched item means against its stored row.
+//! The diff decisions: what one fetched item means against its stored row.
 //! Pure functions; the runner does the I/O around them.
 
 use std::collections::HashMap;

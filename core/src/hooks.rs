@@ -1,4 +1,4 @@
-//! Hooks (SPEC §2.14): the engine reports what it does. Every method has a no-op default.
+//! Hooks: the engine reports what it does, one method per step of a run. Every method has a no-op default.
 
 use std::sync::Arc;
 

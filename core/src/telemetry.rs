@@ -1,9 +1,28 @@
-//! Metrics through the [`metrics`] facade (SPEC §2.15): attach [`MetricsHooks`] with
+//! Metrics through the [`metrics`] facade: attach [`MetricsHooks`] with
 //! `EngineBuilder::hooks` and install any `metrics` exporter (Prometheus, StatsD, OTLP...).
 //!
-//! Names and labels follow SPEC §2.15. Labels are `poller`, `partition` and `lane` (never the
-//! instance id or an event id, which would explode cardinality). Durations are milliseconds;
+//! The names are those of the TypeScript reference's OpenTelemetry hooks, so dashboards carry
+//! over. Labels are `poller`, `partition` and `lane` (never the instance id or an event id, which
+//! would explode cardinality), plus the extra label a row names. Durations are milliseconds;
 //! exporters that take bucket boundaries should use [`HISTOGRAM_BUCKETS_MS`].
+//!
+//! | metric | kind | extra label | recorded |
+//! |---|---|---|---|
+//! | `watukuy.poll.duration` | histogram | `watukuy.outcome` (`ok`, `error`) | at the end of every lane cycle |
+//! | `watukuy.items.fetched` | counter | | items of every fetched page |
+//! | `watukuy.events.emitted` | counter | `watukuy.event.type` | every committed event |
+//! | `watukuy.events.delivered` | counter | | every successful delivery |
+//! | `watukuy.deliver.duration` | histogram | | every successful delivery |
+//! | `watukuy.events.retried` | counter | | every failed attempt that will be retried |
+//! | `watukuy.events.parked` | counter | `watukuy.kind` (`poison`, `invalid`) | every parked row |
+//! | `watukuy.items.invalid` | counter | | every quarantined item |
+//! | `watukuy.errors` | counter | `watukuy.phase` | every reported error |
+//! | `watukuy.lease.lost` | counter | | every lost lease |
+//! | `watukuy.circuit.opened` | counter | | every time a circuit opens |
+//! | `watukuy.budget.waits` | counter | `watukuy.budget` | every budget grant that had to wait |
+//! | `watukuy.budget.wait` | histogram | `watukuy.budget` | the length of that wait |
+//! | `watukuy.circuit.state` | gauge, no `lane` | | 0 closed, 1 half-open, 2 open |
+//! | `watukuy.schedule.interval` | gauge, no `lane` | | the live interval after every cycle |
 //!
 //! Gauges that describe stored state (outbox pending, parked, snapshot size, lag) are not
 //! events: call [`record_gauges`] with an `inspect()` report, e.g. every scrape or every 30 s.
@@ -86,7 +105,7 @@ pub fn is_traceparent(value: &str) -> bool {
         && parts[2] != "0".repeat(16)
 }
 
-/// Histogram bucket boundaries in milliseconds (SPEC §2.15).
+/// Histogram bucket boundaries in milliseconds, from 5 ms to one minute.
 pub const HISTOGRAM_BUCKETS_MS: [f64; 13] = [
     5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1_000.0, 2_500.0, 5_000.0, 10_000.0, 30_000.0,
     60_000.0,

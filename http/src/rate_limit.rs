@@ -1,4 +1,4 @@
-//! Rate-limit headers (SPEC §2.10): IETF `RateLimit` / `RateLimit-Policy`, the legacy
+//! Rate-limit headers: IETF `RateLimit` / `RateLimit-Policy`, the legacy
 //! `RateLimit-*` trio and vendor `X-RateLimit-*` / `X-Rate-Limit-*` headers.
 
 use reqwest::header::HeaderMap;

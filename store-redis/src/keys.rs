@@ -1,4 +1,4 @@
-//! The key layout (SPEC §5, with cluster hash tags).
+//! The key layout, with Redis Cluster hash tags.
 //!
 //! Every key of one `(poller, partition)` is `<prefix>p:{<poller>:<partition>}:<part>`, with the
 //! poller and the partition escaped so that the part between the braces — the key's cluster hash

@@ -1,6 +1,6 @@
-//! Chaos on the store under test (SPEC §4.1): engines crash at every kill point while the API
-//! changes, fresh instances take over the same store, and the invariant checker proves G1–G5,
-//! G7, G9 and liveness once everything is quiet.
+//! Chaos on the store under test: engines crash at every kill point (K1–K7, see [`KillPoint`])
+//! while the API changes, fresh instances take over the same store, and the invariant checker
+//! proves G1–G5, G7, G9 and liveness once everything is quiet.
 //!
 //! Each strategy case runs a few seeds (3 by default; `WATUKUY_CHAOS_SEEDS=N` runs seeds 1 to
 //! N), each on its own fresh store of the harness. A failing seed prints the exact command that
@@ -252,8 +252,10 @@ pub async fn overlapped_delivery_seeds(env: Env) -> CaseResult {
     Ok(())
 }
 
-/// The first-cycle-crash regression (SPEC §4.1, last paragraph): a crash right after the very
-/// first commit of a new key must not leave the key stalled. A fresh instance drains the
+/// The first-cycle-crash regression: a crash right after the very first commit of a new key must
+/// not leave the key stalled. (The TypeScript reference once committed a key's first page without
+/// its schedule, and a key with no due time was never due: tick mode stalled, the daemon
+/// busy-looped. Every commit now carries the schedule, and no due time means due.) A fresh instance drains the
 /// crashed page, polls again at once, and keeps polling on schedule; the 40-step timestamp run
 /// of seed 2 converges.
 pub async fn first_cycle_crash_is_recovered(env: Env) -> CaseResult {

@@ -1,7 +1,7 @@
-//! Conformance cases: `fencing` (SPEC §3.3 cases 11–19): every lease-taking method rejects a
+//! Conformance cases: `fencing`: every lease-taking method rejects a
 //! lease that is not the key's current one with `LeaseLost`, and writes nothing.
 //!
-//! Cases 11–16 share one seed: node-a acquires at T0 and commits item `i1`, pending event `e1`
+//! The per-method cases share one seed: node-a acquires at T0 and commits item `i1`, pending event `e1`
 //! and sequence 1 (updated at T0); then node-b steals the lease at T0+TTL. Each method is then
 //! called with three bad leases, which together catch the usual fencing mistakes:
 //! - node-a's stale lease (epoch 1): no fence at all, or a fence on expiry only;
@@ -72,7 +72,7 @@ impl Seeded {
     }
 }
 
-/// Seeds `key()` as SPEC §3.3 says; returns the seed and node-a's stale lease.
+/// Seeds `key()` as the module docs describe; returns the seed and node-a's stale lease.
 async fn seed(store: &dyn Store) -> Result<(Seeded, Lease), CaseError> {
     let key = key();
     let log = store.capabilities().log;

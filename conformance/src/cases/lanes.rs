@@ -1,5 +1,5 @@
 //! The lanes and the live schedule driven through the engine against the
-//! [`FakeApi`](crate::FakeApi), on the store under test (SPEC §2.6, §2.8, §8.4–8.6): the pinned
+//! [`FakeApi`](crate::FakeApi), on the store under test: the pinned
 //! AIMD sequence, a 429's Retry-After, the circuit through an outage, reconcile deletes, a forced
 //! backfill, a failing backfill's lane backoff, replay with the original ids, and log retention.
 //!
@@ -151,7 +151,8 @@ fn summary(events: &[Event]) -> Vec<(EventType, String, Lane)> {
         .collect()
 }
 
-/// Schedule `min 5 s, max 40 s, jitter 0` (the SPEC §2.8 pin), default backoff.
+/// Schedule `min 5 s, max 40 s, jitter 0` (the AIMD example both implementations pin), default
+/// backoff.
 fn pinned_schedule() -> ScheduleOptions {
     ScheduleOptions {
         min: Duration::from_secs(5),
@@ -247,7 +248,7 @@ async fn tick_when_due(w: &World, engine: &Engine) -> Result<TickResult, CaseErr
 
 // ----- the live schedule -----
 
-/// SPEC §2.8 (AIMD): with `min 5 s, max 40 s, jitter 0`, the live interval goes 5 s (events,
+/// AIMD: with `min 5 s, max 40 s, jitter 0`, the live interval goes 5 s (events,
 /// halved but never below min) → 7.5 s → 11.25 s (idle, × 1.5) → 5.625 s (events, halved); each
 /// cycle runs exactly when due, and the schedule hook reports each change with its reason.
 pub async fn aimd_sequence(env: Env) -> CaseResult {
@@ -306,7 +307,7 @@ pub async fn aimd_sequence(env: Env) -> CaseResult {
     Ok(())
 }
 
-/// SPEC §2.8 (throttling): a 429 with Retry-After 12 s makes the key due exactly 12 s later (not
+/// Throttling: a 429 with Retry-After 12 s makes the key due exactly 12 s later (not
 /// at 11.999 s) and records `throttled_until`, without counting as a failure (an earlier 500's
 /// count is left alone); the next success clears the failures and the throttle.
 pub async fn throttle_waits_exactly_retry_after(env: Env) -> CaseResult {
@@ -362,7 +363,7 @@ pub async fn throttle_waits_exactly_retry_after(env: Env) -> CaseResult {
     Ok(())
 }
 
-/// SPEC §2.8 (backoff and circuit): API failures back the key off (full jitter within the cap),
+/// Backoff and circuit: API failures back the key off (full jitter within the cap),
 /// the third consecutive failure opens the circuit (hook with the probe time), an open circuit
 /// sends nothing but a probe every `probe_every`, a failed probe keeps it open, a successful one
 /// closes it; the changes made during the outage are all delivered afterwards.
@@ -497,7 +498,7 @@ pub async fn circuit_opens_probes_and_closes(env: Env) -> CaseResult {
 
 // ----- reconcile -----
 
-/// SPEC §8.4 (reconcile): a `token` cursor cannot see deletes; the reconcile lane lists
+/// Reconcile: a `token` cursor cannot see deletes; the reconcile lane lists
 /// everything through its own fetch at once, then not before `every` has elapsed since its last
 /// complete listing, and reports the deleted item exactly once, as `deleted` on the reconcile
 /// lane, once a second listing of several pages confirmed it missing (the suspect is kept in
@@ -590,7 +591,7 @@ pub async fn reconcile_finds_deletes(env: Env) -> CaseResult {
 
 // ----- backfill -----
 
-/// SPEC §8.5 (backfill): a forced backfill persists its lane (target = the live cursor at the
+/// Backfill: a forced backfill persists its lane (target = the live cursor at the
 /// call, not done, force), then re-emits every known item as `updated` on the backfill lane with
 /// the same data and fresh sequences, ends at its target and is done: nothing more is emitted.
 pub async fn backfill_force_reemits_and_finishes(env: Env) -> CaseResult {
@@ -672,7 +673,7 @@ pub async fn backfill_force_reemits_and_finishes(env: Env) -> CaseResult {
     Ok(())
 }
 
-/// SPEC §8.5 (lane backoff): a failing backfill records `failures` and `retry_at` (full jitter
+/// Lane backoff (`docs/decisions.md`): a failing backfill records `failures` and `retry_at` (full jitter
 /// within the cap) in its persisted lane and runs again exactly when `retry_at` comes, never
 /// sooner; the live lane keeps polling and delivering, its schedule untouched; once the fetch
 /// works the backfill completes and its backoff is cleared.
@@ -800,7 +801,7 @@ pub async fn failing_backfill_backs_off(env: Env) -> CaseResult {
 
 // ----- replay and the log -----
 
-/// SPEC §8.6 (replay): replaying a time range of the log re-delivers those events with their
+/// Replay: replaying a time range of the log re-delivers those events with their
 /// original ids, types and data on the replay lane, with fresh sequences after everything
 /// committed; copies are not logged again and later events continue the sequence.
 pub async fn replay_redelivers_with_same_ids(env: Env) -> CaseResult {
@@ -879,7 +880,7 @@ pub async fn replay_redelivers_with_same_ids(env: Env) -> CaseResult {
     Ok(())
 }
 
-/// SPEC §8.6 (log retention): a run of the key prunes log entries strictly older than
+/// Log retention (`docs/decisions.md`): a run of the key prunes log entries strictly older than
 /// `now - retention` (an entry exactly `retention` old is kept), and pruned entries can no
 /// longer be replayed.
 pub async fn log_retention_prunes(env: Env) -> CaseResult {

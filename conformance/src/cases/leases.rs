@@ -1,4 +1,4 @@
-//! Conformance cases: `leases` (SPEC §3.3 cases 3–10): acquisition, renewal, release and the
+//! Conformance cases: `leases`: acquisition, renewal, release and the
 //! per-key epoch counter.
 
 use watukuy_core::{Lease, StatePatch, Store};

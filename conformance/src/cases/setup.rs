@@ -1,4 +1,4 @@
-//! Conformance cases: `setup` (SPEC §3.3 cases 1–2): capabilities and migrations.
+//! Conformance cases: `setup`: capabilities, migrations and closing.
 
 use watukuy_core::{PollerState, StatePatch};
 

@@ -1,4 +1,4 @@
-//! Conformance cases: `state` (SPEC §3.3 cases 20–27): persisted poller state, patches, key
+//! Conformance cases: `state`: persisted poller state, patches, key
 //! listing and the unfenced admin deletes.
 
 use watukuy_core::{

@@ -115,7 +115,7 @@ pub struct Grant {
     pub waited_ms: i64,
 }
 
-/// Named rate budgets shared by every poller of an engine (SPEC §2.9, guarantee G6).
+/// Named rate budgets shared by every poller of an engine (guarantee G6: never exceeded).
 ///
 /// A request is served at once when nobody is waiting and the store has the tokens. Otherwise it
 /// joins the budget's queue, which is served in this order:
@@ -199,7 +199,8 @@ impl BudgetManager {
     /// Waits for `request.cost` tokens of budget `name`.
     ///
     /// Fails with [`Error::BudgetTimeout`] when the wait limit passes (a deferral for the caller,
-    /// SPEC §8 decision 4), [`Error::NotRunning`] when the request is cancelled, `Config` for an
+    /// not a failure: the engine makes the key due again when the budget can serve it, without
+    /// backoff and without counting towards the circuit), [`Error::NotRunning`] when the request is cancelled, `Config` for an
     /// unknown budget, a weight that is not a finite number > 0 or an absurd cost, `Unsupported`
     /// when it must wait outside a tokio runtime, and with the store's error when the store fails.
     pub async fn acquire(&self, name: &str, request: Request) -> Result<Grant> {

@@ -1,4 +1,4 @@
-//! Rate budgets (SPEC §2.9, guarantee G6): token buckets that keep every poller sharing an API
+//! Rate budgets (guarantee G6): token buckets that keep every poller sharing an API
 //! within its rate limit.
 //!
 //! - [`BudgetPolicy`] says what a budget allows (`requests` per `per`, `burst`, [`Fairness`],
@@ -9,8 +9,8 @@
 //! - [`BudgetManager`] queues the requests of an engine's pollers per budget, by lane, then
 //!   fairness, then arrival, with one timer per budget.
 //!
-//! A [`BudgetTimeout`](crate::Error::BudgetTimeout) is a deferral, not a failure (SPEC §8
-//! decision 4): the caller reschedules the key, e.g. after
+//! A [`BudgetTimeout`](crate::Error::BudgetTimeout) is a deferral, not a failure: it counts
+//! towards neither the backoff nor the circuit, and the caller reschedules the key, e.g. after
 //! [`BudgetManager::ready_in_ms`].
 
 mod manager;

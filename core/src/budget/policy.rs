@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 /// exactly, including one whose script language only has doubles (Lua in Redis).
 pub const MAX_CAPACITY_TOKEN_MS: u64 = 1 << 53;
 
-/// How waiters of the same lane share a budget (SPEC §2.9).
+/// How waiters of the same lane share a budget.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Fairness {
     /// The least recently served requester goes first (a requester never served goes first of all).
@@ -19,7 +19,7 @@ pub enum Fairness {
     Weighted,
 }
 
-/// A rate budget: at most `requests` per `per`, with bursts of up to `burst` (SPEC §2.9).
+/// A rate budget: at most `requests` per `per`, with bursts of up to `burst`.
 ///
 /// The bucket starts full (`burst` tokens) and refills at `requests / per`; a request costing more
 /// than `burst` still goes through once the bucket holds its cost.

@@ -23,7 +23,7 @@ pub enum Take {
     },
 }
 
-/// Where the token buckets of rate budgets live (SPEC §2.9 `RateBudgetStore`).
+/// Where the token buckets of rate budgets live.
 ///
 /// [`MemoryBudgetStore`] keeps them in this process; a shared store (Redis) keeps them across
 /// processes, which is what extends guarantee G6 to many instances. Every implementation counts

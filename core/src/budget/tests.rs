@@ -1,5 +1,5 @@
-//! The manager's behaviour under tokio's paused clock (and a manual clock): the pins of SPEC §2.9
-//! and guarantee G6. Time only moves when every task waits, so grant times are exact.
+//! The manager's behaviour under tokio's paused clock (and a manual clock): the pinned bucket
+//! examples, fairness, lane priority, wait limits and cancellation, and guarantee G6. Time only moves when every task waits, so grant times are exact.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};

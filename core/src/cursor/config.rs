@@ -31,7 +31,7 @@ pub fn token(initial: Option<String>) -> TokenCursor {
     TokenCursor::new(initial)
 }
 
-/// A `page` strategy starting at page `initial` (the SPEC default is 1; see
+/// A `page` strategy starting at page `initial` (usually 1, the default; see
 /// [`PageCursor::default`]).
 pub fn page(initial: u64) -> PageCursor {
     PageCursor::new(initial)

@@ -1,4 +1,4 @@
-//! The `custom` strategy (SPEC §2.4): the user's own cursor type and advance rule.
+//! The `custom` strategy: the user's own cursor type and advance rule.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -242,7 +242,7 @@ impl<C: CustomCursor> CursorStrategy for CustomStrategy<C> {
 }
 
 /// A [`CustomCursor`] made of an initial value and a closure, for cursors that need no type
-/// of their own (SPEC's `customCursor({ initial, advance })`).
+/// of their own.
 ///
 /// ```
 /// use watukuy_core::cursor::{CustomAdvance, CustomStrategy, FnCustomCursor};

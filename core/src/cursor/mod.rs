@@ -1,4 +1,4 @@
-//! Cursor strategies (SPEC §2.4): where a poll cycle starts, how a page moves it, and when the
+//! Cursor strategies: where a poll cycle starts, how a page moves it, and when the
 //! listing is done. Each strategy is a pure value type; the runner only sees [`CursorStrategy`].
 
 use std::sync::Arc;
@@ -96,7 +96,7 @@ pub trait CursorStrategy: Send + Sync + 'static {
     fn reached(&self, cursor: &Cursor, target: &Cursor) -> bool;
 
     /// Builds a cursor from a raw API value given by an operator (`None` = the beginning).
-    #[allow(clippy::wrong_self_convention)] // SPEC's `fromRaw`: the strategy builds the cursor.
+    #[allow(clippy::wrong_self_convention)] // The strategy, not the raw value, builds the cursor.
     fn from_raw(&self, raw: Option<&str>) -> Result<Cursor>;
 
     /// True when every cycle lists everything (so deletes can be detected).

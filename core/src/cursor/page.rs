@@ -1,4 +1,4 @@
-//! The `page` strategy (SPEC §2.4): a page number, reset at the end of every cycle.
+//! The `page` strategy: a page number, reset at the end of every cycle.
 
 use std::sync::Arc;
 

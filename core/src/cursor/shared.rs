@@ -83,7 +83,7 @@ fn json_string(value: Option<&str>) -> String {
     )
 }
 
-/// Any cursor in its SPEC shape (`{"value":…,"tieBreak":…}`, `{"value":…}`, `{"page":n}`,
+/// Any cursor in its persisted JSON shape (`{"value":…,"tieBreak":…}`, `{"value":…}`, `{"page":n}`,
 /// `null`, or the custom JSON text).
 pub(crate) fn encode(cursor: &Cursor) -> String {
     match cursor {

@@ -1,4 +1,4 @@
-//! The `snapshot_diff` strategy (SPEC §2.4): no cursor, every cycle lists everything.
+//! The `snapshot_diff` strategy: no cursor, every cycle lists everything.
 
 use std::sync::Arc;
 

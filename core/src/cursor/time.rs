@@ -1,4 +1,4 @@
-//! Timestamp parsing and formatting for the timestamp strategy (SPEC §2.4 "Timestamp details").
+//! Timestamp parsing and formatting for the timestamp strategy.
 
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 

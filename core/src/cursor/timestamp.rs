@@ -1,4 +1,4 @@
-//! The `timestamp` strategy (SPEC §2.4): a watermark on an item field, with an optional
+//! The `timestamp` strategy: a watermark on an item field, with an optional
 //! tie-break field, a `lag` that holds back the newest items and an `overlap` that re-reads a
 //! window on the first request of every cycle.
 

@@ -1,4 +1,4 @@
-//! The `token` strategy (SPEC §2.4): the API's opaque continuation token.
+//! The `token` strategy: the API's opaque continuation token.
 
 use std::sync::Arc;
 

@@ -1,4 +1,4 @@
-//! Delivery (SPEC §2.7): the dispatcher, consumers and the pure policy behind them.
+//! Delivery: the dispatcher, consumers and the pure policy behind them.
 
 mod acks;
 mod classify;

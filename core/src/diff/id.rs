@@ -1,4 +1,5 @@
-//! Deterministic event ids, byte-identical to the reference implementation (SPEC §2.5, G2).
+//! Deterministic event ids (guarantee G2), byte-identical to those of the TypeScript reference
+//! implementation: the same observation gets the same id in both.
 
 use crate::event::EventType;
 

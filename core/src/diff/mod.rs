@@ -1,4 +1,4 @@
-//! The change engine (SPEC §2.5): canonical JSON, fingerprints, event ids and the diff decisions.
+//! The change engine: canonical JSON, fingerprints, event ids and the diff decisions.
 
 pub mod canonical;
 pub mod hash;

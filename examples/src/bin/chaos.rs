@@ -1,4 +1,4 @@
-//! Chaos runs on a chosen store (SPEC §4.1): many seeds, every strategy, engines crashing at the
+//! Chaos runs on a chosen store: many seeds, every strategy, engines crashing at the
 //! kill points K1–K7 while the API changes; prints one line per run and a summary (kills per
 //! kill point, restarts, deliveries, duplicates, violations). Exits with 1 on any violation.
 //!
