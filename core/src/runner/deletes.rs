@@ -49,7 +49,6 @@ impl Run<'_> {
         }
         let mut suspects = Some(suspects).filter(|s| *s != previous);
         let now = self.now();
-        let time = format_rfc3339_ms(now);
         let cursor_json = cycle
             .cursor
             .as_ref()
@@ -68,26 +67,17 @@ impl Run<'_> {
         while let Some(chunk) = chunks.next() {
             self.check_running()?;
             let rows = self.shared.store.load_versions(&self.key, chunk).await?;
-            let mut events = Vec::new();
-            for identity in chunk {
-                let Some(row) = rows.get(identity) else {
-                    continue;
-                };
-                let payload = (def.retain == Retain::Payload)
-                    .then(|| row.payload.clone())
-                    .flatten();
-                let version_or_hash = row.version.clone().unwrap_or_else(|| row.hash.clone());
-                events.push(self.event(
-                    cycle,
-                    identity,
-                    &version_or_hash,
-                    EventType::Deleted,
-                    payload.clone(),
-                    payload,
-                    cursor_json.clone(),
-                    &time,
-                ));
-            }
+            let mut sequence = cycle.sequence;
+            let events = plan_deletes(
+                def,
+                &self.event_source(cycle),
+                chunk,
+                &rows,
+                &mut sequence,
+                cursor_json.as_ref(),
+                now,
+            );
+            cycle.sequence = sequence;
             // The new suspects land with the last chunk: a crash before it keeps the old ones,
             // so the confirmed deletes not yet committed are confirmed again next time.
             let processed = Processed {

@@ -38,6 +38,7 @@ mod plan;
 
 use cycle::{Cycle, LaneSpec, Processed};
 use lease::LeaseKeeper;
+use plan::plan_deletes;
 
 /// What the engine shares with every run.
 pub(crate) struct Shared {

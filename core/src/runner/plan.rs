@@ -2,188 +2,353 @@
 //! (invalid ones quarantined), deduplicated and diffed against the stored rows, and events get
 //! their deterministic ids.
 
+use std::collections::HashMap;
+
 use super::*;
 
+/// Where a page's events come from: what their ids and envelopes are made of.
+pub(crate) struct EventSource<'a> {
+    /// The poller's event source (`urn:watukuy:…`).
+    pub(crate) source: &'a str,
+    /// The poller and partition.
+    pub(crate) key: &'a PKey,
+    /// The lane the page was read on.
+    pub(crate) lane: Lane,
+    /// The W3C traceparent of the cycle.
+    pub(crate) traceparent: Option<&'a str>,
+}
+
+impl EventSource<'_> {
+    /// The event of one observation, with the next sequence.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn event(
+        &self,
+        def: &PollerDef,
+        sequence: &mut i64,
+        identity: &str,
+        version_or_hash: &str,
+        event_type: EventType,
+        (data, previous): (Option<Json>, Option<Json>),
+        cursor: Option<Json>,
+        time: &str,
+    ) -> Event {
+        *sequence += 1;
+        let id = event_id(&EventIdParts {
+            source: self.source,
+            partition: &self.key.partition,
+            identity,
+            version_or_hash,
+            schema_version: def.schema_version,
+            event_type,
+        });
+        Event {
+            id,
+            event_type,
+            source: self.source.to_owned(),
+            subject: identity.to_owned(),
+            time: time.to_owned(),
+            poller: self.key.poller.clone(),
+            partition: self.key.partition.clone(),
+            lane: self.lane,
+            sequence: *sequence,
+            cursor,
+            data,
+            previous,
+            attempt: 0,
+            traceparent: self.traceparent.map(str::to_owned),
+        }
+    }
+}
+
+/// A page after validation: the cursor's move and the items to diff.
+pub(crate) struct PreparedPage {
+    /// The strategy's move over the page (as the API returned it, invalid items included).
+    pub(crate) advance: crate::cursor::Advance,
+    /// Valid items by identity, the last of a repeated identity kept, in page order.
+    pub(crate) valid: Vec<(String, crate::poller::Candidate)>,
+    /// Invalid items to park (`on_invalid: quarantine`).
+    pub(crate) quarantined: Vec<ParkedRow>,
+    /// What the page lists for a full scan: the valid identities and those of invalid items
+    /// whose identity can be read (they count as seen, so an item that starts failing
+    /// validation is not reported deleted).
+    pub(crate) listed: Vec<String>,
+    /// An invalid item had no readable identity: a full scan cannot delete this cycle.
+    pub(crate) unknown_invalid: bool,
+}
+
+/// How a planning step treats an invalid item, by `on_invalid`: `Err` fails the cycle; `Ok`
+/// with a row quarantines it; `Ok(None)` skips it.
+fn invalid(
+    def: &PollerDef,
+    key: &PKey,
+    item: impl FnOnce() -> Json,
+    issues: Vec<crate::model::ValidationIssue>,
+    now: i64,
+) -> Result<Option<ParkedRow>> {
+    match def.on_invalid {
+        OnInvalid::Fail => Err(Error::Validation { issues }),
+        OnInvalid::Skip => {
+            tracing::warn!(%key, ?issues, "invalid item skipped");
+            Ok(None)
+        }
+        OnInvalid::Quarantine => Ok(Some(quarantine_row(item(), issues, now))),
+    }
+}
+
+/// Moves the cursor over a page and validates its items (pure: no store, no clock).
+///
+/// The cursor moves over the page as the API returned it, before validation: an invalid item
+/// must not hold a timestamp watermark back, or a page of invalid items would be fetched again
+/// and again and block everything behind it.
+pub(crate) fn prepare(
+    def: &PollerDef,
+    strategy: &SharedStrategy,
+    key: &PKey,
+    cursor: &Cursor,
+    page: &Page,
+    now: i64,
+) -> Result<PreparedPage> {
+    let input = AdvanceInput {
+        items: &page.items,
+        page_cursor: page.cursor.as_deref(),
+        has_more: page.has_more,
+        now_ms: now,
+    };
+    let advance = strategy.advance(cursor, input)?;
+    let mut prepared = PreparedPage {
+        advance,
+        valid: Vec::new(),
+        quarantined: Vec::new(),
+        listed: Vec::new(),
+        unknown_invalid: false,
+    };
+    let mut valid = Vec::new();
+    let keep = prepared
+        .advance
+        .keep
+        .iter()
+        .copied()
+        .chain(std::iter::repeat(true));
+    for (raw, _) in page.items.iter().zip(keep).filter(|(_, keep)| *keep) {
+        match (def.prepare)(raw) {
+            Prepared::Valid(candidate) => valid.push(candidate),
+            Prepared::Invalid { issues, identity } => {
+                let row = invalid(def, key, || Json::from_value(raw), issues, now)?;
+                prepared.quarantined.extend(row);
+                match identity {
+                    Some(identity) => prepared.listed.push(identity),
+                    None => prepared.unknown_invalid = true,
+                }
+            }
+        }
+    }
+    // Items the fetch could not even decode (see `Page::reject`): invalid, identity unknown.
+    for rejected in &page.rejected {
+        let issues = vec![crate::model::ValidationIssue {
+            message: rejected.reason.clone(),
+            path: None,
+        }];
+        let text = || Json::from_value(&serde_json::Value::String(rejected.text.clone()));
+        prepared
+            .quarantined
+            .extend(invalid(def, key, text, issues, now)?);
+        prepared.unknown_invalid = true;
+    }
+    let kept = valid.into_iter().map(|c| (c.identity.clone(), c)).collect();
+    prepared.valid = dedupe_last_wins(kept);
+    prepared
+        .listed
+        .extend(prepared.valid.iter().map(|(id, _)| id.clone()));
+    Ok(prepared)
+}
+
+/// A page's snapshot delta and events.
+#[derive(Default)]
+pub(crate) struct PagePlan {
+    /// Snapshot rows to write.
+    pub(crate) upserts: Vec<ItemRow>,
+    /// The page's events, with their sequences.
+    pub(crate) events: Vec<Event>,
+    /// Items that could not be fingerprinted, to park.
+    pub(crate) quarantined: Vec<ParkedRow>,
+}
+
+/// Diffs a page's valid items against their stored rows (pure: no store, no clock): the
+/// decision table decides each item's event and whether its row is written; unchanged rows are
+/// not rewritten; a forced backfill re-emits known, unchanged items as `updated`; every event
+/// takes the next `sequence`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn plan(
+    def: &PollerDef,
+    events_from: &EventSource<'_>,
+    valid: Vec<(String, crate::poller::Candidate)>,
+    stored: &HashMap<String, ItemRow>,
+    force: bool,
+    sequence: &mut i64,
+    cursor_json: Option<&Json>,
+    now: i64,
+) -> Result<PagePlan> {
+    let mut out = PagePlan::default();
+    let time = format_rfc3339_ms(now);
+    for (identity, candidate) in valid {
+        let row = stored.get(&identity);
+        let version = candidate.version.clone();
+        // Unchanged rows are not rewritten, full scans included: a scan of a million items
+        // must not rewrite a million rows (deletes come from the merge, not `seen_at`).
+        if unchanged_by_version(row, version.as_deref(), def.schema_version) && !force {
+            continue;
+        }
+        let value = candidate.value;
+        let hash = match (candidate.fingerprint)() {
+            Ok(hash) => hash,
+            Err(error) => {
+                // An item that cannot be fingerprinted is invalid like any other: it never
+                // fails the page it came with.
+                let issues = vec![crate::model::ValidationIssue {
+                    message: format!("item {identity:?} cannot be fingerprinted: {error}"),
+                    path: None,
+                }];
+                let key = events_from.key;
+                let row = invalid(def, key, || Json::from_value(&value), issues, now)?;
+                out.quarantined.extend(row);
+                continue;
+            }
+        };
+        let mut decision = decide(
+            row,
+            &hash,
+            version.as_deref(),
+            def.schema_version,
+            def.on_schema_change,
+            false,
+        );
+        if force && decision.event.is_none() && row.is_some() {
+            decision.event = Some(EventType::Updated);
+        }
+        let data = Json::from_value(&value);
+        if decision.upsert {
+            out.upserts.push(ItemRow {
+                identity: identity.clone(),
+                version: version.clone(),
+                hash: hash.clone(),
+                schema_version: def.schema_version,
+                payload: (def.retain == Retain::Payload).then(|| data.clone()),
+                seen_at: now,
+            });
+        }
+        if let Some(event_type) = decision.event {
+            let previous = match (event_type, def.retain) {
+                (EventType::Updated, Retain::Payload) => row.and_then(|r| r.payload.clone()),
+                _ => None,
+            };
+            let version_or_hash = version.unwrap_or(hash);
+            out.events.push(events_from.event(
+                def,
+                sequence,
+                &identity,
+                &version_or_hash,
+                event_type,
+                (Some(data), previous),
+                cursor_json.cloned(),
+                &time,
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// The `deleted` events of identities a full scan found gone (pure): each carries the row's
+/// version (or hash) in its id, and, with `Retain::Payload`, the last payload as `data` and
+/// `previous`. Identities without a stored row are skipped.
+pub(crate) fn plan_deletes(
+    def: &PollerDef,
+    events_from: &EventSource<'_>,
+    identities: &[String],
+    stored: &HashMap<String, ItemRow>,
+    sequence: &mut i64,
+    cursor_json: Option<&Json>,
+    now: i64,
+) -> Vec<Event> {
+    let time = format_rfc3339_ms(now);
+    identities
+        .iter()
+        .filter_map(|identity| {
+            let row = stored.get(identity)?;
+            let payload = (def.retain == Retain::Payload)
+                .then(|| row.payload.clone())
+                .flatten();
+            let version_or_hash = row.version.as_deref().unwrap_or(&row.hash);
+            Some(events_from.event(
+                def,
+                sequence,
+                identity,
+                version_or_hash,
+                EventType::Deleted,
+                (payload.clone(), payload),
+                cursor_json.cloned(),
+                &time,
+            ))
+        })
+        .collect()
+}
+
 impl Run<'_> {
-    /// Advances the cursor, validates and diffs one page; a full scan merges the page's
-    /// identities before it is committed.
+    /// Where this cycle's events come from.
+    pub(super) fn event_source<'c>(&'c self, cycle: &'c Cycle) -> EventSource<'c> {
+        EventSource {
+            source: &self.rt.source,
+            key: &self.key,
+            lane: cycle.spec.lane,
+            traceparent: cycle.traceparent.as_deref(),
+        }
+    }
+
+    /// Plans one page: [`prepare`], the full scan's merge of the listed identities (before the
+    /// page is committed), the stored rows of the page's items, [`plan`].
     pub(super) async fn process(
         &self,
         cycle: &mut Cycle,
         scan: Option<&mut FullScan<'_>>,
         cursor: &Cursor,
-        page: crate::fetch::Page,
+        page: Page,
     ) -> Result<Processed, CycleError> {
         let def = &self.rt.def;
         let now = self.now();
-        // The cursor moves over the page as the API returned it, before validation (SPEC §2.6):
-        // an invalid item must not hold a timestamp watermark back, or a page of invalid items
-        // would be fetched again and again and block everything behind it.
-        let input = AdvanceInput {
-            items: &page.items,
-            page_cursor: page.cursor.as_deref(),
-            has_more: page.has_more,
-            now_ms: now,
-        };
         let strategy = Arc::clone(&cycle.spec.strategy);
-        let advance = strategy
-            .advance(cursor, input)
-            .map_err(|error| CycleError::Failed {
-                error,
-                phase: Phase::Fetch,
-                throttle: None,
-            })?;
-        let mut valid = Vec::new();
-        let mut quarantined = Vec::new();
-        // What the page lists for a full scan: valid items, and invalid ones whose identity
-        // can be read (they count as seen, so an item that starts failing validation is not
-        // reported deleted).
-        let mut listed = Vec::new();
-        let keep = advance.keep.iter().copied().chain(std::iter::repeat(true));
-        for (raw, _) in page.items.iter().zip(keep).filter(|(_, keep)| *keep) {
-            match (def.prepare)(raw) {
-                Prepared::Valid(candidate) => valid.push(candidate),
-                Prepared::Invalid { issues, identity } => match def.on_invalid {
-                    OnInvalid::Fail => {
-                        return Err(CycleError::Failed {
-                            error: Error::Validation { issues },
-                            phase: Phase::Fetch,
-                            throttle: None,
-                        });
-                    }
-                    OnInvalid::Skip => {
-                        tracing::warn!(key = %self.key, ?issues, "invalid item skipped");
-                        self.note_seen_invalid(cycle, &mut listed, identity);
-                    }
-                    OnInvalid::Quarantine => {
-                        self.note_seen_invalid(cycle, &mut listed, identity);
-                        let row = quarantine_row(Json::from_value(raw), issues, now);
-                        quarantined.push(row);
-                    }
-                },
-            }
+        let fetch_phase = |error| CycleError::Failed {
+            error,
+            phase: Phase::Fetch,
+            throttle: None,
+        };
+        let prepared =
+            prepare(def, &strategy, &self.key, cursor, &page, now).map_err(fetch_phase)?;
+        if cycle.spec.full_scan {
+            cycle.unknown_invalid |= prepared.unknown_invalid;
         }
-        // Items the fetch could not even decode (see `Page::reject`): invalid, identity unknown.
-        for rejected in &page.rejected {
-            let issues = vec![crate::model::ValidationIssue {
-                message: rejected.reason.clone(),
-                path: None,
-            }];
-            match def.on_invalid {
-                OnInvalid::Fail => {
-                    return Err(CycleError::Failed {
-                        error: Error::Validation { issues },
-                        phase: Phase::Fetch,
-                        throttle: None,
-                    });
-                }
-                OnInvalid::Skip => {
-                    tracing::warn!(key = %self.key, ?issues, "undecodable item skipped");
-                    self.note_seen_invalid(cycle, &mut listed, None);
-                }
-                OnInvalid::Quarantine => {
-                    self.note_seen_invalid(cycle, &mut listed, None);
-                    let item = Json::from_value(&serde_json::Value::String(rejected.text.clone()));
-                    quarantined.push(quarantine_row(item, issues, now));
-                }
-            }
-        }
-        let kept: Vec<(String, crate::poller::Candidate)> =
-            valid.into_iter().map(|c| (c.identity.clone(), c)).collect();
-        let kept = dedupe_last_wins(kept);
-        let identities: Vec<String> = kept.iter().map(|(id, _)| id.clone()).collect();
         if let Some(scan) = scan {
-            listed.extend(identities.iter().cloned());
-            scan.list(listed).await?;
+            scan.list(prepared.listed).await?;
         }
+        let identities: Vec<String> = prepared.valid.iter().map(|(id, _)| id.clone()).collect();
         let stored = self
             .shared
             .store
             .load_versions(&self.key, &identities)
             .await?;
-        let cursor_json = Json::parse(&cycle.spec.strategy.serialize(&advance.cursor)).ok();
-        let mut upserts = Vec::new();
-        let mut events = Vec::new();
-        let time = format_rfc3339_ms(now);
-        for (identity, candidate) in kept {
-            let row = stored.get(&identity);
-            let version = candidate.version.clone();
-            // Unchanged rows are not rewritten, full scans included: a scan of a million items
-            // must not rewrite a million rows (deletes come from the merge, not `seen_at`).
-            if unchanged_by_version(row, version.as_deref(), def.schema_version)
-                && !cycle.spec.force
-            {
-                continue;
-            }
-            let value = candidate.value.clone();
-            let hash = match (candidate.fingerprint)() {
-                Ok(hash) => hash,
-                Err(error) => {
-                    // An item that cannot be fingerprinted is invalid like any other: it never
-                    // fails the page it came with.
-                    let issues = vec![crate::model::ValidationIssue {
-                        message: format!("item {identity:?} cannot be fingerprinted: {error}"),
-                        path: None,
-                    }];
-                    match def.on_invalid {
-                        OnInvalid::Fail => {
-                            return Err(CycleError::Failed {
-                                error: Error::Validation { issues },
-                                phase: Phase::Fetch,
-                                throttle: None,
-                            });
-                        }
-                        OnInvalid::Skip => {
-                            tracing::warn!(key = %self.key, ?issues, "invalid item skipped");
-                        }
-                        OnInvalid::Quarantine => {
-                            quarantined.push(quarantine_row(Json::from_value(&value), issues, now));
-                        }
-                    }
-                    continue;
-                }
-            };
-            let mut decision = decide(
-                row,
-                &hash,
-                version.as_deref(),
-                def.schema_version,
-                def.on_schema_change,
-                false,
-            );
-            // A forced backfill re-emits known, unchanged items as `updated`.
-            if cycle.spec.force && decision.event.is_none() && row.is_some() {
-                decision.event = Some(EventType::Updated);
-            }
-            let data = Json::from_value(&value);
-            if decision.upsert {
-                upserts.push(ItemRow {
-                    identity: identity.clone(),
-                    version: version.clone(),
-                    hash: hash.clone(),
-                    schema_version: def.schema_version,
-                    payload: (def.retain == Retain::Payload).then(|| data.clone()),
-                    seen_at: now,
-                });
-            }
-            if let Some(event_type) = decision.event {
-                let previous = match (event_type, def.retain) {
-                    (EventType::Updated, Retain::Payload) => row.and_then(|r| r.payload.clone()),
-                    _ => None,
-                };
-                let version_or_hash = version.clone().unwrap_or_else(|| hash.clone());
-                events.push(self.event(
-                    cycle,
-                    &identity,
-                    &version_or_hash,
-                    event_type,
-                    Some(data),
-                    previous,
-                    cursor_json.clone(),
-                    &time,
-                ));
-            }
-        }
+        let advance = prepared.advance;
+        let cursor_json = Json::parse(&strategy.serialize(&advance.cursor)).ok();
+        let mut sequence = cycle.sequence;
+        let planned = plan(
+            def,
+            &self.event_source(cycle),
+            prepared.valid,
+            &stored,
+            cycle.spec.force,
+            &mut sequence,
+            cursor_json.as_ref(),
+            now,
+        )
+        .map_err(fetch_phase)?;
+        cycle.sequence = sequence;
         // A backfill also stops once it reached its target.
         let reached = cycle
             .spec
@@ -191,71 +356,19 @@ impl Run<'_> {
             .as_ref()
             .is_some_and(|t| strategy.reached(&advance.cursor, t));
         cycle.done = advance.done || reached;
-        let lane_cursor = if advance.done {
-            cycle.spec.strategy.on_cycle_complete(&advance.cursor)
+        cycle.cursor = Some(if advance.done {
+            strategy.on_cycle_complete(&advance.cursor)
         } else {
-            advance.cursor.clone()
-        };
-        cycle.cursor = Some(lane_cursor);
+            advance.cursor
+        });
+        let mut quarantined = prepared.quarantined;
+        quarantined.extend(planned.quarantined);
         Ok(Processed {
-            upserts,
-            events,
+            upserts: planned.upserts,
+            events: planned.events,
             quarantined,
             ..Processed::default()
         })
-    }
-
-    pub(super) fn note_seen_invalid(
-        &self,
-        cycle: &mut Cycle,
-        listed: &mut Vec<String>,
-        identity: Option<String>,
-    ) {
-        if cycle.spec.full_scan {
-            match identity {
-                Some(identity) => listed.push(identity),
-                None => cycle.unknown_invalid = true,
-            }
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn event(
-        &self,
-        cycle: &mut Cycle,
-        identity: &str,
-        version_or_hash: &str,
-        event_type: EventType,
-        data: Option<Json>,
-        previous: Option<Json>,
-        cursor: Option<Json>,
-        time: &str,
-    ) -> Event {
-        cycle.sequence += 1;
-        let id = event_id(&EventIdParts {
-            source: &self.rt.source,
-            partition: &self.key.partition,
-            identity,
-            version_or_hash,
-            schema_version: self.rt.def.schema_version,
-            event_type,
-        });
-        Event {
-            id,
-            event_type,
-            source: self.rt.source.clone(),
-            subject: identity.to_owned(),
-            time: time.to_owned(),
-            poller: self.key.poller.clone(),
-            partition: self.key.partition.clone(),
-            lane: cycle.spec.lane,
-            sequence: cycle.sequence,
-            cursor,
-            data,
-            previous,
-            attempt: 0,
-            traceparent: cycle.traceparent.clone(),
-        }
     }
 }
 
@@ -285,5 +398,255 @@ pub(super) fn quarantine_row(
         attempts: 0,
         parked_at: now,
         hold_key: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::poller::Poller;
+
+    const NOW: i64 = 1_767_225_600_000;
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Order {
+        id: String,
+        total: i64,
+    }
+
+    fn def(on_invalid: OnInvalid, retain: Retain) -> Arc<PollerDef> {
+        let poller = Poller::builder::<Order>("orders")
+            .identity(|o: &Order| o.id.clone())
+            .raw_identity(|raw| raw.get("id")?.as_str().map(str::to_owned))
+            .cursor(crate::cursor::page(1))
+            .on_invalid(on_invalid)
+            .retain(retain)
+            .fetch(|_ctx: crate::FetchContext| async { Ok(Page::default()) })
+            .build()
+            .expect("a valid poller");
+        Arc::clone(&poller.inner)
+    }
+
+    fn key() -> PKey {
+        PKey::new("orders", "eu")
+    }
+
+    fn source(key: &PKey) -> EventSource<'_> {
+        EventSource {
+            source: "urn:watukuy:orders",
+            key,
+            lane: Lane::Live,
+            traceparent: None,
+        }
+    }
+
+    fn page(items: serde_json::Value) -> Page {
+        let serde_json::Value::Array(items) = items else {
+            panic!("an array");
+        };
+        Page::new(items).has_more(false)
+    }
+
+    fn prepared(def: &PollerDef, page: &Page) -> Result<PreparedPage> {
+        let strategy = Arc::clone(&def.strategy);
+        prepare(def, &strategy, &key(), &strategy.initial(), page, NOW)
+    }
+
+    fn stored(identity: &str, def: &PollerDef, total: i64) -> ItemRow {
+        let page = page(json!([{ "id": identity, "total": total }]));
+        let mut valid = prepared(def, &page).expect("valid").valid;
+        let (_, candidate) = valid.pop().expect("one item");
+        let payload = Json::from_value(&candidate.value);
+        ItemRow {
+            identity: identity.to_owned(),
+            version: None,
+            hash: (candidate.fingerprint)().expect("a fingerprint"),
+            schema_version: def.schema_version,
+            payload: Some(payload),
+            seen_at: NOW - 1_000,
+        }
+    }
+
+    #[test]
+    fn prepare_validates_dedupes_and_lists_what_a_full_scan_saw() {
+        let def = def(OnInvalid::Quarantine, Retain::Hash);
+        let page = page(json!([
+            { "id": "a", "total": 1 },
+            { "id": "b", "total": 2 },
+            { "id": "a", "total": 3 },
+            { "id": "bad", "total": "x" },
+        ]))
+        .reject("[\"\\ud800\"]", "a lone surrogate");
+        let prepared = prepared(&def, &page).expect("a page with invalid items still plans");
+        let valid: Vec<(&str, &serde_json::Value)> = prepared
+            .valid
+            .iter()
+            .map(|(id, c)| (id.as_str(), &c.value["total"]))
+            .collect();
+        assert_eq!(
+            valid,
+            [("a", &json!(3)), ("b", &json!(2))],
+            "the last a wins"
+        );
+        assert_eq!(
+            prepared.quarantined.len(),
+            2,
+            "the invalid and the undecodable item"
+        );
+        assert!(
+            prepared
+                .quarantined
+                .iter()
+                .all(|row| row.kind == ParkedKind::Invalid && row.parked_at == NOW)
+        );
+        assert_eq!(
+            prepared.listed,
+            ["bad", "a", "b"],
+            "invalid with identity counts as seen"
+        );
+        assert!(
+            prepared.unknown_invalid,
+            "the undecodable item has no identity"
+        );
+        assert!(prepared.advance.done);
+    }
+
+    #[test]
+    fn prepare_fails_the_page_when_asked_and_skips_when_asked() {
+        let bad = page(json!([{ "id": "a", "total": 1 }, { "id": "bad", "total": "x" }]));
+        let error = prepared(&def(OnInvalid::Fail, Retain::Hash), &bad)
+            .err()
+            .expect("on_invalid: fail");
+        assert_eq!(error.code(), crate::ErrorCode::Validation, "{error}");
+        let skipped = prepared(&def(OnInvalid::Skip, Retain::Hash), &bad).expect("skip");
+        assert!(skipped.quarantined.is_empty());
+        assert_eq!(skipped.valid.len(), 1);
+    }
+
+    #[test]
+    fn plan_emits_created_updated_and_nothing_for_unchanged_with_pinned_ids() {
+        let def = def(OnInvalid::Quarantine, Retain::Payload);
+        let key = key();
+        let rows: HashMap<String, ItemRow> = [stored("same", &def, 1), stored("changed", &def, 1)]
+            .into_iter()
+            .map(|row| (row.identity.clone(), row))
+            .collect();
+        let page = page(json!([
+            { "id": "same", "total": 1 },
+            { "id": "changed", "total": 2 },
+            { "id": "new", "total": 3 },
+        ]));
+        let valid = prepared(&def, &page).expect("valid").valid;
+        let mut sequence = 41;
+        let planned = plan(
+            &def,
+            &source(&key),
+            valid,
+            &rows,
+            false,
+            &mut sequence,
+            None,
+            NOW,
+        )
+        .expect("a plan");
+        let events: Vec<(EventType, &str, i64)> = planned
+            .events
+            .iter()
+            .map(|e| (e.event_type, e.subject.as_str(), e.sequence))
+            .collect();
+        assert_eq!(
+            events,
+            [
+                (EventType::Updated, "changed", 42),
+                (EventType::Created, "new", 43)
+            ]
+        );
+        assert_eq!(sequence, 43);
+        let upserted: Vec<&str> = planned
+            .upserts
+            .iter()
+            .map(|r| r.identity.as_str())
+            .collect();
+        assert_eq!(
+            upserted,
+            ["changed", "new"],
+            "an unchanged row is not rewritten"
+        );
+        let updated = &planned.events[0];
+        assert_eq!(
+            updated.previous.as_ref().map(Json::as_str),
+            Some(r#"{"id":"changed","total":1}"#),
+            "retain payload: the previous payload"
+        );
+        let expected_id = event_id(&EventIdParts {
+            source: "urn:watukuy:orders",
+            partition: "eu",
+            identity: "changed",
+            version_or_hash: &planned.upserts[0].hash,
+            schema_version: def.schema_version,
+            event_type: EventType::Updated,
+        });
+        assert_eq!(updated.id, expected_id);
+        assert_eq!(updated.time, "2026-01-01T00:00:00.000Z");
+    }
+
+    #[test]
+    fn a_forced_plan_re_emits_unchanged_items_as_updated() {
+        let def = def(OnInvalid::Quarantine, Retain::Hash);
+        let key = key();
+        let rows: HashMap<String, ItemRow> = [stored("same", &def, 1)]
+            .into_iter()
+            .map(|row| (row.identity.clone(), row))
+            .collect();
+        let valid = prepared(&def, &page(json!([{ "id": "same", "total": 1 }])))
+            .expect("valid")
+            .valid;
+        let mut sequence = 0;
+        let planned = plan(
+            &def,
+            &source(&key),
+            valid,
+            &rows,
+            true,
+            &mut sequence,
+            None,
+            NOW,
+        )
+        .expect("a plan");
+        assert_eq!(planned.events.len(), 1);
+        assert_eq!(planned.events[0].event_type, EventType::Updated);
+    }
+
+    #[test]
+    fn plan_deletes_carries_the_last_payload_and_skips_unknown_identities() {
+        let def = def(OnInvalid::Quarantine, Retain::Payload);
+        let key = key();
+        let row = stored("gone", &def, 7);
+        let rows: HashMap<String, ItemRow> = [(row.identity.clone(), row.clone())].into();
+        let mut sequence = 9;
+        let identities = ["gone".to_owned(), "never-stored".to_owned()];
+        let events = plan_deletes(
+            &def,
+            &source(&key),
+            &identities,
+            &rows,
+            &mut sequence,
+            None,
+            NOW,
+        );
+        assert_eq!(events.len(), 1);
+        let deleted = &events[0];
+        assert_eq!(
+            (
+                deleted.event_type,
+                deleted.subject.as_str(),
+                deleted.sequence
+            ),
+            (EventType::Deleted, "gone", 10)
+        );
+        assert_eq!(deleted.data, row.payload);
+        assert_eq!(deleted.previous, row.payload);
     }
 }
