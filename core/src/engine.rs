@@ -981,15 +981,7 @@ impl Inner {
         if state.paused {
             return now.saturating_add(duration_ms(MAX_SLEEP));
         }
-        let live = now.saturating_add(schedule::time_until_due(&state.schedule, now));
-        let lanes = [
-            runner::reconcile_due_at(&rt.def, &state),
-            runner::backfill_due_at(&state),
-        ];
-        let due = lanes
-            .into_iter()
-            .flatten()
-            .fold(live, |due, at| due.min(at.max(now)));
+        let due = schedule::key_due_at(&rt.def, &state, now);
         let retry = if rt.dispatcher.has_consumer() {
             retry_at
         } else {

@@ -1,11 +1,17 @@
-//! The scheduler (SPEC §2.8): pure functions over a key's persisted [`ScheduleState`].
+//! The scheduler: pure functions over a key's persisted [`ScheduleState`] and lane cursors —
+//! when a key and each of its lanes is due, the adaptive interval (AIMD), jitter, pacing by
+//! rate-limit headers, throttles, backoff, the circuit, and a failing lane's own backoff
+//! (`docs/operations.md` describes the behaviour in prose).
 
 use std::time::Duration;
 
 use crate::backoff::{Backoff, f64_to_ms, ms_f64};
 use crate::clock::duration_ms;
 use crate::error::{Error, Result};
-use crate::model::{Circuit, PollSummary, RateLimitInfo, ScheduleState, SerializedError};
+use crate::model::{
+    Circuit, LaneCursor, PollSummary, PollerState, RateLimitInfo, ScheduleState, SerializedError,
+};
+use crate::poller::PollerDef;
 
 /// When and how often a poller runs.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -521,6 +527,81 @@ pub fn time_until_due(state: &ScheduleState, now_ms: i64) -> i64 {
         Some(due) => due.saturating_sub(now_ms).max(0),
         None => 0,
     }
+}
+
+/// A cycle that succeeded after a poison `halt` opened the circuit during it (and announced
+/// it): the success must not close the circuit again; the probe time and the error stay the
+/// halt's.
+pub fn keep_halt(mut change: ScheduleChange, halted: &ScheduleState) -> ScheduleChange {
+    change.state = ScheduleState {
+        circuit: halted.circuit,
+        circuit_opened_at: halted.circuit_opened_at,
+        next_due_at: halted.next_due_at,
+        consecutive_failures: halted.consecutive_failures,
+        last_error: halted.last_error.clone(),
+        ..change.state
+    };
+    change.reason = ScheduleReason::CircuitOpen;
+    change.circuit_closed = false;
+    change
+}
+
+/// A reconcile or backfill cycle failed: the lane counts the failure and waits a full-jitter
+/// backoff (the poller's `backoff`, `u` in `[0, 1)`), never touching the live schedule.
+pub(crate) fn lane_failed(lane: &mut LaneCursor, options: &ScheduleOptions, u: f64, now_ms: i64) {
+    let failures = lane.failures.unwrap_or(0).saturating_add(1);
+    let delay = options.backoff.full_jitter_ms(failures, u);
+    lane.failures = Some(failures);
+    lane.retry_at = Some(now_ms.saturating_add(delay.max(1)));
+}
+
+/// When the reconcile lane is next due, if the poller has one: `every` after its last complete
+/// (or page-capped) listing, and not before a failure's backoff ends.
+pub(crate) fn reconcile_due_at(def: &PollerDef, state: &PollerState) -> Option<i64> {
+    let every = crate::clock::duration_ms(def.reconcile.as_ref()?.every);
+    let lane = state.lanes.reconcile.as_ref();
+    let after_last = lane
+        .and_then(|l| l.last_run_at)
+        .map_or(i64::MIN, |t| t.saturating_add(every));
+    let retry = lane.and_then(|l| l.retry_at).unwrap_or(i64::MIN);
+    Some(after_last.max(retry))
+}
+
+/// When an unfinished backfill may run next (not before a failure's backoff ends).
+pub(crate) fn backfill_due_at(state: &PollerState) -> Option<i64> {
+    let lane = state
+        .lanes
+        .backfill
+        .as_ref()
+        .filter(|l| l.done != Some(true))?;
+    Some(lane.retry_at.unwrap_or(i64::MIN))
+}
+
+/// Whether the reconcile lane is due at `now_ms`.
+pub(crate) fn reconcile_due(def: &PollerDef, state: &PollerState, now_ms: i64) -> bool {
+    reconcile_due_at(def, state).is_some_and(|at| at <= now_ms)
+}
+
+/// Whether an unfinished backfill may run at `now_ms`.
+pub(crate) fn backfill_due(state: &PollerState, now_ms: i64) -> bool {
+    backfill_due_at(state).is_some_and(|at| at <= now_ms)
+}
+
+/// Whether any lane of the key is due at `now_ms`: the live schedule, the reconcile lane or an
+/// unfinished backfill.
+pub(crate) fn key_due(def: &PollerDef, state: &PollerState, now_ms: i64) -> bool {
+    is_due(&state.schedule, now_ms)
+        || reconcile_due(def, state, now_ms)
+        || backfill_due(state, now_ms)
+}
+
+/// When the key's earliest lane is next due (never before `now_ms`).
+pub(crate) fn key_due_at(def: &PollerDef, state: &PollerState, now_ms: i64) -> i64 {
+    let live = now_ms.saturating_add(time_until_due(&state.schedule, now_ms));
+    [reconcile_due_at(def, state), backfill_due_at(state)]
+        .into_iter()
+        .flatten()
+        .fold(live, |due, at| due.min(at.max(now_ms)))
 }
 
 #[cfg(test)]
@@ -1579,5 +1660,105 @@ mod tests {
             0.5,
         );
         assert_eq!(change.state.throttled_until, Some(i64::MAX));
+    }
+
+    fn reconcile_def(every_s: u64) -> std::sync::Arc<PollerDef> {
+        let poller = crate::Poller::builder::<serde_json::Value>("p")
+            .identity_field("id")
+            .cursor(crate::cursor::token(None))
+            .fetch(|_ctx: crate::FetchContext| async { Ok(crate::Page::default()) })
+            .reconcile(
+                Duration::from_secs(every_s),
+                |_ctx: crate::FetchContext| async { Ok(crate::Page::default()) },
+            )
+            .build()
+            .expect("a poller");
+        std::sync::Arc::clone(&poller.inner)
+    }
+
+    #[test]
+    fn lanes_are_due_after_every_and_after_their_backoff_and_the_key_at_the_earliest() {
+        let def = reconcile_def(60);
+        let mut state = PollerState::zero(0);
+        state.schedule.next_due_at = Some(50_000);
+        // Never ran: the reconcile is due at once.
+        assert!(reconcile_due(&def, &state, 0));
+        assert_eq!(key_due_at(&def, &state, 10), 10);
+        let lane = state
+            .lanes
+            .reconcile
+            .get_or_insert_with(LaneCursor::default);
+        lane.last_run_at = Some(1_000);
+        assert_eq!(reconcile_due_at(&def, &state), Some(61_000));
+        assert!(!key_due(&def, &state, 49_999));
+        assert_eq!(key_due_at(&def, &state, 0), 50_000, "the live lane first");
+        // A failure's backoff pushes the lane past `every`.
+        let lane = state
+            .lanes
+            .reconcile
+            .get_or_insert_with(LaneCursor::default);
+        lane.retry_at = Some(70_000);
+        assert_eq!(reconcile_due_at(&def, &state), Some(70_000));
+        // An unfinished backfill is due unless it backs off; a finished one never.
+        let backfill = state.lanes.backfill.get_or_insert_with(LaneCursor::default);
+        backfill.retry_at = Some(20_000);
+        assert_eq!(key_due_at(&def, &state, 0), 20_000);
+        assert!(backfill_due(&state, 20_000) && !backfill_due(&state, 19_999));
+        state
+            .lanes
+            .backfill
+            .get_or_insert_with(LaneCursor::default)
+            .done = Some(true);
+        assert_eq!(backfill_due_at(&state), None);
+    }
+
+    #[test]
+    fn a_failing_lane_counts_and_backs_off_with_full_jitter() {
+        let options = ScheduleOptions::default();
+        let mut lane = LaneCursor::default();
+        lane_failed(&mut lane, &options, 0.0, 1_000);
+        assert_eq!(
+            (lane.failures, lane.retry_at),
+            (Some(1), Some(1_001)),
+            "at least 1 ms"
+        );
+        lane_failed(&mut lane, &options, 0.999_999, 1_000);
+        let cap = options.backoff.full_jitter_ms(2, 0.999_999);
+        assert_eq!((lane.failures, lane.retry_at), (Some(2), Some(1_000 + cap)));
+    }
+
+    #[test]
+    fn a_halt_during_a_successful_cycle_keeps_the_circuit_open() {
+        let options = ScheduleOptions::default();
+        let circuit = CircuitOptions::default();
+        let halt = poison_halt(
+            &ScheduleState::default(),
+            &options,
+            &circuit,
+            SerializedError::new("PoisonHalt", "halt"),
+            1_000,
+        );
+        let success = SuccessOutcome {
+            had_events: true,
+            not_modified: false,
+            truncated: false,
+            rate_limit: None,
+            summary: PollSummary {
+                lane: crate::model::Lane::Live,
+                started_at: 1_000,
+                duration_ms: 5,
+                pages: 1,
+                items: 1,
+                events: crate::model::EventCounts::default(),
+                not_modified: false,
+                truncated: false,
+            },
+        };
+        let change = after_success(&halt.state, &options, &circuit, &success, 1_005, 0.5);
+        let kept = keep_halt(change, &halt.state);
+        assert_eq!(kept.state.circuit, halt.state.circuit);
+        assert_eq!(kept.state.next_due_at, halt.state.next_due_at);
+        assert_eq!(kept.reason, ScheduleReason::CircuitOpen);
+        assert!(!kept.circuit_closed);
     }
 }

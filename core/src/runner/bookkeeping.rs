@@ -85,19 +85,7 @@ impl Run<'_> {
             }
         };
         if cycle.halted && failure_free {
-            // A poison `halt` opened the circuit during this cycle (and announced it): the
-            // cycle's success must not close it again. The probe time and error stay the halt's.
-            let halted = &cycle.schedule;
-            change.state = ScheduleState {
-                circuit: halted.circuit,
-                circuit_opened_at: halted.circuit_opened_at,
-                next_due_at: halted.next_due_at,
-                consecutive_failures: halted.consecutive_failures,
-                last_error: halted.last_error.clone(),
-                ..change.state
-            };
-            change.reason = ScheduleReason::CircuitOpen;
-            change.circuit_closed = false;
+            change = schedule::keep_halt(change, &cycle.schedule);
         }
         let patch = StatePatch {
             schedule: Some(change.state.clone()),
@@ -137,15 +125,8 @@ impl Run<'_> {
         let mut lanes = cycle.state.lanes.clone();
         let slot = lanes.slot(lane).get_or_insert_with(LaneCursor::default);
         if failed {
-            let failures = slot.failures.unwrap_or(0).saturating_add(1);
-            let delay = self
-                .rt
-                .def
-                .schedule
-                .backoff
-                .full_jitter_ms(failures, self.shared.rng.next_f64());
-            slot.failures = Some(failures);
-            slot.retry_at = Some(now.saturating_add(delay.max(1)));
+            let u = self.shared.rng.next_f64();
+            schedule::lane_failed(slot, &self.rt.def.schedule, u, now);
         } else {
             slot.failures = None;
             slot.retry_at = None;

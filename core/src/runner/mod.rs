@@ -27,7 +27,7 @@ use crate::model::{
 };
 use crate::poller::{DeleteConfirmation, FetchSource, OnInvalid, PollerDef, Prepared, Retain};
 use crate::rng::Rng;
-use crate::schedule::{self, FailureOutcome, ScheduleReason, SuccessOutcome};
+use crate::schedule::{self, FailureOutcome, SuccessOutcome};
 use crate::store::{DEFAULT_IDENTITY_BATCH, Store};
 
 mod bookkeeping;
@@ -168,11 +168,9 @@ pub(crate) async fn run_key(
         return Ok(KeyOutcome::Paused);
     }
     let live_due = options.force
-        || state.as_ref().is_none_or(|s| {
-            schedule::is_due(&s.schedule, now)
-                || reconcile_due(&rt.def, s, now)
-                || backfill_due(s, now)
-        });
+        || state
+            .as_ref()
+            .is_none_or(|s| schedule::key_due(&rt.def, s, now));
     let has_consumer = rt.dispatcher.has_consumer();
     let drain_due = has_consumer && !shared.store.load_pending(&key, 1).await?.is_empty();
     if !live_due && !drain_due {
@@ -299,7 +297,7 @@ impl Run<'_> {
         if let Some(reconcile) = def
             .reconcile
             .as_ref()
-            .filter(|_| reconcile_due(def, &state, self.now()))
+            .filter(|_| schedule::reconcile_due(def, &state, self.now()))
         {
             let spec = LaneSpec {
                 lane: Lane::Reconcile,
@@ -315,7 +313,7 @@ impl Run<'_> {
                 Err(outcome) => return Ok(outcome),
             };
         }
-        if backfill_due(&state, self.now()) {
+        if schedule::backfill_due(&state, self.now()) {
             let lane = state.lanes.backfill.clone().unwrap_or_default();
             let target = match lane
                 .target
@@ -432,38 +430,6 @@ impl Run<'_> {
         }
         Ok(())
     }
-}
-
-/// Whether the reconcile lane is due: never ran, or `every` passed since its last complete (or
-/// page-capped) listing, and not backing off.
-pub(crate) fn reconcile_due(def: &PollerDef, state: &PollerState, now: i64) -> bool {
-    reconcile_due_at(def, state).is_some_and(|at| at <= now)
-}
-
-/// When the reconcile lane is next due, if the poller has one.
-pub(crate) fn reconcile_due_at(def: &PollerDef, state: &PollerState) -> Option<i64> {
-    let every = crate::clock::duration_ms(def.reconcile.as_ref()?.every);
-    let lane = state.lanes.reconcile.as_ref();
-    let after_last = lane
-        .and_then(|l| l.last_run_at)
-        .map_or(i64::MIN, |t| t.saturating_add(every));
-    let retry = lane.and_then(|l| l.retry_at).unwrap_or(i64::MIN);
-    Some(after_last.max(retry))
-}
-
-/// Whether an unfinished backfill may run now (not backing off).
-pub(crate) fn backfill_due(state: &PollerState, now: i64) -> bool {
-    backfill_due_at(state).is_some_and(|at| at <= now)
-}
-
-/// When an unfinished backfill may run next.
-pub(crate) fn backfill_due_at(state: &PollerState) -> Option<i64> {
-    let lane = state
-        .lanes
-        .backfill
-        .as_ref()
-        .filter(|l| l.done != Some(true))?;
-    Some(lane.retry_at.unwrap_or(i64::MIN))
 }
 
 pub(crate) fn min_opt(a: Option<i64>, b: Option<i64>) -> Option<i64> {
