@@ -1,4 +1,4 @@
-//! The limit probe's cycle (`shared/tools/limit-probe`), ported so that it runs in the same
+//! The limit probe's cycle, ported from a standalone probe tool so that it runs in the same
 //! process and run as the measurements it is the reference for.
 //!
 //! The cheapest possible outbox on each backend, through the drivers the stores use: insert `n`

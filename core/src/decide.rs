@@ -42,7 +42,8 @@ pub fn unchanged_by_version(
 
 /// Decides what an item with fingerprint `hash` (and `version`) means against its stored row.
 ///
-/// `touch_unchanged` re-writes unchanged rows (full scans refresh `seen_at`).
+/// `touch_unchanged` re-writes unchanged rows (refreshing their `seen_at`). The engine never asks
+/// for it: unchanged rows are not rewritten, full scans included.
 pub fn decide(
     stored: Option<&ItemRow>,
     hash: &str,

@@ -480,7 +480,9 @@ pub struct ItemRow {
         with = "json::present"
     )]
     pub payload: Option<Json>,
-    /// When the item was last seen (epoch ms).
+    /// When the row was last written (epoch ms). Unchanged items are not rewritten, full scans
+    /// included, so this is when the item was created or last changed (or re-stored after a
+    /// schema or version change), not when it was last listed.
     pub seen_at: i64,
 }
 
