@@ -1,0 +1,76 @@
+//! What `inspect()` reports.
+
+use super::*;
+
+/// What `inspect()` reports.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InspectReport {
+    /// This engine's instance id.
+    pub instance_id: String,
+    /// The engine's status.
+    pub status: Status,
+    /// When the report was made (epoch ms).
+    pub generated_at: i64,
+    /// One entry per active `(poller, partition)`.
+    pub pollers: Vec<PollerInspect>,
+}
+
+/// The state of one `(poller, partition)`: what its store holds (read through
+/// [`ops::inspect_key`](crate::ops::inspect_key), the same for the engine, the CLI and the admin
+/// page; its fields read directly through `Deref`), and this engine's delivery counters.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PollerInspect {
+    /// The key as its store holds it (the schedule is the poller's initial one for a key that
+    /// never ran; `lag_ms` comes from the poller's strategy).
+    #[serde(flatten)]
+    pub key: crate::ops::KeyInspect,
+    /// This engine's delivery counters for the key (received, applied, deduplicated, skipped,
+    /// failed), in memory since the engine was built.
+    pub delivery: crate::delivery::DeliveryCounters,
+}
+
+impl std::ops::Deref for PollerInspect {
+    type Target = crate::ops::KeyInspect;
+
+    fn deref(&self) -> &Self::Target {
+        &self.key
+    }
+}
+
+impl Engine {
+    /// A plain, serializable report of every active `(poller, partition)`.
+    pub async fn inspect(&self) -> Result<InspectReport> {
+        let inner = &self.inner;
+        let store = &inner.shared.store;
+        let now = inner.now();
+        let mut pollers = Vec::new();
+        for (name, rt) in &inner.pollers {
+            if let Err(error) = inner.refresh_partitions(rt, false).await {
+                tracing::warn!(poller = %name, %error, "partition refresh failed; keeping the previous list");
+            }
+            for partition in inner.partition_list(name) {
+                let key = PKey::new(name.clone(), partition.key.clone());
+                let strategy = &rt.def.strategy;
+                let lag = |text: &str, now: i64| {
+                    let cursor = strategy.deserialize(text).ok()?;
+                    strategy.lag_ms(&cursor, now)
+                };
+                let key_report =
+                    crate::ops::inspect_key(&**store, &key, now, self.initial_state(rt), lag)
+                        .await?;
+                pollers.push(PollerInspect {
+                    key: key_report,
+                    delivery: rt.dispatcher.counters(&partition.key),
+                });
+            }
+        }
+        Ok(InspectReport {
+            instance_id: inner.shared.instance_id.clone(),
+            status: self.status(),
+            generated_at: now,
+            pollers,
+        })
+    }
+}
