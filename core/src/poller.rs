@@ -1,4 +1,4 @@
-//! Poller definitions (SPEC §2.2): typed at the edges, JSON inside.
+//! Poller definitions: typed at the edges, JSON inside.
 //!
 //! A [`PollerBuilder`] is written over the user's item type `T`; [`PollerBuilder::build`]
 //! validates every option (a `Config` error names the first bad one) and erases `T` into a
@@ -211,7 +211,8 @@ type CheckFn<T> = Arc<dyn Fn(&T) -> Result<(), Vec<ValidationIssue>> + Send + Sy
 type FingerprintFn<T> = Arc<dyn Fn(&T) -> Result<String, CanonicalError> + Send + Sync>;
 type RawIdentityFn = Arc<dyn Fn(&serde_json::Value) -> Option<String> + Send + Sync>;
 
-/// Builds a [`Poller`] over the item type `T`. See the SPEC §2.2 option table for every default.
+/// Builds a [`Poller`] over the item type `T`. Each option's method documents its default;
+/// [`build`](Self::build) rejects a bad option with a `Config` error naming it.
 pub struct PollerBuilder<T> {
     name: String,
     identity: Option<IdentityFn<T>>,

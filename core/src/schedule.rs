@@ -447,7 +447,7 @@ pub fn after_failure(
     }
 }
 
-/// Opens the circuit after a poison event with action `halt` (SPEC §2.7).
+/// Opens the circuit after a poison event with action `halt`.
 ///
 /// The circuit opens at `now` with the next probe at `now + probe_every`, the failure count
 /// becomes at least `circuit.failures`, and `error` (the caller's `PoisonHalt` error) is recorded
@@ -475,7 +475,7 @@ pub fn poison_halt(
     }
 }
 
-/// Defers the key after a budget timeout (SPEC §8 decision 4): due again at
+/// Defers the key after a budget timeout (a deferral, not a failure): due again at
 /// `now + retry_in_ms` (a negative delay counts as 0). Failures, the circuit and the last error
 /// are untouched: a deferral is not a failure.
 pub fn deferred(state: &ScheduleState, retry_in_ms: i64, now_ms: i64) -> ScheduleState {
@@ -612,7 +612,7 @@ mod tests {
 
     const NOW: i64 = 1_767_225_600_000;
 
-    /// The SPEC's pinned AIMD options: min 5 s, max 40 s, jitter 0.
+    /// The pinned AIMD options: min 5 s, max 40 s, jitter 0.
     fn aimd() -> ScheduleOptions {
         ScheduleOptions {
             min: Duration::from_secs(5),

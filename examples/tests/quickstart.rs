@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 /// The command the quickstart prints, and README.md shows.
-const INSPECT: &str = "cargo run -p watukuy-cli -- inspect -s sqlite:./quickstart.sqlite";
+const CLI_COMMAND: &str = "cargo run -p watukuy-cli -- inspect -s sqlite:./quickstart.sqlite";
 
 fn quickstart(dir: &Path, args: &[&str]) -> String {
     let Output {
@@ -76,18 +76,18 @@ async fn quickstart_keeps_its_file_and_prints_the_command_that_inspects_it() {
         .collect();
     assert!(!printed.is_empty(), "no inspect command in:\n{stdout}");
     for line in printed {
-        assert_eq!(line, INSPECT);
+        assert_eq!(line, CLI_COMMAND);
     }
     let readme =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
             .expect("README.md");
     assert!(
-        readme.contains(INSPECT),
-        "README.md does not show {INSPECT}"
+        readme.contains(CLI_COMMAND),
+        "README.md does not show {CLI_COMMAND}"
     );
 
     // The command line reads the file the command names, from the folder the quickstart ran in.
-    let args: Vec<&str> = INSPECT
+    let args: Vec<&str> = CLI_COMMAND
         .split_once(" -- ")
         .map(|(_, args)| args.split_whitespace().collect())
         .unwrap_or_default();
@@ -107,12 +107,12 @@ async fn quickstart_keeps_its_file_and_prints_the_command_that_inspects_it() {
     assert!(items >= 3 && parked == 1, "{items} items, {parked} parked");
 
     // The next run carries on from the file...
-    let again = quickstart(dir.path(), &["--for", "1"]);
+    let again = quickstart(dir.path(), &["--for", "0"]);
     let reusing =
         format!("reusing ./quickstart.sqlite from an earlier run: {items} items, {parked} parked");
     assert!(again.contains(&reusing), "missing {reusing:?} in:\n{again}");
     // ...and `--fresh` starts over.
-    let fresh = quickstart(dir.path(), &["--fresh", "--for", "1"]);
+    let fresh = quickstart(dir.path(), &["--fresh", "--for", "0"]);
     assert!(
         fresh.contains("a new database: ./quickstart.sqlite"),
         "--fresh did not start over:\n{fresh}"

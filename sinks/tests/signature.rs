@@ -11,30 +11,30 @@ use watukuy_sinks::{
 /// `printf '%s' 'msg_p5jXN8AQM9LWM0D4loKWxJek.1614265330.{"test": 2432232314}' |
 ///  openssl dgst -sha256 -mac HMAC -macopt hexkey:$(echo -n MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw |
 ///  base64 -d | xxd -p | tr -d '\n') -binary | base64`.
-const SPEC_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-const SPEC_ID: &str = "msg_p5jXN8AQM9LWM0D4loKWxJek";
-const SPEC_TS: i64 = 1_614_265_330;
-const SPEC_BODY: &[u8] = br#"{"test": 2432232314}"#;
-const SPEC_SIGNATURE: &str = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=";
+const STANDARD_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const STANDARD_ID: &str = "msg_p5jXN8AQM9LWM0D4loKWxJek";
+const STANDARD_TS: i64 = 1_614_265_330;
+const STANDARD_BODY: &[u8] = br#"{"test": 2432232314}"#;
+const STANDARD_SIGNATURE: &str = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=";
 
 fn spec_secret() -> WebhookSecret {
-    WebhookSecret::new(SPEC_SECRET).unwrap()
+    WebhookSecret::new(STANDARD_SECRET).unwrap()
 }
 
 #[test]
 fn whsec_secret_matches_the_standard_webhooks_vector() {
     assert_eq!(
-        sign_webhook(&spec_secret(), SPEC_ID, SPEC_TS, SPEC_BODY),
-        SPEC_SIGNATURE
+        sign_webhook(&spec_secret(), STANDARD_ID, STANDARD_TS, STANDARD_BODY),
+        STANDARD_SIGNATURE
     );
     assert_eq!(
         verify_webhook_signature(
             &spec_secret(),
-            SPEC_ID,
+            STANDARD_ID,
             "1614265330",
-            SPEC_BODY,
-            SPEC_SIGNATURE,
-            SPEC_TS
+            STANDARD_BODY,
+            STANDARD_SIGNATURE,
+            STANDARD_TS
         ),
         Ok(())
     );
@@ -67,26 +67,26 @@ fn sign_then_verify_round_trips() {
 fn tampering_and_wrong_secrets_are_rejected() {
     let secret = spec_secret();
     let verify = |id: &str, ts: &str, body: &[u8], header: &str| {
-        verify_webhook_signature(&secret, id, ts, body, header, SPEC_TS)
+        verify_webhook_signature(&secret, id, ts, body, header, STANDARD_TS)
     };
     let mismatch = Err(WebhookVerifyError::SignatureMismatch);
     assert_eq!(
         verify(
-            SPEC_ID,
+            STANDARD_ID,
             "1614265330",
             br#"{"test": 2432232315}"#,
-            SPEC_SIGNATURE
+            STANDARD_SIGNATURE
         ),
         mismatch,
         "tampered body"
     );
     assert_eq!(
-        verify("msg_other", "1614265330", SPEC_BODY, SPEC_SIGNATURE),
+        verify("msg_other", "1614265330", STANDARD_BODY, STANDARD_SIGNATURE),
         mismatch,
         "another message id"
     );
     assert_eq!(
-        verify(SPEC_ID, "1614265331", SPEC_BODY, SPEC_SIGNATURE),
+        verify(STANDARD_ID, "1614265331", STANDARD_BODY, STANDARD_SIGNATURE),
         mismatch,
         "another timestamp"
     );
@@ -94,55 +94,65 @@ fn tampering_and_wrong_secrets_are_rejected() {
     assert_eq!(
         verify_webhook_signature(
             &wrong,
-            SPEC_ID,
+            STANDARD_ID,
             "1614265330",
-            SPEC_BODY,
-            SPEC_SIGNATURE,
-            SPEC_TS
+            STANDARD_BODY,
+            STANDARD_SIGNATURE,
+            STANDARD_TS
         ),
         mismatch,
         "wrong secret"
     );
     assert_eq!(
-        verify(SPEC_ID, "1614265330", SPEC_BODY, "v1,bm90IGEgc2lnbmF0dXJl"),
+        verify(
+            STANDARD_ID,
+            "1614265330",
+            STANDARD_BODY,
+            "v1,bm90IGEgc2lnbmF0dXJl"
+        ),
         mismatch,
         "a signature of the wrong length"
     );
     assert_eq!(
-        verify(SPEC_ID, "1614265330", SPEC_BODY, "v1,***not base64***"),
+        verify(
+            STANDARD_ID,
+            "1614265330",
+            STANDARD_BODY,
+            "v1,***not base64***"
+        ),
         mismatch
     );
     assert_eq!(
-        verify(SPEC_ID, "1614265330", SPEC_BODY, ""),
+        verify(STANDARD_ID, "1614265330", STANDARD_BODY, ""),
         Err(WebhookVerifyError::NoSignature)
     );
     assert_eq!(
         verify(
-            SPEC_ID,
+            STANDARD_ID,
             "1614265330",
-            SPEC_BODY,
+            STANDARD_BODY,
             "v1a,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
         ),
         Err(WebhookVerifyError::NoSignature),
         "other schemes are ignored"
     );
     assert!(matches!(
-        verify(SPEC_ID, "yesterday", SPEC_BODY, SPEC_SIGNATURE),
+        verify(STANDARD_ID, "yesterday", STANDARD_BODY, STANDARD_SIGNATURE),
         Err(WebhookVerifyError::InvalidTimestamp(_))
     ));
 }
 
 #[test]
 fn one_matching_signature_among_several_is_enough() {
-    let header = format!("v1,Zm9vYmFyYmF6 v1a,ignored {SPEC_SIGNATURE}  v1,b3RoZXI=");
+    let header = format!("v1,Zm9vYmFyYmF6 v1a,ignored {STANDARD_SIGNATURE}  v1,b3RoZXI=");
     assert_eq!(
         verify_webhook_signature(
             &spec_secret(),
-            SPEC_ID,
+            STANDARD_ID,
             "1614265330",
-            SPEC_BODY,
+            STANDARD_BODY,
             &header,
-            SPEC_TS
+            STANDARD_TS
         ),
         Ok(())
     );
@@ -154,39 +164,39 @@ fn timestamps_outside_the_tolerance_are_rejected() {
     let verify = |now: i64| {
         verify_webhook_signature(
             &secret,
-            SPEC_ID,
+            STANDARD_ID,
             "1614265330",
-            SPEC_BODY,
-            SPEC_SIGNATURE,
+            STANDARD_BODY,
+            STANDARD_SIGNATURE,
             now,
         )
     };
-    assert_eq!(verify(SPEC_TS + 300), Ok(()), "exactly 5 minutes old");
-    assert_eq!(verify(SPEC_TS - 300), Ok(()), "exactly 5 minutes ahead");
+    assert_eq!(verify(STANDARD_TS + 300), Ok(()), "exactly 5 minutes old");
+    assert_eq!(verify(STANDARD_TS - 300), Ok(()), "exactly 5 minutes ahead");
     assert_eq!(
-        verify(SPEC_TS + 301),
+        verify(STANDARD_TS + 301),
         Err(WebhookVerifyError::TimestampTooOld {
-            timestamp: SPEC_TS,
-            now: SPEC_TS + 301,
+            timestamp: STANDARD_TS,
+            now: STANDARD_TS + 301,
             tolerance_secs: 300
         })
     );
     assert_eq!(
-        verify(SPEC_TS - 301),
+        verify(STANDARD_TS - 301),
         Err(WebhookVerifyError::TimestampTooNew {
-            timestamp: SPEC_TS,
-            now: SPEC_TS - 301,
+            timestamp: STANDARD_TS,
+            now: STANDARD_TS - 301,
             tolerance_secs: 300
         })
     );
     // An old timestamp is refused even with a valid signature, and before any signature check.
     let old = verify_webhook_signature(
         &secret,
-        SPEC_ID,
+        STANDARD_ID,
         "1614265330",
         b"tampered",
         "",
-        SPEC_TS + 3_600,
+        STANDARD_TS + 3_600,
     );
     assert!(matches!(
         old,
@@ -196,11 +206,11 @@ fn timestamps_outside_the_tolerance_are_rejected() {
     assert_eq!(
         verify_webhook_signature_with_tolerance(
             &secret,
-            SPEC_ID,
+            STANDARD_ID,
             "1614265330",
-            SPEC_BODY,
-            SPEC_SIGNATURE,
-            SPEC_TS + 3_600,
+            STANDARD_BODY,
+            STANDARD_SIGNATURE,
+            STANDARD_TS + 3_600,
             Duration::from_secs(3_600)
         ),
         Ok(())

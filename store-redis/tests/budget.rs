@@ -1,4 +1,4 @@
-//! `RedisBudgetStore` against `MemoryBudgetStore`: the pinned examples of SPEC §2.9, and the two
+//! `RedisBudgetStore` against `MemoryBudgetStore`: the pinned examples of the token bucket (docs/operations.md), and the two
 //! agreeing step for step on seeded sequences of takes and peeks (costs of 0, oversized costs,
 //! time going backwards, capacities up to 2^53 token·ms), with the Redis bucket shared by two
 //! connections as two processes would share it.
@@ -30,7 +30,7 @@ async fn two_budget_stores(
     Ok((store, budgets, other))
 }
 
-const SPEC: BucketPolicy = BucketPolicy {
+const PINNED: BucketPolicy = BucketPolicy {
     requests: 10,
     per_ms: 1000,
     burst: 3,
@@ -43,7 +43,7 @@ async fn pinned_examples_of_the_spec() {
         let (store, budgets, _) = two_budget_stores(&server, "budget.pinned").await?;
         let take = |cost, now| {
             let budgets = budgets.clone();
-            async move { budgets.take("api", cost, &SPEC, now).await }
+            async move { budgets.take("api", cost, &PINNED, now).await }
         };
         for left in [2, 1, 0] {
             let got = take(1, 0).await?;
@@ -65,22 +65,22 @@ async fn pinned_examples_of_the_spec() {
             }
         }
         // Cost 5 with 3 tokens waits 200 ms.
-        let got = budgets.take("other", 5, &SPEC, 0).await?;
+        let got = budgets.take("other", 5, &PINNED, 0).await?;
         if got != (Take::Wait { retry_in_ms: 200 }) {
             return Err(fail(format!("cost 5: {got:?}")));
         }
-        let peek = budgets.peek("other", &SPEC, 150).await?;
+        let peek = budgets.peek("other", &PINNED, 150).await?;
         if peek.to_bits() != 3.0_f64.to_bits() {
             return Err(fail(format!("peek caps at burst: {peek}")));
         }
-        let peek = budgets.peek("unknown", &SPEC, 0).await?;
+        let peek = budgets.peek("unknown", &PINNED, 0).await?;
         if peek.to_bits() != 3.0_f64.to_bits() {
             return Err(fail(format!("an unknown budget is full: {peek}")));
         }
         // Bad policies are Config errors naming the option; so are numbers Lua cannot count.
         let zero = BucketPolicy {
             requests: 0,
-            ..SPEC
+            ..PINNED
         };
         let err = budgets.take("api", 1, &zero, 0).await.err();
         if !err
@@ -91,7 +91,7 @@ async fn pinned_examples_of_the_spec() {
         }
         let huge = BucketPolicy {
             burst: 1 << 53,
-            ..SPEC
+            ..PINNED
         };
         let err = budgets.take("api", 1, &huge, 0).await.err();
         if !err
@@ -194,7 +194,7 @@ async fn agree(
 async fn redis_and_memory_buckets_agree_step_for_step() {
     with_server("budget_agreement", |server| async move {
         let policies = [
-            SPEC,
+            PINNED,
             BucketPolicy {
                 requests: 5,
                 per_ms: 1000,

@@ -1,4 +1,4 @@
-//! The engine (SPEC §2.3): pollers, consumers, `tick()` for one-shot runs, `start()`/`stop()`
+//! The engine: pollers, consumers, `tick()` for one-shot runs, `start()`/`stop()`
 //! for a daemon, operations and `inspect()`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};

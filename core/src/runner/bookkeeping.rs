@@ -114,7 +114,7 @@ impl Run<'_> {
     }
 
     /// Reconcile and backfill record their progress; a failure backs the lane off (full
-    /// jitter on the poller's backoff) so a failing lane never runs hot (SPEC §8.6).
+    /// jitter on the poller's backoff) so a failing lane never runs hot.
     pub(super) async fn lane_bookkeeping(
         &self,
         cycle: &mut Cycle,

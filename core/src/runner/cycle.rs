@@ -26,7 +26,7 @@ impl Run<'_> {
         })
     }
 
-    /// When the poller's budget can serve its next request, for a deferral (SPEC §8.4).
+    /// When the poller's budget can serve its next request, for a deferral.
     pub(super) async fn budget_ready_in(&self) -> i64 {
         let def = &self.rt.def;
         match &def.budget {
@@ -124,7 +124,7 @@ impl Run<'_> {
                 error: Error::BudgetTimeout { budget, waited_ms },
                 ..
             }) => {
-                // A budget timeout is a deferral, not a failure (SPEC §8.4): no backoff, no
+                // A budget timeout is a deferral, not a failure: no backoff, no
                 // circuit; the key is due again when the budget can serve it.
                 let ready_in = self.budget_ready_in().await;
                 tracing::info!(key = %self.key, budget, waited_ms, ready_in, lane = lane.as_str(), "cycle deferred by its rate budget");

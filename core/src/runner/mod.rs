@@ -1,4 +1,4 @@
-//! One run of one `(poller, partition)` (SPEC §2.6): lease, drain the outbox first, the live
+//! One run of one `(poller, partition)`: lease, drain the outbox first, the live
 //! cycle page by page (one `commit_poll` per page), full-scan deletes, the schedule, release.
 
 use std::sync::{Arc, Mutex, PoisonError};
@@ -339,7 +339,7 @@ impl Run<'_> {
             };
         }
         let _ = state;
-        // Log retention is enforced once per run, while holding the key (SPEC §8.5).
+        // Log retention is enforced once per run, while holding the key.
         if let Some(retention) = def.log_retention {
             let cutoff = self
                 .now()

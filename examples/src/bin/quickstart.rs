@@ -61,7 +61,7 @@ const DATABASE: &str = "./quickstart.sqlite";
 
 /// The command that shows what the engine wrote to [`DATABASE`] (examples/tests/quickstart.rs
 /// runs it, and README.md shows it).
-const INSPECT: &str = "cargo run -p watukuy-cli -- inspect -s sqlite:./quickstart.sqlite";
+const CLI_COMMAND: &str = "cargo run -p watukuy-cli -- inspect -s sqlite:./quickstart.sqlite";
 
 // ---------------------------------------------------------------------------------------------
 // The ERP: an in-memory order book behind one keyset-paginated route.
@@ -393,7 +393,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("polling {base}/orders into {DATABASE}");
     println!("(Ctrl-C stops the engine cleanly)");
     println!("see what it wrote, now or after it stops:");
-    println!("  {INSPECT}");
+    println!("  {CLI_COMMAND}");
     engine.start().await?;
 
     let status = async {
@@ -448,6 +448,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     println!("see what it wrote:");
-    println!("  {INSPECT}");
+    println!("  {CLI_COMMAND}");
     Ok(())
 }
