@@ -1,0 +1,141 @@
+//! Building a poller: every option checked, the item type erased behind `prepare`.
+
+use super::*;
+
+impl<T> PollerBuilder<T>
+where
+    T: Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    /// Validates every option and builds the poller.
+    pub fn build(self) -> Result<Poller> {
+        validate_name(&self.name)?;
+        if self.schema_version == 0 {
+            return Err(Error::config(
+                "schema_version",
+                "must be an integer >= 1, got 0",
+            ));
+        }
+        if self.max_pages_per_cycle == 0 {
+            return Err(Error::config(
+                "max_pages_per_cycle",
+                "must be at least 1, got 0",
+            ));
+        }
+        if self.full_scan_page_cap == 0 {
+            return Err(Error::config(
+                "full_scan_page_cap",
+                "must be at least 1, got 0",
+            ));
+        }
+        if self.partitions_refresh.is_zero() {
+            return Err(Error::config(
+                "partitions_refresh",
+                "must be greater than zero",
+            ));
+        }
+        if let Some(source) = &self.source {
+            if source.trim().is_empty() {
+                return Err(Error::config("source", "must not be empty"));
+            }
+        }
+        self.schedule.validate()?;
+        self.circuit.validate()?;
+        self.delivery.validate()?;
+        let strategy = self
+            .cursor
+            .ok_or_else(|| Error::config("cursor", "is required"))?
+            .into_strategy()?;
+        if let Some(reconcile) = &self.reconcile {
+            if strategy.is_full_scan() {
+                return Err(Error::config(
+                    "reconcile",
+                    format!(
+                        "is redundant with the `{}` strategy, which lists everything every cycle",
+                        strategy.name()
+                    ),
+                ));
+            }
+            if reconcile.every.is_zero() {
+                return Err(Error::config(
+                    "reconcile.every",
+                    "must be greater than zero",
+                ));
+            }
+        }
+        if !(self.budget_weight.is_finite() && self.budget_weight > 0.0) {
+            return Err(Error::config(
+                "budget_weight",
+                format!("must be a finite number > 0, got {}", self.budget_weight),
+            ));
+        }
+        if self.log_retention.is_some_and(|r| r.is_zero()) {
+            return Err(Error::config("log.retention", "must be greater than zero"));
+        }
+        let fetch = self
+            .fetch
+            .ok_or_else(|| Error::config("fetch", "is required"))?;
+        let identity = match (self.identity, self.identity_field.clone()) {
+            (Some(_), Some(_)) => {
+                return Err(Error::config(
+                    "identity",
+                    "set either `identity` or `identity_field`, not both",
+                ));
+            }
+            (None, None) => return Err(Error::config("identity", "is required")),
+            (Some(f), None) => Identity::Typed(f),
+            (None, Some(path)) => {
+                if path.is_empty() || path.split('.').any(str::is_empty) {
+                    return Err(Error::config(
+                        "identity_field",
+                        format!("{path:?} is not a dot path"),
+                    ));
+                }
+                Identity::Field(path)
+            }
+        };
+        let raw_identity: Option<RawIdentityFn> = match (&self.raw_identity, &self.identity_field) {
+            (Some(f), _) => Some(Arc::clone(f)),
+            (None, Some(path)) => {
+                let path = path.clone();
+                Some(Arc::new(move |raw: &serde_json::Value| {
+                    field_string(raw, &path)
+                }))
+            }
+            (None, None) => None,
+        };
+        let prepare = make_prepare::<T>(
+            identity,
+            raw_identity,
+            self.version,
+            self.fingerprint,
+            self.check,
+        );
+        Ok(Poller {
+            inner: Arc::new(PollerDef {
+                name: self.name,
+                source: self.source,
+                schema_version: self.schema_version,
+                strategy,
+                fetch,
+                prepare,
+                schedule: self.schedule,
+                circuit: self.circuit,
+                delivery: self.delivery,
+                retain: self.retain,
+                on_invalid: self.on_invalid,
+                on_schema_change: self.on_schema_change,
+                max_pages_per_cycle: self.max_pages_per_cycle,
+                full_scan_page_cap: self.full_scan_page_cap,
+                delete_confirmation: self.delete_confirmation,
+                overlap_delivery: self.overlap_delivery,
+                log_retention: self.log_retention,
+                reconcile: self.reconcile,
+                budget: self.budget,
+                budget_weight: self.budget_weight,
+                budget_cost: self.budget_cost,
+                partitions: self.partitions,
+                partitions_refresh: self.partitions_refresh,
+            }),
+        })
+    }
+}
