@@ -1,0 +1,118 @@
+//! Draining a key's outbox: slices in sequence order, grouped by ordering key, up to
+//! `concurrency` groups at once, acks group-committed.
+
+use super::*;
+
+impl Dispatcher {
+    /// Delivers the pending events of `key` under `lease`.
+    ///
+    /// Loads the outbox a slice at a time (in sequence order), skips keys that are held by a
+    /// parked event or already waiting in this drain, and delivers the rest with up to
+    /// `concurrency` keys in flight. A row whose next attempt lies in the future blocks its key
+    /// for this drain and is reported in `next_retry_at`. Stops when a pass makes no progress,
+    /// on a `halt`, on cancellation, or on the first store error (`LeaseLost` included; in-flight
+    /// handlers are then cancelled).
+    pub async fn drain(
+        &self,
+        key: &PKey,
+        lease: &Lease,
+        ctx: &DrainContext,
+    ) -> Result<DrainReport> {
+        let mut report = DrainReport::default();
+        let Some(consumer) = self.slot.current() else {
+            report.no_consumer = true;
+            report.remaining = self.store.counts(key).await?.pending;
+            return Ok(report);
+        };
+        let cancel = ctx.cancel.child_token();
+        let halted = AtomicBool::new(false);
+        let mut blocked: HashSet<String> = HashSet::new();
+        // Read once per drain: keys parked with `hold_key` during the drain are `blocked` by
+        // their group, and a hold released meanwhile is seen by the next drain.
+        let mut held: Option<HashSet<String>> = None;
+        let mut window = self.batch_size;
+        // Known without asking the store when the last slice held every pending row.
+        let mut remaining: Option<u64> = None;
+        while !cancel.is_cancelled() {
+            let rows = self.store.load_pending(key, window).await?;
+            if rows.is_empty() {
+                remaining = Some(0);
+                break;
+            }
+            let slice_len = rows.len() as u64;
+            let slice_full = rows.len() >= window;
+            let held = match held {
+                Some(ref held) => held,
+                None => held.insert(self.store.held_keys(key).await?.into_iter().collect()),
+            };
+            let groups =
+                policy::eligible_groups(rows, |r| self.options.key_of(&r.event), held, &blocked);
+            if groups.is_empty() {
+                match policy::widened_window(window, self.batch_size, slice_full) {
+                    Some(wider) => {
+                        window = wider;
+                        continue;
+                    }
+                    None => {
+                        remaining = (!slice_full).then_some(slice_len);
+                        break;
+                    }
+                }
+            }
+            let mut progress = false;
+            let mut removed = 0;
+            let acks = AckBatcher::new(&*self.store, key, lease);
+            let mut runs = futures::stream::iter(groups)
+                .map(|group| {
+                    let group_key = group.key.clone();
+                    self.run_group(
+                        key,
+                        lease,
+                        &acks,
+                        group,
+                        &consumer,
+                        &ctx.partition,
+                        &cancel,
+                        &halted,
+                    )
+                    .map(move |outcome| (group_key, outcome))
+                })
+                .buffer_unordered(self.options.concurrency);
+            while let Some((group_key, outcome)) = runs.next().await {
+                let outcome = match outcome {
+                    Ok(outcome) => outcome,
+                    Err(error) => {
+                        cancel.cancel();
+                        return Err(error);
+                    }
+                };
+                progress |=
+                    outcome.delivered + outcome.parked + outcome.failed > 0 || outcome.blocked;
+                removed += outcome.delivered + outcome.parked;
+                report.delivered += outcome.delivered;
+                report.parked += outcome.parked;
+                report.failed += outcome.failed;
+                report.aborted |= outcome.aborted;
+                report.next_retry_at = min_opt(report.next_retry_at, outcome.next_retry_at);
+                if outcome.blocked {
+                    blocked.insert(group_key);
+                }
+            }
+            drop(runs);
+            report.halted = halted.load(Ordering::Acquire);
+            if !slice_full {
+                remaining = Some(slice_len - removed);
+                break;
+            }
+            if report.halted || report.aborted || !progress {
+                break;
+            }
+        }
+        report.aborted |= cancel.is_cancelled() && !report.halted;
+        report.remaining = match remaining {
+            Some(remaining) => remaining,
+            None => self.store.counts(key).await?.pending,
+        };
+        Ok(report)
+    }
+}
