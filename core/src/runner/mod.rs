@@ -34,9 +34,10 @@ mod bookkeeping;
 mod cycle;
 mod deletes;
 mod lease;
+mod page;
 mod plan;
 
-use cycle::{Cycle, LaneSpec, Processed};
+use cycle::{Cycle, LaneSpec, PageStep, Processed, fetch_failure};
 use lease::LeaseKeeper;
 use plan::plan_deletes;
 
