@@ -12,15 +12,13 @@ use async_trait::async_trait;
 use watukuy_core::clock::format_rfc3339_ms;
 use watukuy_core::cursor;
 use watukuy_core::cursor::Cursor;
-use watukuy_core::decide::{OnSchemaChange, decide};
 use watukuy_core::delivery::DEFAULT_DISPATCH_BATCH_SIZE;
-use watukuy_core::diff::{EventIdParts, event_id, fingerprint};
 use watukuy_core::hooks::{HookContext, Hooks};
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
     BoxError, Clock, CommitBatch, DeliveryOptions, Dispatcher, DrainContext, Engine, Event,
-    FetchContext, HandlerContext, HandlerError, ItemRow, Json, Lane, Lease, OutboxRow, PKey, Page,
-    Poller, StatePatch, Store, SystemClock, SystemRng, TickOptions,
+    FetchContext, HandlerContext, HandlerError, ItemRow, Lease, OutboxRow, PKey, Page, Poller,
+    StatePatch, Store, SystemClock, SystemRng, TickOptions,
 };
 
 use crate::measure::{Stopwatch, peak_rss_kb, percentile, rate, reset_peak_rss};
@@ -328,7 +326,12 @@ pub(crate) async fn dispatch_only(
 pub(crate) async fn commit(store: Arc<dyn Store>, p: &Params) -> Result<f64, BoxError> {
     let key = PKey::new("bench-commit", "");
     let lease = lease(store.as_ref(), &key).await?;
-    let source = "urn:watukuy:bench-commit";
+    // The engine's own page planner (validation, diff, ids), without its fetch and delivery.
+    let poller = Poller::builder::<serde_json::Value>("bench-commit")
+        .identity_field("id")
+        .cursor(cursor::snapshot_diff())
+        .fetch(|_ctx: FetchContext| async { Ok(Page::default()) })
+        .build()?;
     let mut sequence: i64 = 0;
     let t = Stopwatch::start();
     let mut i = 0;
@@ -338,58 +341,13 @@ pub(crate) async fn commit(store: Arc<dyn Store>, p: &Params) -> Result<f64, Box
         let identities: Vec<String> = (i..end).map(workload::identity).collect();
         let stored: HashMap<String, ItemRow> = store.load_versions(&key, &identities).await?;
         let now = SystemClock.now_ms();
-        let time = format_rfc3339_ms(now);
-        let mut upserts = Vec::with_capacity(page.len());
-        let mut events = Vec::with_capacity(page.len());
-        for (identity, value) in identities.into_iter().zip(page) {
-            let hash = fingerprint(&value)?;
-            let decision = decide(
-                stored.get(&identity),
-                &hash,
-                None,
-                1,
-                OnSchemaChange::Rebaseline,
-                false,
-            );
-            if let Some(event_type) = decision.event {
-                sequence += 1;
-                let id = event_id(&EventIdParts {
-                    source,
-                    partition: "",
-                    identity: &identity,
-                    version_or_hash: &hash,
-                    schema_version: 1,
-                    event_type,
-                });
-                let event = Event {
-                    id,
-                    event_type,
-                    source: source.to_owned(),
-                    subject: identity.clone(),
-                    time: time.clone(),
-                    poller: key.poller.clone(),
-                    partition: String::new(),
-                    lane: Lane::Live,
-                    sequence,
-                    cursor: None,
-                    data: Some(Json::from_value(&value)),
-                    previous: None,
-                    attempt: 0,
-                    traceparent: None,
-                };
-                events.push(OutboxRow::pending(event, now));
-            }
-            if decision.upsert {
-                upserts.push(ItemRow {
-                    identity,
-                    version: None,
-                    hash,
-                    schema_version: 1,
-                    payload: None,
-                    seen_at: now,
-                });
-            }
-        }
+        let planned = poller.plan_page("", page, &stored, &mut sequence, now)?;
+        let events: Vec<OutboxRow> = planned
+            .events
+            .into_iter()
+            .map(|event| OutboxRow::pending(event, now))
+            .collect();
+        let upserts = planned.upserts;
         let batch = CommitBatch {
             state_patch: StatePatch {
                 sequence: Some(sequence),

@@ -44,7 +44,9 @@ pub use model::{
     ParkedKind, ParkedQuery, ParkedRow, PollSummary, PollerState, RateLimitInfo, RateLimitSource,
     ScheduleState, SerializedError, StatePatch, UrlValidator, ValidationIssue, Validator,
 };
-pub use poller::{DeleteConfirmation, MAX_ITEM_DEPTH, OnInvalid, Poller, PollerBuilder, Retain};
+pub use poller::{
+    DeleteConfirmation, MAX_ITEM_DEPTH, OnInvalid, PlannedPage, Poller, PollerBuilder, Retain,
+};
 pub use rng::{Rng, SeededRng, SystemRng};
 pub use runner::PollResult;
 pub use store::Store;

@@ -39,7 +39,7 @@ mod plan;
 
 use cycle::{Cycle, LaneSpec, PageStep, Processed, fetch_failure};
 use lease::LeaseKeeper;
-use plan::plan_deletes;
+pub(crate) use plan::{EventSource, plan, plan_deletes, prepare_item};
 
 /// What the engine shares with every run.
 pub(crate) struct Shared {
