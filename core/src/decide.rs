@@ -18,16 +18,16 @@ pub enum OnSchemaChange {
 
 /// What a fetched item leads to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Decision {
+pub(crate) struct Decision {
     /// The event to emit, if any.
-    pub event: Option<EventType>,
+    pub(crate) event: Option<EventType>,
     /// Whether to write the item row.
-    pub upsert: bool,
+    pub(crate) upsert: bool,
 }
 
 /// The version fast path: a stored row with the same version string and schema version is
 /// unchanged, without hashing.
-pub fn unchanged_by_version(
+pub(crate) fn unchanged_by_version(
     stored: Option<&ItemRow>,
     version: Option<&str>,
     schema_version: u32,
@@ -44,7 +44,7 @@ pub fn unchanged_by_version(
 ///
 /// `touch_unchanged` re-writes unchanged rows (refreshing their `seen_at`). The engine never asks
 /// for it: unchanged rows are not rewritten, full scans included.
-pub fn decide(
+pub(crate) fn decide(
     stored: Option<&ItemRow>,
     hash: &str,
     version: Option<&str>,
@@ -80,7 +80,7 @@ pub fn decide(
 
 /// Removes repeated identities from a page: the last occurrence wins, at the position of the
 /// first.
-pub fn dedupe_last_wins<T>(items: Vec<(String, T)>) -> Vec<(String, T)> {
+pub(crate) fn dedupe_last_wins<T>(items: Vec<(String, T)>) -> Vec<(String, T)> {
     let mut index: HashMap<String, usize> = HashMap::new();
     let mut out: Vec<(String, T)> = Vec::with_capacity(items.len());
     for (identity, item) in items {

@@ -4,7 +4,7 @@ pub mod backoff;
 pub mod budget;
 pub mod clock;
 pub mod cursor;
-pub mod decide;
+mod decide;
 pub mod delivery;
 pub mod diff;
 pub mod engine;
@@ -18,7 +18,7 @@ pub mod model;
 pub mod ops;
 pub mod poller;
 pub mod rng;
-pub mod runner;
+mod runner;
 pub mod schedule;
 pub mod store;
 pub mod telemetry;
@@ -26,18 +26,21 @@ pub mod telemetry;
 pub use backoff::Backoff;
 pub use budget::{BudgetManager, BudgetPolicy, BudgetStore, Fairness, MemoryBudgetStore};
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
+pub use decide::OnSchemaChange;
 pub use delivery::{
     AckMode, DeliveryOptions, Dispatcher, DrainContext, DrainReport, Handler, HandlerContext,
     HandlerError, HandlerErrorKind, HandlerResult, Partition, PoisonAction, Subscription,
 };
 pub use engine::{
-    Engine, EngineBuilder, InspectReport, PollerInspect, Status, StopOptions, TickOptions,
-    TickResult,
+    BackfillOptions, Engine, EngineBuilder, InspectReport, PollerInspect, Status, StopOptions,
+    TickOptions, TickResult,
 };
 pub use error::{BoxError, Error, ErrorCode, Result, StoreErrorKind};
 pub use event::{CloudEvent, Event, EventType};
 pub use fetch::{BudgetCharge, FetchContext, Page, RejectedItem, ValidatorAccess};
+pub use hooks::{HookContext, Hooks};
 pub use json::Json;
+pub use model::FailureDetails;
 pub use model::{
     Capabilities, Circuit, CommitBatch, EventCounts, ItemRow, KeyCounts, Lane, LaneCursor, Lanes,
     Lease, LogQuery, LoggedEvent, OutboxRow, OutboxStatus, PKey, ParkedAction, ParkedError,
@@ -49,4 +52,16 @@ pub use poller::{
 };
 pub use rng::{Rng, SeededRng, SystemRng};
 pub use runner::PollResult;
+pub use schedule::{CircuitOptions, ScheduleOptions, ScheduleReason};
 pub use store::Store;
+
+// What users share across tasks must stay shareable: a change that breaks one of these is a
+// breaking change and fails the build here, not in a user's code.
+const _: () = {
+    const fn send_sync<T: Send + Sync + ?Sized>() {}
+    send_sync::<Engine>();
+    send_sync::<Event>();
+    send_sync::<std::sync::Arc<dyn Store>>();
+    send_sync::<Poller>();
+    send_sync::<Dispatcher>();
+};

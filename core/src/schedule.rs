@@ -64,7 +64,7 @@ pub enum ScheduleReason {
 
 /// The outcome of a successful live cycle.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SuccessOutcome {
+pub(crate) struct SuccessOutcome {
     /// Events were committed.
     pub had_events: bool,
     /// The API answered 304 and nothing was seen.
@@ -79,7 +79,7 @@ pub struct SuccessOutcome {
 
 /// The outcome of a failed live cycle.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FailureOutcome {
+pub(crate) struct FailureOutcome {
     /// The failure.
     pub error: SerializedError,
     /// The server's Retry-After, if any.
@@ -92,7 +92,7 @@ pub struct FailureOutcome {
 
 /// A new schedule and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ScheduleChange {
+pub(crate) struct ScheduleChange {
     /// The new state.
     pub state: ScheduleState,
     /// Why.
@@ -229,7 +229,7 @@ impl std::fmt::Display for ScheduleReason {
 
 /// The schedule of a key seen for the first time: due at `now_ms`, interval `min`, circuit
 /// closed, no failures and no history.
-pub fn initial_schedule(options: &ScheduleOptions, now_ms: i64) -> ScheduleState {
+pub(crate) fn initial_schedule(options: &ScheduleOptions, now_ms: i64) -> ScheduleState {
     ScheduleState {
         next_due_at: Some(now_ms),
         interval_ms: Some(options.min_ms()),
@@ -242,7 +242,7 @@ pub fn initial_schedule(options: &ScheduleOptions, now_ms: i64) -> ScheduleState
 ///
 /// A jitter of 0 (or one that is not a finite positive number) returns the interval exactly; a
 /// `u` that is not finite counts as 0.5 (no jitter), and `u` is clamped to `[0, 1]`.
-pub fn jittered(interval_ms: i64, jitter: f64, u: f64) -> i64 {
+pub(crate) fn jittered(interval_ms: i64, jitter: f64, u: f64) -> i64 {
     let interval_ms = interval_ms.max(0);
     if !jitter.is_finite() || jitter <= 0.0 {
         return interval_ms;
@@ -262,7 +262,7 @@ pub fn jittered(interval_ms: i64, jitter: f64, u: f64) -> i64 {
 /// With `window = reset_at − now`, the spacing is the whole window when nothing remains and
 /// `window / remaining` otherwise; the result is `max(wait, ceil(spacing))`. Without usable
 /// information the wait is returned unchanged (never negative).
-pub fn apply_pacing(wait_ms: i64, rate_limit: Option<&RateLimitInfo>, now_ms: i64) -> i64 {
+pub(crate) fn apply_pacing(wait_ms: i64, rate_limit: Option<&RateLimitInfo>, now_ms: i64) -> i64 {
     let wait_ms = wait_ms.max(0);
     let Some(RateLimitInfo {
         remaining: Some(remaining),
@@ -301,7 +301,7 @@ pub fn apply_pacing(wait_ms: i64, rate_limit: Option<&RateLimitInfo>, now_ms: i6
 /// Failures reset to 0, the circuit closes (`circuit_closed` when it was open or half-open), the
 /// throttle and the last error are cleared, and `last_poll_at`, `rate_limit` and `last_poll` are
 /// recorded.
-pub fn after_success(
+pub(crate) fn after_success(
     state: &ScheduleState,
     options: &ScheduleOptions,
     circuit: &CircuitOptions,
@@ -373,7 +373,7 @@ pub fn after_success(
 /// (`backoff`). A throttle window that has already passed is cleared.
 ///
 /// `last_error` is always recorded; `rate_limit` is replaced when the outcome carries one.
-pub fn after_failure(
+pub(crate) fn after_failure(
     state: &ScheduleState,
     options: &ScheduleOptions,
     circuit: &CircuitOptions,
@@ -453,7 +453,7 @@ pub fn after_failure(
 /// becomes at least `circuit.failures`, and `error` (the caller's `PoisonHalt` error) is recorded
 /// as the last error. The change always reports `circuit_opened` with reason `circuit-open`, so
 /// the circuit-open hook fires for every halt. The interval, throttle and history are untouched.
-pub fn poison_halt(
+pub(crate) fn poison_halt(
     state: &ScheduleState,
     options: &ScheduleOptions,
     circuit: &CircuitOptions,
@@ -478,7 +478,7 @@ pub fn poison_halt(
 /// Defers the key after a budget timeout (a deferral, not a failure): due again at
 /// `now + retry_in_ms` (a negative delay counts as 0). Failures, the circuit and the last error
 /// are untouched: a deferral is not a failure.
-pub fn deferred(state: &ScheduleState, retry_in_ms: i64, now_ms: i64) -> ScheduleState {
+pub(crate) fn deferred(state: &ScheduleState, retry_in_ms: i64, now_ms: i64) -> ScheduleState {
     ScheduleState {
         next_due_at: Some(now_ms.saturating_add(retry_in_ms.max(0))),
         ..state.clone()
@@ -488,7 +488,7 @@ pub fn deferred(state: &ScheduleState, retry_in_ms: i64, now_ms: i64) -> Schedul
 /// Whether the key should run at `now_ms`: `next_due_at` is unset or has passed, and no
 /// Retry-After window (`throttled_until`) is still active.
 ///
-/// An open circuit is due once its probe time passes; the caller then calls [`begin_probe`].
+/// An open circuit is due once its probe time passes; that run is the half-open probe.
 pub fn is_due(state: &ScheduleState, now_ms: i64) -> bool {
     let scheduled = state.next_due_at.is_none_or(|due| due <= now_ms);
     let throttled = state.throttled_until.is_some_and(|until| until > now_ms);
@@ -497,7 +497,7 @@ pub fn is_due(state: &ScheduleState, now_ms: i64) -> bool {
 
 /// Marks the start of a probe: an open circuit becomes half-open; any other state is returned
 /// unchanged.
-pub fn begin_probe(state: &ScheduleState) -> ScheduleState {
+pub(crate) fn begin_probe(state: &ScheduleState) -> ScheduleState {
     let mut next = state.clone();
     if next.circuit == Circuit::Open {
         next.circuit = Circuit::HalfOpen;
@@ -507,7 +507,7 @@ pub fn begin_probe(state: &ScheduleState) -> ScheduleState {
 
 /// Makes the key due at `now_ms` (a manual trigger): clears any throttle window; an open circuit
 /// stays open, so the forced run is a probe.
-pub fn make_due(state: &ScheduleState, now_ms: i64) -> ScheduleState {
+pub(crate) fn make_due(state: &ScheduleState, now_ms: i64) -> ScheduleState {
     ScheduleState {
         next_due_at: Some(now_ms),
         throttled_until: None,
@@ -517,7 +517,7 @@ pub fn make_due(state: &ScheduleState, now_ms: i64) -> ScheduleState {
 
 /// Milliseconds until the key is due: `max(0, max(next_due_at, throttled_until) − now)` over the
 /// times that are set, 0 when neither is. Agrees with [`is_due`]: 0 exactly when the key is due.
-pub fn time_until_due(state: &ScheduleState, now_ms: i64) -> i64 {
+pub(crate) fn time_until_due(state: &ScheduleState, now_ms: i64) -> i64 {
     match state
         .next_due_at
         .into_iter()
@@ -532,7 +532,7 @@ pub fn time_until_due(state: &ScheduleState, now_ms: i64) -> i64 {
 /// A cycle that succeeded after a poison `halt` opened the circuit during it (and announced
 /// it): the success must not close the circuit again; the probe time and the error stay the
 /// halt's.
-pub fn keep_halt(mut change: ScheduleChange, halted: &ScheduleState) -> ScheduleChange {
+pub(crate) fn keep_halt(mut change: ScheduleChange, halted: &ScheduleState) -> ScheduleChange {
     change.state = ScheduleState {
         circuit: halted.circuit,
         circuit_opened_at: halted.circuit_opened_at,

@@ -5,7 +5,7 @@ mod classify;
 mod consumer;
 mod dispatcher;
 mod options;
-pub mod policy;
+pub(crate) mod policy;
 mod reliable;
 
 pub use classify::{

@@ -12,7 +12,7 @@ use crate::model::{AttemptRecord, FailureDetails, OutboxRow, ParkedError, Serial
 
 /// The rows of one ordering key within a slice, in sequence order.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Group {
+pub(crate) struct Group {
     /// The ordering key.
     pub key: String,
     /// The rows, in sequence order.
@@ -21,7 +21,7 @@ pub struct Group {
 
 /// Splits a slice (already in sequence order) into groups by ordering key, in order of first
 /// appearance, leaving out keys that are held or blocked.
-pub fn eligible_groups(
+pub(crate) fn eligible_groups(
     rows: Vec<OutboxRow>,
     key_of: impl Fn(&OutboxRow) -> String,
     held: &HashSet<String>,
@@ -51,14 +51,14 @@ pub fn eligible_groups(
 /// The window for the next load when a slice had no eligible group: doubled (up to 16 × the batch
 /// size) when the slice was full, since held keys may be hiding deliverable rows behind them;
 /// `None` when widening cannot help.
-pub fn widened_window(window: usize, batch_size: usize, slice_full: bool) -> Option<usize> {
+pub(crate) fn widened_window(window: usize, batch_size: usize, slice_full: bool) -> Option<usize> {
     let max = batch_size.saturating_mul(16);
     (slice_full && window < max).then(|| window.saturating_mul(2).min(max))
 }
 
 /// What a failed attempt leads to.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum FailureDecision {
+pub(crate) enum FailureDecision {
     /// Try again no earlier than `delay_ms` from now; the key waits.
     Retry {
         /// The delay before the next attempt.
@@ -78,7 +78,7 @@ pub enum FailureDecision {
 ///
 /// A permanent failure parks at once; an exhausted attempt budget parks; a retry-after failure
 /// waits exactly as told; any other failure waits a full-jitter backoff.
-pub fn on_failure(
+pub(crate) fn on_failure(
     attempt: u32,
     kind: &HandlerErrorKind,
     options: &DeliveryOptions,
@@ -100,7 +100,10 @@ pub fn on_failure(
 
 /// The error of a parked row: the last error, with the row's earlier error (if any) and the last
 /// one as history.
-pub fn parked_error(previous: Option<&SerializedError>, last: SerializedError) -> ParkedError {
+pub(crate) fn parked_error(
+    previous: Option<&SerializedError>,
+    last: SerializedError,
+) -> ParkedError {
     let history: Vec<SerializedError> = previous
         .into_iter()
         .cloned()
@@ -117,7 +120,7 @@ pub fn parked_error(previous: Option<&SerializedError>, last: SerializedError) -
 /// The attempt log of a parked row: the attempts this process remembers (oldest first, the
 /// last one included), preceded by the row's stored last error when the previous attempt is not
 /// among them (made before a restart or by another instance; its times are then unknown).
-pub fn attempt_log(row: &OutboxRow, remembered: Vec<AttemptRecord>) -> Vec<AttemptRecord> {
+pub(crate) fn attempt_log(row: &OutboxRow, remembered: Vec<AttemptRecord>) -> Vec<AttemptRecord> {
     let previous = row.attempts;
     let known = remembered.iter().any(|r| r.attempt == previous);
     match (&row.last_error, known) {
@@ -139,11 +142,11 @@ pub fn attempt_log(row: &OutboxRow, remembered: Vec<AttemptRecord>) -> Vec<Attem
 }
 
 /// The placeholder that replaces a redacted field.
-pub const REDACTED: &str = "[redacted]";
+pub(crate) const REDACTED: &str = "[redacted]";
 
 /// Applies `redaction` to the copy of `event` stored on a parked row; returns what was kept out
 /// (`"data"`/`"previous"`, or pointers such as `"/data/card/number"`), `None` when nothing was.
-pub fn redact_event(event: &mut Event, redaction: &Redaction) -> Option<Vec<String>> {
+pub(crate) fn redact_event(event: &mut Event, redaction: &Redaction) -> Option<Vec<String>> {
     let mut redacted = Vec::new();
     match redaction {
         Redaction::None => {}

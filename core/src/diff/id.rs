@@ -26,7 +26,7 @@ pub struct EventIdParts<'a> {
 ///
 /// Backslashes are escaped first (`\` → `\\`), then pipes (`|` → `\|`), so the material splits
 /// back into its parts unambiguously: `a` + `|b` and `a|` + `b` give different ids.
-pub fn event_id_material(parts: &EventIdParts<'_>) -> String {
+pub(crate) fn event_id_material(parts: &EventIdParts<'_>) -> String {
     let schema_version = parts.schema_version.to_string();
     let variable = [
         parts.source,
@@ -60,7 +60,10 @@ fn push_escaped(material: &mut String, part: &str) {
     }
 }
 
-/// The SHA-256 hex of [`event_id_material`].
+/// An event's id: the SHA-256 hex of
+/// `watukuy|v1|<source>|<partition>|<identity>|<version-or-hash>|<schemaVersion>|<type>`, each
+/// part with `\` escaped first (`\` → `\\`), then `|` (`|` → `\|`), so the parts cannot shift
+/// (`a` + `|b` and `a|` + `b` give different ids). Byte-identical to the TypeScript reference.
 pub fn event_id(parts: &EventIdParts<'_>) -> String {
     super::hash::sha256_hex(event_id_material(parts).as_bytes())
 }

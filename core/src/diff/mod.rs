@@ -6,4 +6,4 @@ pub mod id;
 
 pub use canonical::{CanonicalError, canonicalize};
 pub use hash::{fingerprint, hash_url, sha256_hex};
-pub use id::{EventIdParts, event_id, event_id_material};
+pub use id::{EventIdParts, event_id};

@@ -34,9 +34,9 @@ pub use inspect::{InspectReport, PollerInspect};
 pub use operations::BackfillOptions;
 
 /// The daemon re-reads the store at least this often.
-pub const MAX_SLEEP: Duration = Duration::from_secs(30);
+pub(crate) const MAX_SLEEP: Duration = Duration::from_secs(30);
 /// How many keys `tick()` runs at once.
-pub const TICK_CONCURRENCY: usize = 4;
+pub(crate) const TICK_CONCURRENCY: usize = 4;
 /// The default event source prefix.
 pub const DEFAULT_SOURCE_PREFIX: &str = "urn:watukuy:";
 
