@@ -513,10 +513,19 @@ impl Store for PostgresStore {
     }
 
     async fn counts(&self, key: &PKey) -> Result<KeyCounts> {
+        let row = self
+            .key_query(&self.sql.counts, key)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(classify)?;
+        let column = |i: usize| -> Result<u64> {
+            let value: i64 = row.try_get(i).map_err(classify)?;
+            u64::try_from(value).map_err(|e| Error::corrupt("a row count", e))
+        };
         Ok(KeyCounts {
-            items: self.count_items(key).await?,
-            pending: self.count_pending(key).await?,
-            parked: self.count_parked(key).await?,
+            items: column(0)?,
+            pending: column(1)?,
+            parked: column(2)?,
         })
     }
 
@@ -738,38 +747,8 @@ impl Store for PostgresStore {
     }
 }
 
-/// The parts of [`Store::counts`] and [`Store::resolve_parked`].
+/// The two halves of [`Store::resolve_parked`].
 impl PostgresStore {
-    /// The snapshot's size.
-    async fn count_items(&self, key: &PKey) -> Result<u64> {
-        let row = self
-            .key_query(&self.sql.count_items, key)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(classify)?;
-        count(&row)
-    }
-
-    /// The number of pending outbox rows.
-    async fn count_pending(&self, key: &PKey) -> Result<u64> {
-        let row = self
-            .key_query(&self.sql.count_pending, key)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(classify)?;
-        count(&row)
-    }
-
-    /// The number of parked rows of every kind.
-    async fn count_parked(&self, key: &PKey) -> Result<u64> {
-        let row = self
-            .key_query(&self.sql.count_parked, key)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(classify)?;
-        count(&row)
-    }
-
     /// Moves poison rows back to the outbox as pending (see `Store::resolve_parked`).
     async fn retry_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
         let mut moved = 0;

@@ -89,8 +89,10 @@ ORDER BY identity LIMIT ?3;
 SELECT identity FROM {prefix}items WHERE poller = ?1 AND "partition" = ?2 AND identity > ?3
 ORDER BY identity LIMIT ?4;
 
--- name: items_count
-SELECT COUNT(*) FROM {prefix}items WHERE poller = ?1 AND "partition" = ?2;
+-- name: key_counts
+SELECT (SELECT COUNT(*) FROM {prefix}items WHERE poller = ?1 AND "partition" = ?2),
+       (SELECT COUNT(*) FROM {prefix}outbox WHERE poller = ?1 AND "partition" = ?2),
+       (SELECT COUNT(*) FROM {prefix}parked WHERE poller = ?1 AND "partition" = ?2);
 
 -- name: outbox_clear
 DELETE FROM {prefix}outbox WHERE poller = ?1 AND "partition" = ?2;
@@ -107,9 +109,6 @@ DELETE FROM {prefix}outbox WHERE poller = ?1 AND "partition" = ?2 AND event_id =
 SELECT event_id, seq, event, attempts, next_attempt_at, last_error, created_at
 FROM {prefix}outbox WHERE poller = ?1 AND "partition" = ?2
 ORDER BY seq, event_id LIMIT ?3;
-
--- name: outbox_count
-SELECT COUNT(*) FROM {prefix}outbox WHERE poller = ?1 AND "partition" = ?2;
 
 -- name: outbox_attempt
 UPDATE {prefix}outbox
@@ -128,9 +127,6 @@ VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10);
 SELECT id, kind, event, item, error, attempts, parked_at, hold_key FROM {prefix}parked
 WHERE poller = ?1 AND "partition" = ?2 AND (?3 IS NULL OR kind = ?3)
 ORDER BY parked_at, id LIMIT ?4;
-
--- name: parked_count
-SELECT COUNT(*) FROM {prefix}parked WHERE poller = ?1 AND "partition" = ?2;
 
 -- name: parked_held
 SELECT DISTINCT hold_key FROM {prefix}parked

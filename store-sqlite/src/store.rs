@@ -186,18 +186,6 @@ impl SqliteStore {
         })
         .await
     }
-
-    /// `COUNT(*)` of one key with the given statement.
-    async fn count(&self, key: &PKey, pick: fn(&Ctx) -> &str) -> Result<u64> {
-        let key = key.clone();
-        self.read(move |conn, ctx| {
-            let n: i64 = conn
-                .prepare_cached(pick(ctx))?
-                .query_row(params![key.poller, key.partition], |r| r.get(0))?;
-            Ok(to_count(n))
-        })
-        .await
-    }
 }
 
 /// Reads, patches and writes the key's state inside the caller's transaction. `fenced` writes
@@ -668,11 +656,25 @@ impl Store for SqliteStore {
     }
 
     async fn counts(&self, key: &PKey) -> Result<KeyCounts> {
-        Ok(KeyCounts {
-            items: self.count_items(key).await?,
-            pending: self.count_pending(key).await?,
-            parked: self.count_parked(key).await?,
+        let key = key.clone();
+        self.read(move |conn, ctx| {
+            let counts = conn.prepare_cached(&ctx.sql.key_counts)?.query_row(
+                params![key.poller, key.partition],
+                |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, i64>(2)?,
+                    ))
+                },
+            )?;
+            Ok(KeyCounts {
+                items: to_count(counts.0),
+                pending: to_count(counts.1),
+                parked: to_count(counts.2),
+            })
         })
+        .await
     }
 
     async fn resolve_parked(
@@ -865,23 +867,8 @@ impl Store for SqliteStore {
     }
 }
 
-/// The parts of [`Store::counts`] and [`Store::resolve_parked`].
+/// The two halves of [`Store::resolve_parked`].
 impl SqliteStore {
-    /// The snapshot's size.
-    async fn count_items(&self, key: &PKey) -> Result<u64> {
-        self.count(key, |ctx| &ctx.sql.items_count).await
-    }
-
-    /// The number of pending outbox rows.
-    async fn count_pending(&self, key: &PKey) -> Result<u64> {
-        self.count(key, |ctx| &ctx.sql.outbox_count).await
-    }
-
-    /// The number of parked rows of every kind.
-    async fn count_parked(&self, key: &PKey) -> Result<u64> {
-        self.count(key, |ctx| &ctx.sql.parked_count).await
-    }
-
     /// Moves poison rows back to the outbox as pending (see `Store::resolve_parked`).
     async fn retry_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
         if ids.is_empty() {
