@@ -7,9 +7,9 @@ use std::time::Duration;
 use watukuy_core::cursor::{self, Cursor, CursorConfig, CustomAdvance, FnCustomCursor};
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
-    Backoff, BoxError, Clock, DeliveryOptions, Engine, Event, FetchContext, HandlerContext,
-    HandlerError, HandlerResult, ManualClock, Page, Poller, PollerBuilder, Result, SeededRng,
-    Store, TickOptions, TickResult,
+    Backoff, BoxError, Clock, DeliveryOptions, Engine, EngineBuilder, Event, FetchContext,
+    HandlerContext, HandlerError, HandlerResult, ManualClock, Page, Poller, PollerBuilder, Result,
+    SeededRng, Store, TickOptions, TickResult,
 };
 
 use crate::cases::fixtures::T0;
@@ -145,12 +145,23 @@ impl World {
         poller: Poller,
         seed: u32,
     ) -> Result<Engine> {
+        self.engine_builder(store, instance, poller, seed).build()
+    }
+
+    /// The builder [`engine`](Self::engine) builds, for a test that adds to it (hooks, more
+    /// pollers, a budget) before `build()`.
+    pub fn engine_builder(
+        &self,
+        store: Arc<dyn Store>,
+        instance: &str,
+        poller: Poller,
+        seed: u32,
+    ) -> EngineBuilder {
         Engine::builder(store)
             .poller(poller)
             .clock(Arc::new(self.clock.clone()))
             .rng(Arc::new(SeededRng::new(seed)))
             .instance_id(instance)
-            .build()
     }
 
     /// Moves the clock forward.

@@ -19,10 +19,10 @@ use watukuy_core::cursor;
 use watukuy_core::hooks::{CommitInfo, FetchInfo, HookContext, Hooks, Phase};
 use watukuy_core::schedule::{CircuitOptions, ScheduleOptions, ScheduleReason};
 use watukuy_core::{
-    BoxError, Circuit, Clock, Engine, EngineBuilder, Error, ErrorCode, Event, EventType,
-    FetchContext, HandlerContext, HandlerError, Json, Lane, Lease, LogQuery, ManualClock, PKey,
-    Page, ParkedKind, ParkedQuery, ParkedRow, Partition, PollSummary, Poller, PollerBuilder,
-    SeededRng, SerializedError, Status, StopOptions, Store, TickOptions, TickResult, TokioClock,
+    BoxError, Circuit, Clock, Engine, Error, ErrorCode, Event, EventType, FetchContext,
+    HandlerContext, HandlerError, Json, Lane, Lease, LogQuery, ManualClock, PKey, Page, ParkedKind,
+    ParkedQuery, ParkedRow, Partition, PollSummary, Poller, PollerBuilder, SeededRng,
+    SerializedError, Status, StopOptions, Store, TickOptions, TickResult, TokioClock,
     ValidationIssue,
 };
 use watukuy_store_memory::MemoryStore;
@@ -49,18 +49,9 @@ fn option_of(error: Error) -> String {
     }
 }
 
-/// An engine builder over `store` with the world's clock, a seeded RNG and instance `node-a`.
-fn builder(world: &World, store: Arc<dyn Store>, poller: Poller) -> EngineBuilder {
-    Engine::builder(store)
-        .poller(poller)
-        .clock(Arc::new(world.clock.clone()))
-        .rng(Arc::new(SeededRng::new(1)))
-        .instance_id("node-a")
-}
-
 fn timestamp_engine(world: &World, store: Arc<dyn Store>) -> Engine {
     let poller = world.poller(StrategyKind::Timestamp).build().unwrap();
-    builder(world, store, poller).build().unwrap()
+    world.engine(store, "node-a", poller, 1).unwrap()
 }
 
 /// The one `(poller, partition)` the engine reports.
@@ -271,7 +262,8 @@ async fn trigger_keeps_an_open_circuit_open_and_the_forced_run_is_a_probe() {
         })
         .build()
         .unwrap();
-    let engine = builder(&world, memory(), poller)
+    let engine = world
+        .engine_builder(memory(), "node-a", poller, 1)
         .hooks(hooks.clone())
         .build()
         .unwrap();
@@ -428,7 +420,7 @@ async fn reset_cursor_with_a_cleared_snapshot_recreates_every_item_with_the_same
     for kind in StrategyKind::ALL {
         let world = World::new(5, 2).unwrap();
         let poller = world.poller(kind).build().unwrap();
-        let engine = builder(&world, memory(), poller).build().unwrap();
+        let engine = world.engine(memory(), "node-a", poller, 1).unwrap();
         let recorder = Recorder::default();
         engine.on(POLLER, recorder.handler()).unwrap();
         world.tick(&engine).await.unwrap();
@@ -995,7 +987,9 @@ async fn inspect_is_plain_json_with_every_documented_field() {
         .check(reject("item-004"))
         .build()
         .unwrap();
-    let engine = builder(&world, Arc::clone(&store), poller).build().unwrap();
+    let engine = world
+        .engine(Arc::clone(&store), "node-a", poller, 1)
+        .unwrap();
     let now = world.now();
 
     // Never run: the initial schedule, nothing else.
@@ -1087,13 +1081,14 @@ async fn inspect_is_plain_json_with_every_documented_field() {
 
     // No lag for strategies without a time watermark.
     let world = World::new(2, 10).unwrap();
-    let page = builder(
-        &world,
-        memory(),
-        world.poller(StrategyKind::Page).build().unwrap(),
-    )
-    .build()
-    .unwrap();
+    let page = world
+        .engine(
+            memory(),
+            "node-a",
+            world.poller(StrategyKind::Page).build().unwrap(),
+            1,
+        )
+        .unwrap();
     world.tick(&page).await.unwrap();
     let inspect = only(&page).await;
     assert_eq!(inspect.lag_ms, None);
@@ -1518,7 +1513,8 @@ async fn hooks_follow_the_lifecycle_order_over_several_pages() {
     let world = World::new(5, 2).unwrap();
     let hooks = Arc::new(HookLog::default());
     let poller = world.poller(StrategyKind::Timestamp).build().unwrap();
-    let engine = builder(&world, memory(), poller)
+    let engine = world
+        .engine_builder(memory(), "node-a", poller, 1)
         .hooks(hooks.clone())
         .build()
         .unwrap();
@@ -1582,7 +1578,8 @@ async fn on_error_reports_the_fetch_phase_and_on_invalid_a_quarantined_item() {
         .check(reject("item-002"))
         .build()
         .unwrap();
-    let engine = builder(&world, memory(), poller)
+    let engine = world
+        .engine_builder(memory(), "node-a", poller, 1)
         .hooks(hooks.clone())
         .build()
         .unwrap();
@@ -1655,7 +1652,8 @@ fn engine_builder_options_are_validated() {
     let world = World::new(1, 10).unwrap();
     let poller = || world.poller(StrategyKind::Timestamp).build().unwrap();
 
-    let error = builder(&world, memory(), poller())
+    let error = world
+        .engine_builder(memory(), "node-a", poller(), 1)
         .poller(poller())
         .build()
         .unwrap_err();
@@ -1663,18 +1661,21 @@ fn engine_builder_options_are_validated() {
     assert_eq!(option_of(error), "pollers");
 
     for renew in [30, 31] {
-        let error = builder(&world, memory(), poller())
+        let error = world
+            .engine_builder(memory(), "node-a", poller(), 1)
             .lease(Duration::from_secs(30), Some(Duration::from_secs(renew)))
             .build()
             .unwrap_err();
         assert_eq!(option_of(error), "lease.renew_every", "renew {renew}s");
     }
-    builder(&world, memory(), poller())
+    world
+        .engine_builder(memory(), "node-a", poller(), 1)
         .lease(Duration::from_secs(30), Some(Duration::from_secs(29)))
         .build()
         .unwrap();
 
-    let error = builder(&world, memory(), poller())
+    let error = world
+        .engine_builder(memory(), "node-a", poller(), 1)
         .dispatch_batch_size(0)
         .build()
         .unwrap_err();

@@ -11,7 +11,7 @@ use watukuy_conformance::world::{POLLER, StrategyKind, World};
 use watukuy_core::hooks::{FetchInfo, HookContext, Hooks};
 use watukuy_core::{
     Circuit, DeliveryOptions, Engine, Event, HandlerContext, HandlerError, PKey, PoisonAction,
-    SeededRng, Store,
+    Store,
 };
 use watukuy_store_memory::MemoryStore;
 
@@ -77,11 +77,8 @@ fn engine(
         .overlap_delivery(overlap)
         .build()
         .unwrap();
-    Engine::builder(store)
-        .poller(poller)
-        .clock(Arc::new(world.clock.clone()))
-        .rng(Arc::new(SeededRng::new(1)))
-        .instance_id("node-a")
+    world
+        .engine_builder(store, "node-a", poller, 1)
         .hooks(Arc::clone(log) as Arc<dyn Hooks>)
         .build()
         .unwrap()

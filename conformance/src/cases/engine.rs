@@ -175,11 +175,9 @@ pub async fn g4_failed_commit_persists_nothing(env: Env) -> CaseResult {
     let faulty = Arc::new(FaultyStore::new(Arc::clone(&env.store)));
     faulty.fail(Op::CommitPoll, Timing::Before, 1);
     let trace = Arc::new(Trace::default());
-    let engine = Engine::builder(faulty.clone())
-        .poller(w.poller(StrategyKind::Timestamp).build()?)
-        .clock(Arc::new(w.clock.clone()))
-        .rng(Arc::new(watukuy_core::SeededRng::new(11)))
-        .instance_id("node-a")
+    let poller = w.poller(StrategyKind::Timestamp).build()?;
+    let engine = w
+        .engine_builder(faulty.clone(), "node-a", poller, 11)
         .hooks(trace.clone())
         .build()?;
     let recorder = Recorder::default();
@@ -446,13 +444,10 @@ pub async fn g6_shared_budget_is_never_exceeded(env: Env) -> CaseResult {
         .poller_named("beta", StrategyKind::Token)
         .budget("api")
         .build()?;
-    let engine = Engine::builder(Arc::clone(&env.store))
-        .poller(a)
+    let engine = w
+        .engine_builder(Arc::clone(&env.store), "node-a", a, 5)
         .poller(b)
         .budget("api", BudgetPolicy::new(2, Duration::from_secs(10)))
-        .clock(Arc::new(w.clock.clone()))
-        .rng(Arc::new(watukuy_core::SeededRng::new(5)))
-        .instance_id("node-a")
         .build()?;
     let (ra, rb) = (Recorder::default(), Recorder::default());
     engine.on("alpha", ra.handler())?;
@@ -559,11 +554,8 @@ pub async fn hooks_fire_in_lifecycle_order(env: Env) -> CaseResult {
     let w = world(3)?;
     let trace = Arc::new(Trace::default());
     let poller: Poller = w.poller(StrategyKind::Timestamp).build()?;
-    let engine = Engine::builder(Arc::clone(&env.store))
-        .poller(poller)
-        .clock(Arc::new(w.clock.clone()))
-        .rng(Arc::new(watukuy_core::SeededRng::new(3)))
-        .instance_id("node-a")
+    let engine = w
+        .engine_builder(Arc::clone(&env.store), "node-a", poller, 3)
         .hooks(trace.clone())
         .build()?;
     let recorder = Recorder::default();
