@@ -1,5 +1,6 @@
 //! Conformance cases: `parked` — poison events and quarantined items, holds, retry and discard.
 
+use watukuy_core::model::{AttemptRecord, FailureClass, FailureDetails, ParkReason};
 use watukuy_core::{
     CommitBatch, Lease, OutboxRow, OutboxStatus, PKey, ParkedError, ParkedKind, ParkedQuery,
     ParkedRow, SerializedError, StatePatch, Store, ValidationIssue,
@@ -43,8 +44,65 @@ async fn held(store: &dyn Store, key: &PKey) -> Result<Vec<String>, CaseError> {
     Ok(keys)
 }
 
+/// `row` with the failure details the dispatcher records when it parks an event.
+fn with_details(mut row: ParkedRow, details: FailureDetails) -> ParkedRow {
+    row.error.details = details;
+    row
+}
+
+/// The details of an event parked after its attempts ran out: every field set, a timed attempt
+/// log (the retried attempts with their `retry_at`), a handler version, a correlation id and
+/// the JSON pointers redacted out of the parked copy.
+fn exhausted_details(parked_at: i64) -> FailureDetails {
+    let attempt = |n: u32, classification: FailureClass, retry_at: Option<i64>| AttemptRecord {
+        attempt: n,
+        started_at: Some(parked_at - 3_000 + i64::from(n) * 1_000),
+        failed_at: Some(parked_at - 3_000 + i64::from(n) * 1_000 + 5),
+        classification: Some(classification),
+        retry_at,
+        error: SerializedError::new("HandlerError", format!("failure {n}")),
+    };
+    FailureDetails {
+        classification: Some(FailureClass::RetryAfter),
+        park_reason: Some(ParkReason::AttemptsExhausted),
+        attempt_log: Some(vec![
+            attempt(1, FailureClass::Transient, Some(parked_at - 2_000)),
+            attempt(2, FailureClass::Transient, Some(parked_at - 1_000)),
+            attempt(3, FailureClass::RetryAfter, None),
+        ]),
+        handler_version: Some("orders-projector@1.4.2".to_owned()),
+        correlation_id: Some("req-1".to_owned()),
+        redacted: Some(vec![
+            "/data/card/number".to_owned(),
+            "/data/email".to_owned(),
+        ]),
+    }
+}
+
+/// The details of an event parked at once on a permanent failure: an attempt whose timing is
+/// unknown (made before a restart), no correlation id, the whole payload redacted.
+fn permanent_details() -> FailureDetails {
+    FailureDetails {
+        classification: Some(FailureClass::Permanent),
+        park_reason: Some(ParkReason::Permanent),
+        attempt_log: Some(vec![AttemptRecord {
+            attempt: 1,
+            started_at: None,
+            failed_at: None,
+            classification: None,
+            retry_at: None,
+            error: SerializedError::new("HandlerError", "no such customer"),
+        }]),
+        handler_version: Some("v1".to_owned()),
+        correlation_id: None,
+        redacted: Some(vec!["data".to_owned()]),
+    }
+}
+
 /// `Store::park_event` contract 1 (and `Store::held_keys` contract 1): parking a poison row
-/// removes the outbox row of its event and keeps the row exactly, history included; `held_keys`
+/// removes the outbox row of its event and keeps the row exactly, history and failure details
+/// included (classification, park reason, timed attempt log, handler version, correlation id,
+/// redactions); `held_keys`
 /// lists each hold key once; an invalid row without an event and without a hold key leaves the
 /// outbox alone (even when its id equals a pending event's id) and holds nothing; the kind filter
 /// separates them; parking an event that is no longer in the outbox is fine.
@@ -66,7 +124,10 @@ pub async fn park_event_removes_outbox_row_and_holds(env: Env) -> CaseResult {
     )
     .await?;
 
-    let poisoned = poison(e1.event.clone(), Some("o1"), T0 + 1_000);
+    let poisoned = with_details(
+        poison(e1.event.clone(), Some("o1"), T0 + 1_000),
+        exhausted_details(T0 + 1_000),
+    );
     check!(
         poisoned
             .error
@@ -84,7 +145,7 @@ pub async fn park_event_removes_outbox_row_and_holds(env: Env) -> CaseResult {
     check_eq!(
         list(store, &k, None, None).await?,
         vec![poisoned.clone()],
-        "the parked row round-trips, history included"
+        "the parked row round-trips, history and failure details included"
     );
     check_eq!(held(store, &k).await?, owned_ids(&["o1"]), "o1 is held");
 
@@ -105,7 +166,10 @@ pub async fn park_event_removes_outbox_row_and_holds(env: Env) -> CaseResult {
     check_eq!(store.counts(&k).await.map(|c| c.parked)?, 2);
 
     // A second poison row holding the same key: still one hold key.
-    let poisoned_3 = poison(e3.event.clone(), Some("o1"), T0 + 3_000);
+    let poisoned_3 = with_details(
+        poison(e3.event.clone(), Some("o1"), T0 + 3_000),
+        permanent_details(),
+    );
     store.park_event(&k, &lease, &poisoned_3).await?;
     check_eq!(
         held(store, &k).await?,
