@@ -16,7 +16,7 @@ mod common;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use common::{Database, drop_schema, pool, unique_schema, with_database};
+use common::{OrFail, Schema, ensure, fail, with_schema};
 use sqlx::{PgPool, Postgres, Row, Transaction};
 use watukuy_conformance::CaseError;
 use watukuy_conformance::cases::fixtures::{NODE_A, T0, acquire, event, key};
@@ -28,23 +28,7 @@ use watukuy_core::{
 };
 use watukuy_store_postgres::{PostgresOptions, PostgresStore, ProcessedEvents};
 
-fn fail(message: impl Into<String>) -> CaseError {
-    CaseError::failed(message)
-}
-
-fn sql(e: sqlx::Error) -> CaseError {
-    fail(format!("sql: {e}"))
-}
-
-macro_rules! ensure {
-    ($cond:expr, $($msg:tt)+) => {
-        if !$cond {
-            return Err(fail(format!($($msg)+)));
-        }
-    };
-}
-
-/// A fresh schema with the processed-events table `processed` and read models.
+/// The test's schema with the processed-events table `processed` and read models.
 struct Db {
     pool: PgPool,
     schema: String,
@@ -52,10 +36,8 @@ struct Db {
 }
 
 impl Db {
-    async fn new(database: &Database, what: &str) -> Result<Self, CaseError> {
-        let schema = unique_schema(what);
-        let pool = pool(&database.url, 8).await?;
-        drop_schema(&pool, &schema).await.map_err(sql)?;
+    async fn new(schema: &Schema) -> Result<Self, CaseError> {
+        let (pool, schema) = (schema.pool.clone(), schema.name.clone());
         let processed = ProcessedEvents::new(schema.as_str(), "processed")?
             .with_clock(Arc::new(ManualClock::new(T0)));
         processed.migrate(&pool).await?;
@@ -77,7 +59,7 @@ impl Db {
         ))
         .execute(&self.pool)
         .await
-        .map_err(sql)?;
+        .or_fail_with("sql")?;
         Ok(())
     }
 
@@ -88,11 +70,11 @@ impl Db {
         ))
         .fetch_all(&self.pool)
         .await
-        .map_err(sql)?;
+        .or_fail_with("sql")?;
         rows.iter()
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
             .collect::<Result<_, sqlx::Error>>()
-            .map_err(sql)
+            .or_fail_with("sql")
     }
 
     async fn markers(&self) -> Result<i64, CaseError> {
@@ -102,14 +84,7 @@ impl Db {
         ))
         .fetch_one(&self.pool)
         .await
-        .map_err(sql)
-    }
-
-    async fn cleanup(self) {
-        if let Err(e) = drop_schema(&self.pool, &self.schema).await {
-            eprintln!("could not drop schema {}: {e}", self.schema);
-        }
-        self.pool.close().await;
+        .or_fail_with("sql")
     }
 }
 
@@ -147,8 +122,8 @@ fn order(id: &str, subject: &str) -> Event {
 #[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_before_commit_applies_nothing_and_the_redelivery_applies_once() {
-    with_database("crash_before_commit", |database| async move {
-        let db = Db::new(&database, "ao_crash_before").await?;
+    with_schema("ao_crash_before", 8, |schema| async move {
+        let db = Db::new(&schema).await?;
         let e = order("evt-1", "o1");
 
         // The projection writes, then the process "dies" before the commit: the task running
@@ -222,7 +197,6 @@ async fn crash_before_commit_applies_nothing_and_the_redelivery_applies_once() {
             "applied more than once: {rows:?}"
         );
         ensure!(db.markers().await? == 1, "expected one marker");
-        db.cleanup().await;
         Ok(())
     })
     .await;
@@ -231,8 +205,8 @@ async fn crash_before_commit_applies_nothing_and_the_redelivery_applies_once() {
 #[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_after_commit_before_ack_is_redelivered_and_detected_as_duplicate() {
-    with_database("crash_after_commit", |database| async move {
-        let db = Db::new(&database, "ao_crash_after").await?;
+    with_schema("ao_crash_after", 8, |schema| async move {
+        let db = Db::new(&schema).await?;
         // The real dispatcher over a PostgresStore in the same schema.
         let store = Arc::new(PostgresStore::from_pool(
             db.pool.clone(),
@@ -332,7 +306,6 @@ async fn crash_after_commit_before_ack_is_redelivered_and_detected_as_duplicate(
                 },
             "counters: {counters:?}"
         );
-        db.cleanup().await;
         Ok(())
     })
     .await;
@@ -341,8 +314,8 @@ async fn crash_after_commit_before_ack_is_redelivered_and_detected_as_duplicate(
 #[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_duplicate_deliveries_apply_once() {
-    with_database("concurrent_duplicates", |database| async move {
-        let db = Db::new(&database, "ao_concurrent").await?;
+    with_schema("ao_concurrent", 8, |schema| async move {
+        let db = Db::new(&schema).await?;
 
         // Forced overlap: the first delivery holds its transaction open after claiming the id;
         // the second blocks on the claim until the first commits, then finds the marker.
@@ -387,7 +360,7 @@ async fn concurrent_duplicate_deliveries_apply_once() {
             let waiting: i64 = sqlx::query_scalar(&waiting_sql)
                 .fetch_one(&db.pool)
                 .await
-                .map_err(sql)?;
+                .or_fail_with("sql")?;
             if waiting > 0 {
                 blocked = true;
                 break;
@@ -396,8 +369,8 @@ async fn concurrent_duplicate_deliveries_apply_once() {
         }
         ensure!(blocked, "the second delivery never waited for the first");
         let _ = go_tx.send(());
-        let first = first.await.map_err(|e| fail(e.to_string()))?;
-        let second = second.await.map_err(|e| fail(e.to_string()))?;
+        let first = first.await.or_fail()?;
+        let second = second.await.or_fail()?;
         ensure!(
             matches!(first, Ok(ApplyOutcome::Applied(()))),
             "first: {first:?}"
@@ -425,7 +398,7 @@ async fn concurrent_duplicate_deliveries_apply_once() {
         }
         let mut applied = 0;
         for task in tasks {
-            match task.await.map_err(|e| fail(e.to_string()))? {
+            match task.await.or_fail()? {
                 Ok(true) => applied += 1,
                 Ok(false) => {}
                 Err(err) => return Err(fail(format!("a delivery failed: {err}"))),
@@ -436,7 +409,6 @@ async fn concurrent_duplicate_deliveries_apply_once() {
         ensure!(rows.len() == 21, "rows: {}", rows.len());
         ensure!(rows.iter().all(|r| r.2 == 1), "a row was applied twice: {rows:?}");
         ensure!(db.markers().await? == 21, "markers");
-        db.cleanup().await;
         Ok(())
     })
     .await;
@@ -445,8 +417,8 @@ async fn concurrent_duplicate_deliveries_apply_once() {
 #[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_projection_failure_rolls_back_the_marker() {
-    with_database("projection_failure", |database| async move {
-        let db = Db::new(&database, "ao_projection_failure").await?;
+    with_schema("ao_projection_failure", 8, |schema| async move {
+        let db = Db::new(&schema).await?;
         let e = order("evt-1", "o1");
         let result = db
             .processed
@@ -494,7 +466,6 @@ async fn a_projection_failure_rolls_back_the_marker() {
             .map_err(|err| fail(err.to_string()))?;
         ensure!(outcome.is_applied(), "not applied after the failures");
         ensure!(db.markers().await? == 1, "markers");
-        db.cleanup().await;
         Ok(())
     })
     .await;
@@ -503,8 +474,8 @@ async fn a_projection_failure_rolls_back_the_marker() {
 #[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn markers_are_pruned_by_age_and_migrations_are_idempotent() {
-    with_database("prune", |database| async move {
-        let db = Db::new(&database, "ao_prune").await?;
+    with_schema("ao_prune", 8, |schema| async move {
+        let db = Db::new(&schema).await?;
         let clock = ManualClock::new(T0);
         let processed = ProcessedEvents::new(db.schema.as_str(), "processed")?
             .with_clock(Arc::new(clock.clone()));
@@ -542,7 +513,6 @@ async fn markers_are_pruned_by_age_and_migrations_are_idempotent() {
             !processed.is_processed(&db.pool, "old-0").await?,
             "an old marker survived"
         );
-        db.cleanup().await;
         Ok(())
     })
     .await;
@@ -558,14 +528,14 @@ struct Target {
 #[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_into_an_empty_read_model_rebuilds_it_exactly() {
-    with_database("replay_rebuild", |database| async move {
-        let db = Db::new(&database, "ao_replay").await?;
+    with_schema("ao_replay", 8, |schema| async move {
+        let db = Db::new(&schema).await?;
         let store = Arc::new(PostgresStore::from_pool(
             db.pool.clone(),
             PostgresOptions::default().schema(db.schema.as_str()),
         )?);
         store.migrate().await?;
-        let world = World::new(5, 10).map_err(|e| fail(e.to_string()))?;
+        let world = World::new(5, 10).or_fail()?;
         let poller = world
             .poller(StrategyKind::SnapshotDiff)
             .log(Duration::from_secs(86_400))
@@ -601,18 +571,18 @@ async fn replay_into_an_empty_read_model_rebuilds_it_exactly() {
         world
             .api
             .update("item-002", serde_json::json!({ "value": 20 }))
-            .map_err(|e| fail(e.to_string()))?;
+            .or_fail()?;
         world
             .api
             .update("item-004", serde_json::json!({ "name": "four" }))
-            .map_err(|e| fail(e.to_string()))?;
+            .or_fail()?;
         world.tick(&engine).await?;
         world.advance(Duration::from_secs(30));
         ensure!(world.api.remove("item-003"), "item-003 missing");
         world
             .api
             .update("item-002", serde_json::json!({ "value": 21 }))
-            .map_err(|e| fail(e.to_string()))?;
+            .or_fail()?;
         world.tick(&engine).await?;
         let live = db.rows("rm").await?;
         ensure!(live.len() == 4, "live read model: {live:?}");
@@ -658,7 +628,6 @@ async fn replay_into_an_empty_read_model_rebuilds_it_exactly() {
             after.applied == 18 && after.failed == 0,
             "counters: {after:?}"
         );
-        db.cleanup().await;
         Ok(())
     })
     .await;

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{Database, drop_schema, pool, store_in, unique_schema, with_database};
+use common::{OrFail, fail, with_schema};
 use serde_json::Value;
 use sqlx::{Connection, PgConnection, Row};
 use watukuy_conformance::CaseError;
@@ -30,10 +30,6 @@ const ACK_IDS: usize = 16;
 /// Identities in one `load_versions`: a page.
 const PAGE: usize = 100;
 
-fn fail(message: impl Into<String>) -> CaseError {
-    CaseError::failed(message)
-}
-
 fn key() -> PKey {
     PKey::new("orders", "")
 }
@@ -47,7 +43,7 @@ fn identity(i: usize) -> String {
 }
 
 fn event(i: usize) -> Result<Event, CaseError> {
-    let sequence = i64::try_from(i + 1).map_err(|e| fail(e.to_string()))?;
+    let sequence = i64::try_from(i + 1).or_fail()?;
     let data = format!(r#"{{"id":"{}","total":12.5,"status":"paid"}}"#, identity(i));
     Ok(Event {
         id: event_id(i),
@@ -60,7 +56,7 @@ fn event(i: usize) -> Result<Event, CaseError> {
         lane: Lane::Live,
         sequence,
         cursor: None,
-        data: Some(Json::parse(&data).map_err(|e| fail(e.to_string()))?),
+        data: Some(Json::parse(&data).or_fail()?),
         previous: None,
         attempt: 0,
         traceparent: None,
@@ -192,7 +188,7 @@ async fn check_plans(conn: &mut PgConnection, check: &Check, when: &str) -> Resu
         sqlx::raw_sql(&format!("SET plan_cache_mode = {mode}"))
             .execute(&mut *conn)
             .await
-            .map_err(|e| fail(e.to_string()))?;
+            .or_fail()?;
         let explain = format!(
             "EXPLAIN (FORMAT JSON) EXECUTE {prepared}({})",
             check.args.join(", ")
@@ -206,7 +202,7 @@ async fn check_plans(conn: &mut PgConnection, check: &Check, when: &str) -> Resu
         let text: String = row
             .try_get_unchecked(0)
             .map_err(|e| fail(format!("{}: plan: {e}", check.name)))?;
-        let plan: Value = serde_json::from_str(&text).map_err(|e| fail(e.to_string()))?;
+        let plan: Value = serde_json::from_str(&text).or_fail()?;
         let root = plan
             .get(0)
             .and_then(|p| p.get("Plan"))
@@ -217,7 +213,7 @@ async fn check_plans(conn: &mut PgConnection, check: &Check, when: &str) -> Resu
     sqlx::raw_sql(&format!("DEALLOCATE {prepared}"))
         .execute(&mut *conn)
         .await
-        .map_err(|e| fail(e.to_string()))?;
+        .or_fail()?;
     Ok(())
 }
 
@@ -396,18 +392,17 @@ fn checks(schema: &str, lease: &Lease) -> Vec<Check> {
 #[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn id_lookups_probe_the_primary_key_on_an_unanalyzed_schema() {
-    with_database("plans", |db: Database| async move {
-        let schema = unique_schema("plans");
-        let pool = pool(&db.url, 2).await?;
-        let store = store_in(&pool, &schema, PostgresOptions::default()).await?;
+    with_schema("plans", 2, |schema| async move {
+        let pool = &schema.pool;
+        let store = schema.store(PostgresOptions::default()).await?;
         // Autovacuum must not analyze the tables in the middle of the test (it may be on).
         for table in ["watukuy_outbox", "watukuy_items"] {
             sqlx::query(&format!(
                 "ALTER TABLE \"{schema}\".\"{table}\" SET (autovacuum_enabled = false)"
             ))
-            .execute(&pool)
+            .execute(pool)
             .await
-            .map_err(|e| fail(e.to_string()))?;
+            .or_fail()?;
         }
         let lease = store
             .acquire_lease(&key(), "node-a", 60_000, T0)
@@ -423,35 +418,30 @@ async fn id_lookups_probe_the_primary_key_on_an_unanalyzed_schema() {
              WHERE relnamespace = $1::regnamespace AND relname IN ('watukuy_outbox', 'watukuy_items') \
                AND reltuples < 0",
         )
-        .bind(&schema)
-        .fetch_one(&pool)
+        .bind(&schema.name)
+        .fetch_one(pool)
         .await
-        .map_err(|e| fail(e.to_string()))?;
+        .or_fail()?;
         if unanalyzed != 2 {
             return Err(fail("the tables were analyzed before the plans were checked"));
         }
 
-        let mut conn = PgConnection::connect(&db.url)
+        let mut conn = PgConnection::connect(&schema.url)
             .await
-            .map_err(|e| fail(e.to_string()))?;
-        for check in checks(&schema, &lease) {
+            .or_fail()?;
+        for check in checks(&schema.name, &lease) {
             check_plans(&mut conn, &check, "never analyzed").await?;
         }
         for table in ["watukuy_outbox", "watukuy_items"] {
             sqlx::raw_sql(&format!("ANALYZE \"{schema}\".\"{table}\""))
                 .execute(&mut conn)
                 .await
-                .map_err(|e| fail(e.to_string()))?;
+                .or_fail()?;
         }
-        for check in checks(&schema, &lease) {
+        for check in checks(&schema.name, &lease) {
             check_plans(&mut conn, &check, "analyzed").await?;
         }
-        conn.close().await.map_err(|e| fail(e.to_string()))?;
-
-        drop_schema(&pool, &schema)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        pool.close().await;
+        conn.close().await.or_fail()?;
         Ok(())
     })
     .await;

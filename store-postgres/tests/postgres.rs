@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Database, drop_schema, pool, store_in, unique_schema, with_database};
+use common::{Database, OrFail, ensure, fail, pool, with_database, with_schema};
 use sqlx::{Connection, PgConnection, Row};
 use watukuy_conformance::CaseError;
 use watukuy_core::{
@@ -24,18 +24,6 @@ fn key() -> PKey {
     PKey::new("orders", "")
 }
 
-fn fail(message: impl Into<String>) -> CaseError {
-    CaseError::failed(message)
-}
-
-macro_rules! ensure {
-    ($cond:expr, $($msg:tt)+) => {
-        if !$cond {
-            return Err(fail(format!($($msg)+)));
-        }
-    };
-}
-
 fn event(id: &str, sequence: i64, data: &str) -> Result<Event, CaseError> {
     Ok(Event {
         id: id.to_owned(),
@@ -48,7 +36,7 @@ fn event(id: &str, sequence: i64, data: &str) -> Result<Event, CaseError> {
         lane: Lane::Live,
         sequence,
         cursor: None,
-        data: Some(Json::parse(data).map_err(|e| fail(e.to_string()))?),
+        data: Some(Json::parse(data).or_fail()?),
         previous: None,
         attempt: 0,
         traceparent: None,
@@ -70,7 +58,7 @@ fn item(identity: &str, hash: &str) -> ItemRow {
 fn page(identities: &[&str], first_sequence: i64) -> Result<CommitBatch, CaseError> {
     let mut events = Vec::new();
     for (i, identity) in identities.iter().enumerate() {
-        let sequence = first_sequence + i64::try_from(i).map_err(|e| fail(e.to_string()))?;
+        let sequence = first_sequence + i64::try_from(i).or_fail()?;
         let data = format!(r#"{{"id":"{identity}","seq":{sequence}}}"#);
         events.push(OutboxRow::pending(
             event(&format!("evt-{identity}-{sequence}"), sequence, &data)?,
@@ -129,13 +117,10 @@ async fn acquire(store: &dyn Store, owner: &str, now: i64) -> Result<Lease, Case
 #[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_share_data_and_fence_each_other() {
-    with_database("two_instances", |db: Database| async move {
-        let schema = unique_schema("two_instances");
-        let pool_a = pool(&db.url, 2).await?;
-        let pool_b = pool(&db.url, 2).await?;
-        let a = store_in(&pool_a, &schema, PostgresOptions::default()).await?;
-        let b =
-            PostgresStore::from_pool(pool_b.clone(), PostgresOptions::default().schema(&schema))?;
+    with_schema("two_instances", 2, |schema| async move {
+        let pool_b = pool(&schema.url, 2).await?;
+        let a = schema.store(PostgresOptions::default()).await?;
+        let b = PostgresStore::from_pool(pool_b.clone(), schema.options())?;
         let k = key();
 
         let lease_a = acquire(&a, "node-a", T0).await?;
@@ -262,10 +247,6 @@ async fn two_instances_share_data_and_fence_each_other() {
             "last winner's save not visible: {state:?}"
         );
 
-        drop_schema(&pool_a, &schema)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        pool_a.close().await;
         pool_b.close().await;
         Ok(())
     })
@@ -278,40 +259,34 @@ async fn two_instances_share_data_and_fence_each_other() {
 #[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_concurrent_migrations_succeed() {
-    with_database("concurrent_migrate", |db: Database| async move {
-        let schema = unique_schema("concurrent_migrate");
-        let admin = pool(&db.url, 1).await?;
-        drop_schema(&admin, &schema)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
+    with_schema("concurrent_migrate", 1, |schema| async move {
+        let admin = &schema.pool;
         let mut pools = Vec::new();
         let mut tasks = Vec::new();
         for i in 0..10 {
-            let pool = pool(&db.url, 1).await?;
+            let pool = pool(&schema.url, 1).await?;
             let prefix = match i % 5 {
                 0 => "other_",
                 1 => "",
                 _ => "watukuy_",
             };
-            let options = PostgresOptions::default()
-                .schema(&schema)
-                .table_prefix(prefix);
+            let options = schema.options().table_prefix(prefix);
             let store = PostgresStore::from_pool(pool.clone(), options)?;
             pools.push(pool);
             tasks.push(tokio::spawn(async move { store.migrate().await }));
         }
         for (i, task) in tasks.into_iter().enumerate() {
             task.await
-                .map_err(|e| fail(format!("migrate task {i} panicked: {e}")))?
-                .map_err(|e| fail(format!("migrate call {i} failed: {e}")))?;
+                .or_fail_with(format_args!("migrate task {i} panicked"))?
+                .or_fail_with(format_args!("migrate call {i} failed"))?;
         }
         for prefix in ["watukuy_", "other_", ""] {
             let rows = sqlx::query(&format!(
                 "SELECT version, name FROM \"{schema}\".\"{prefix}schema_version\" ORDER BY version"
             ))
-            .fetch_all(&admin)
+            .fetch_all(admin)
             .await
-            .map_err(|e| fail(e.to_string()))?;
+            .or_fail()?;
             let versions: Vec<(i32, String)> = rows
                 .iter()
                 .map(|r| (r.get::<i32, _>(0), r.get::<String, _>(1)))
@@ -321,9 +296,7 @@ async fn ten_concurrent_migrations_succeed() {
                 "prefix {prefix:?}: versions {versions:?}"
             );
         }
-        let store =
-            PostgresStore::from_pool(admin.clone(), PostgresOptions::default().schema(&schema))?;
-        store.migrate().await?;
+        let store = schema.store(PostgresOptions::default()).await?;
         let lease = acquire(&store, "node-a", T0).await?;
         store
             .commit_poll(&key(), &lease, &page(&["o1"], 1)?)
@@ -333,13 +306,9 @@ async fn ten_concurrent_migrations_succeed() {
             "store unusable after migrations"
         );
 
-        drop_schema(&admin, &schema)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
         for pool in pools {
             pool.close().await;
         }
-        admin.close().await;
         Ok(())
     })
     .await;
@@ -351,11 +320,9 @@ async fn ten_concurrent_migrations_succeed() {
 #[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminated_backend_mid_commit_is_transient_and_atomic() {
-    with_database("terminated_backend", |db: Database| async move {
-        let schema = unique_schema("terminated_backend");
-        // One connection: the store's commit runs on the only backend of its pool.
-        let store_pool = pool(&db.url, 1).await?;
-        let store = Arc::new(store_in(&store_pool, &schema, PostgresOptions::default()).await?);
+    // One connection: the store's commit runs on the only backend of its pool.
+    with_schema("terminated_backend", 1, |schema| async move {
+        let store = Arc::new(schema.store(PostgresOptions::default()).await?);
         let k = key();
         let lease = acquire(&*store, "node-a", T0).await?;
         store.commit_poll(&k, &lease, &page(&["o1"], 1)?).await?;
@@ -363,23 +330,18 @@ async fn terminated_backend_mid_commit_is_transient_and_atomic() {
 
         // A second session locks o1's row, so the next page (which upserts o1) blocks inside
         // its single statement, after the fence already updated the state.
-        let mut blocker = PgConnection::connect(&db.url)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
+        let mut blocker = PgConnection::connect(&schema.url).await.or_fail()?;
         let blocker_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
             .fetch_one(&mut blocker)
             .await
-            .map_err(|e| fail(e.to_string()))?;
-        sqlx::query("BEGIN")
-            .execute(&mut blocker)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
+            .or_fail()?;
+        sqlx::query("BEGIN").execute(&mut blocker).await.or_fail()?;
         sqlx::query(&format!(
             "SELECT 1 FROM \"{schema}\".\"watukuy_items\" WHERE identity = 'o1' FOR UPDATE"
         ))
         .execute(&mut blocker)
         .await
-        .map_err(|e| fail(e.to_string()))?;
+        .or_fail()?;
 
         let second = page(&["o2", "o1", "o3"], 2)?;
         let task = {
@@ -389,9 +351,7 @@ async fn terminated_backend_mid_commit_is_transient_and_atomic() {
         };
 
         // Find the backend the blocker holds up (bounded polling, no sleeping).
-        let mut admin = PgConnection::connect(&db.url)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
+        let mut admin = PgConnection::connect(&schema.url).await.or_fail()?;
         let mut victim = None;
         for _ in 0..200_000 {
             victim = sqlx::query_scalar::<_, i32>(
@@ -400,7 +360,7 @@ async fn terminated_backend_mid_commit_is_transient_and_atomic() {
             .bind(blocker_pid)
             .fetch_optional(&mut admin)
             .await
-            .map_err(|e| fail(e.to_string()))?;
+            .or_fail()?;
             if victim.is_some() || task.is_finished() {
                 break;
             }
@@ -411,15 +371,13 @@ async fn terminated_backend_mid_commit_is_transient_and_atomic() {
             .bind(victim)
             .fetch_one(&mut admin)
             .await
-            .map_err(|e| fail(e.to_string()))?;
+            .or_fail()?;
         ensure!(terminated, "pg_terminate_backend({victim}) returned false");
-        let result = task
-            .await
-            .map_err(|e| fail(format!("commit task panicked: {e}")))?;
+        let result = task.await.or_fail_with("commit task panicked")?;
         sqlx::query("ROLLBACK")
             .execute(&mut blocker)
             .await
-            .map_err(|e| fail(e.to_string()))?;
+            .or_fail()?;
 
         let error = match result {
             Err(error) => error,
@@ -472,10 +430,6 @@ async fn terminated_backend_mid_commit_is_transient_and_atomic() {
             .ok_or_else(|| fail("no state"))?;
         ensure!(state.sequence == 4, "re-committed patch missing: {state:?}");
 
-        drop_schema(&store_pool, &schema)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        store_pool.close().await;
         Ok(())
     })
     .await;
@@ -487,11 +441,9 @@ async fn terminated_backend_mid_commit_is_transient_and_atomic() {
 #[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunked_commits_land_whole_or_not_at_all() {
-    with_database("chunked_commit", |db: Database| async move {
-        let schema = unique_schema("chunked_commit");
-        let pool = pool(&db.url, 2).await?;
+    with_schema("chunked_commit", 2, |schema| async move {
         let options = PostgresOptions::default().max_rows_per_statement(7);
-        let store = store_in(&pool, &schema, options).await?;
+        let store = schema.store(options).await?;
         let k = key();
         let lease = acquire(&store, "node-a", T0).await?;
 
@@ -513,9 +465,7 @@ async fn chunked_commits_land_whole_or_not_at_all() {
                 id: format!("invalid:{}", i % 8),
                 kind: ParkedKind::Invalid,
                 event: None,
-                item: Some(
-                    Json::parse(&format!(r#"{{"n":{i}}}"#)).map_err(|e| fail(e.to_string()))?,
-                ),
+                item: Some(Json::parse(&format!(r#"{{"n":{i}}}"#)).or_fail()?),
                 error: ParkedError {
                     error: SerializedError::new("ValidationError", "bad"),
                     history: None,
@@ -606,10 +556,6 @@ async fn chunked_commits_land_whole_or_not_at_all() {
             "a rejected chunked commit changed something"
         );
 
-        drop_schema(&pool, &schema)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        pool.close().await;
         Ok(())
     })
     .await;
@@ -621,14 +567,12 @@ async fn chunked_commits_land_whole_or_not_at_all() {
 #[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_round_trips_verbatim() {
-    with_database("json_verbatim", |db: Database| async move {
-        let schema = unique_schema("json_verbatim");
-        let pool = pool(&db.url, 2).await?;
-        let store = store_in(&pool, &schema, PostgresOptions::default()).await?;
+    with_schema("json_verbatim", 2, |schema| async move {
+        let store = schema.store(PostgresOptions::default()).await?;
         let k = key();
         let lease = acquire(&store, "node-a", T0).await?;
         let text = r#"{ "z" : 1.0, "a":[1e2, -0, 12345678901234567890123456789], "nul":"a\u0000b", "dup":1, "dup":2, "e":"caf\u00e9 ☕" }"#;
-        let json = Json::parse(text).map_err(|e| fail(e.to_string()))?;
+        let json = Json::parse(text).or_fail()?;
         let mut row = OutboxRow::pending(event("evt-1", 1, text)?, T0);
         row.event.cursor = Some(json.clone());
         let mut batch = page(&[], 1)?;
@@ -699,8 +643,6 @@ async fn json_round_trips_verbatim() {
         let after = (store.load_state(&k).await?, store.counts(&k).await.map(|c| c.items)?);
         ensure!(before == after, "a rejected batch left something behind");
 
-        drop_schema(&pool, &schema).await.map_err(|e| fail(e.to_string()))?;
-        pool.close().await;
         Ok(())
     })
     .await;
@@ -824,14 +766,8 @@ async fn a_missing_database_is_a_clear_error() {
 #[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unmigrated_store_and_close_pool() {
-    with_database("close_pool", |db: Database| async move {
-        let schema = unique_schema("unmigrated");
-        let pool = pool(&db.url, 2).await?;
-        drop_schema(&pool, &schema)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        let store =
-            PostgresStore::from_pool(pool.clone(), PostgresOptions::default().schema(&schema))?;
+    with_schema("unmigrated", 2, |schema| async move {
+        let store = schema.unmigrated(PostgresOptions::default())?;
         let err = store
             .load_state(&key())
             .await
@@ -847,7 +783,7 @@ async fn unmigrated_store_and_close_pool() {
         store.migrate().await?;
         store.close().await?;
         ensure!(
-            !pool.is_closed(),
+            !schema.pool.is_closed(),
             "close() closed a pool it was not asked to close"
         );
         ensure!(
@@ -855,15 +791,15 @@ async fn unmigrated_store_and_close_pool() {
             "store unusable after close()"
         );
 
-        let closing = PostgresStore::from_pool(
-            pool.clone(),
-            PostgresOptions::default().schema(&schema).close_pool(true),
-        )?;
-        drop_schema(&pool, &schema)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
+        // On a pool of its own: the schema's pool stays open to remove the schema.
+        let closing_pool = pool(&schema.url, 1).await?;
+        let closing =
+            PostgresStore::from_pool(closing_pool.clone(), schema.options().close_pool(true))?;
         closing.close().await?;
-        ensure!(pool.is_closed(), "close_pool(true) did not close the pool");
+        ensure!(
+            closing_pool.is_closed(),
+            "close_pool(true) did not close the pool"
+        );
         let err = closing
             .counts(&key())
             .await
@@ -890,14 +826,14 @@ async fn catalog(pool: &sqlx::PgPool, schema: &str) -> Result<Vec<String>, CaseE
     .bind(schema)
     .fetch_all(pool)
     .await
-    .map_err(|e| fail(e.to_string()))?;
+    .or_fail()?;
     let indexes: Vec<String> = sqlx::query_scalar(
         "SELECT indexdef FROM pg_indexes WHERE schemaname = $1 ORDER BY indexname",
     )
     .bind(schema)
     .fetch_all(pool)
     .await
-    .map_err(|e| fail(e.to_string()))?;
+    .or_fail()?;
     let quoted = format!("{schema}.");
     Ok(columns
         .into_iter()
@@ -911,32 +847,19 @@ async fn catalog(pool: &sqlx::PgPool, schema: &str) -> Result<Vec<String>, CaseE
 #[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exported_ddl_matches_migrate() {
-    with_database("exported_ddl", |db: Database| async move {
-        let schema = unique_schema("exported_ddl");
-        let migrated = unique_schema("exported_ddl_migrated");
-        let pool = pool(&db.url, 1).await?;
-        drop_schema(&pool, &schema)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        let options = PostgresOptions::default().schema(&schema).table_prefix("");
+    with_schema("exported_ddl", 1, |schema| async move {
+        let pool = &schema.pool;
+        let options = schema.options().table_prefix("");
         let ddl = PostgresStore::ddl(&options)?;
-        sqlx::raw_sql(&ddl)
-            .execute(&pool)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
+        sqlx::raw_sql(&ddl).execute(pool).await.or_fail()?;
         // Idempotent text: a second run changes nothing.
-        sqlx::raw_sql(&ddl)
-            .execute(&pool)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        store_in(
-            &pool,
-            &migrated,
-            PostgresOptions::default().table_prefix(""),
-        )
-        .await?;
-        let by_hand = catalog(&pool, &schema).await?;
-        let by_migrate = catalog(&pool, &migrated).await?;
+        sqlx::raw_sql(&ddl).execute(pool).await.or_fail()?;
+        let migrated = schema.another("exported_ddl_migrated").await?;
+        migrated
+            .store(PostgresOptions::default().table_prefix(""))
+            .await?;
+        let by_hand = catalog(pool, &schema.name).await?;
+        let by_migrate = catalog(pool, &migrated.name).await?;
         ensure!(
             by_hand == by_migrate,
             "the exported DDL made {by_hand:#?}\nmigrate() made {by_migrate:#?}"
@@ -946,11 +869,8 @@ async fn exported_ddl_matches_migrate() {
                 && !by_hand.iter().any(|def| def.contains("outbox_pending_idx")),
             "the queue index replaces the old pending index: {by_hand:#?}"
         );
-        drop_schema(&pool, &migrated)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        let store = PostgresStore::from_pool(pool.clone(), options)?;
-        store.migrate().await?;
+        migrated.remove().await?;
+        let store = schema.store(options).await?;
         let lease = acquire(&store, "node-a", T0).await?;
         store
             .commit_poll(&key(), &lease, &page(&["o1", "o2"], 1)?)
@@ -959,10 +879,6 @@ async fn exported_ddl_matches_migrate() {
             store.counts(&key()).await.map(|c| c.items)? == 2,
             "store on hand-made DDL"
         );
-        drop_schema(&pool, &schema)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        pool.close().await;
         Ok(())
     })
     .await;
@@ -975,45 +891,33 @@ async fn exported_ddl_matches_migrate() {
 #[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn takeover_waits_for_the_commit_in_flight() {
-    with_database("takeover_race", |db: Database| async move {
-        let schema = unique_schema("takeover_race");
-        let pool_a = pool(&db.url, 1).await?;
-        let pool_b = pool(&db.url, 1).await?;
-        let a = Arc::new(store_in(&pool_a, &schema, PostgresOptions::default()).await?);
-        let b = Arc::new(PostgresStore::from_pool(
-            pool_b.clone(),
-            PostgresOptions::default().schema(&schema),
-        )?);
+    with_schema("takeover_race", 1, |schema| async move {
+        let pool_b = pool(&schema.url, 1).await?;
+        let a = Arc::new(schema.store(PostgresOptions::default()).await?);
+        let b = Arc::new(PostgresStore::from_pool(pool_b.clone(), schema.options())?);
         let k = key();
         let lease_a = acquire(&*a, "node-a", T0).await?;
         a.commit_poll(&k, &lease_a, &page(&["o1"], 1)?).await?;
 
-        let mut blocker = PgConnection::connect(&db.url)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
+        let mut blocker = PgConnection::connect(&schema.url).await.or_fail()?;
         let blocker_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
             .fetch_one(&mut blocker)
             .await
-            .map_err(|e| fail(e.to_string()))?;
-        sqlx::query("BEGIN")
-            .execute(&mut blocker)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
+            .or_fail()?;
+        sqlx::query("BEGIN").execute(&mut blocker).await.or_fail()?;
         sqlx::query(&format!(
             "SELECT 1 FROM \"{schema}\".\"watukuy_items\" WHERE identity = 'o1' FOR UPDATE"
         ))
         .execute(&mut blocker)
         .await
-        .map_err(|e| fail(e.to_string()))?;
+        .or_fail()?;
 
         let commit = {
             let (a, k, lease) = (Arc::clone(&a), k.clone(), lease_a.clone());
             let batch = page(&["o1", "o2"], 2)?;
             tokio::spawn(async move { a.commit_poll(&k, &lease, &batch).await })
         };
-        let mut admin = PgConnection::connect(&db.url)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
+        let mut admin = PgConnection::connect(&schema.url).await.or_fail()?;
         let mut blocked = false;
         for _ in 0..200_000 {
             blocked = sqlx::query_scalar::<_, i64>(
@@ -1022,7 +926,7 @@ async fn takeover_waits_for_the_commit_in_flight() {
             .bind(blocker_pid)
             .fetch_one(&mut admin)
             .await
-            .map_err(|e| fail(e.to_string()))?
+            .or_fail()?
                 > 0;
             if blocked || commit.is_finished() {
                 break;
@@ -1046,7 +950,7 @@ async fn takeover_waits_for_the_commit_in_flight() {
             .bind(blocker_pid)
             .fetch_one(&mut admin)
             .await
-            .map_err(|e| fail(e.to_string()))?
+            .or_fail()?
                 > 0;
             if waiting || takeover.is_finished() {
                 break;
@@ -1060,14 +964,12 @@ async fn takeover_waits_for_the_commit_in_flight() {
         sqlx::query("ROLLBACK")
             .execute(&mut blocker)
             .await
-            .map_err(|e| fail(e.to_string()))?;
+            .or_fail()?;
 
-        commit
-            .await
-            .map_err(|e| fail(format!("commit task panicked: {e}")))??;
+        commit.await.or_fail_with("commit task panicked")??;
         let lease_b = takeover
             .await
-            .map_err(|e| fail(format!("acquire task panicked: {e}")))??
+            .or_fail_with("acquire task panicked")??
             .ok_or_else(|| fail("B did not get the expired lease"))?;
         ensure!(lease_b.epoch == lease_a.epoch + 1, "B's epoch: {lease_b:?}");
         ensure!(
@@ -1086,10 +988,6 @@ async fn takeover_waits_for_the_commit_in_flight() {
             "A's stale page landed"
         );
 
-        drop_schema(&pool_a, &schema)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        pool_a.close().await;
         pool_b.close().await;
         Ok(())
     })
@@ -1102,15 +1000,11 @@ async fn takeover_waits_for_the_commit_in_flight() {
 #[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_upgrades_a_version_1_schema() {
-    with_database("upgrade_v1", |db: Database| async move {
-        let schema = unique_schema("upgrade_v1");
-        let pool = pool(&db.url, 1).await?;
-        drop_schema(&pool, &schema)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
+    with_schema("upgrade_v1", 1, |schema| async move {
+        let pool = &schema.pool;
         let render = |template: &str| {
             template
-                .replace("{schema}", &schema)
+                .replace("{schema}", &schema.name)
                 .replace("{prefix}", "watukuy_")
         };
         let version_1 = format!(
@@ -1119,12 +1013,8 @@ async fn migrate_upgrades_a_version_1_schema() {
             render(include_str!("../sql/schema_version.sql")).trim_end(),
             render(include_str!("../sql/0001_init.sql")),
         );
-        sqlx::raw_sql(&version_1)
-            .execute(&pool)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        let store =
-            PostgresStore::from_pool(pool.clone(), PostgresOptions::default().schema(&schema))?;
+        sqlx::raw_sql(&version_1).execute(pool).await.or_fail()?;
+        let store = schema.unmigrated(PostgresOptions::default())?;
         // Rows written by a version 1 store (the statements do not depend on the indexes).
         let lease = acquire(&store, "node-a", T0).await?;
         store
@@ -1135,9 +1025,9 @@ async fn migrate_upgrades_a_version_1_schema() {
         let versions: Vec<i32> = sqlx::query_scalar(&format!(
             "SELECT version FROM \"{schema}\".\"watukuy_schema_version\" ORDER BY version"
         ))
-        .fetch_all(&pool)
+        .fetch_all(pool)
         .await
-        .map_err(|e| fail(e.to_string()))?;
+        .or_fail()?;
         ensure!(
             versions == vec![1, watukuy_store_postgres::SCHEMA_VERSION],
             "versions after the upgrade: {versions:?}"
@@ -1145,10 +1035,10 @@ async fn migrate_upgrades_a_version_1_schema() {
         let indexes: Vec<String> = sqlx::query_scalar(
             "SELECT indexname::text FROM pg_indexes WHERE schemaname = $1 ORDER BY indexname",
         )
-        .bind(&schema)
-        .fetch_all(&pool)
+        .bind(&schema.name)
+        .fetch_all(pool)
         .await
-        .map_err(|e| fail(e.to_string()))?;
+        .or_fail()?;
         ensure!(
             indexes.contains(&"watukuy_outbox_queue_idx".to_owned())
                 && indexes.contains(&"watukuy_parked_hold_idx".to_owned())
@@ -1169,11 +1059,6 @@ async fn migrate_upgrades_a_version_1_schema() {
         );
         // Running it again changes nothing.
         store.migrate().await?;
-
-        drop_schema(&pool, &schema)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        pool.close().await;
         Ok(())
     })
     .await;

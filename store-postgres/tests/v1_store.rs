@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use sqlx::Connection;
 use watukuy_conformance::CaseError;
-use watukuy_store_postgres::{PostgresOptions, PostgresStore};
+use watukuy_store_postgres::PostgresOptions;
 
 /// The v1 schema, dumped as SQL.
 const FIXTURE: &str = include_str!("fixtures/v1.sql");
@@ -44,20 +44,10 @@ async fn load_v1(url: &str, schema: &str) -> Result<(), CaseError> {
 #[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_v1_postgres_store_is_migrated_read_and_delivered() {
-    common::with_database("v1_store", |database| async move {
-        let schema = common::unique_schema("v1_store");
-        let pool = common::pool(&database.url, 4).await?;
-        common::drop_schema(&pool, &schema)
-            .await
-            .map_err(|e| CaseError::failed(format!("drop a stale {schema}: {e}")))?;
-        load_v1(&database.url, &schema).await?;
-        let store =
-            PostgresStore::from_pool(pool.clone(), PostgresOptions::default().schema(&schema))?;
+    common::with_schema("v1_store", 4, |schema| async move {
+        load_v1(&schema.url, &schema.name).await?;
+        let store = schema.unmigrated(PostgresOptions::default())?;
         v1_checks::upgrade_and_check(Arc::new(store), "postgres", EXPECTED).await;
-        common::drop_schema(&pool, &schema)
-            .await
-            .map_err(|e| CaseError::failed(format!("drop {schema}: {e}")))?;
-        pool.close().await;
         Ok(())
     })
     .await;

@@ -1,5 +1,5 @@
-//! The PostgreSQL test harness shared by the test files: where the database is, and a fresh,
-//! migrated store in its own schema per case.
+//! The PostgreSQL test harness shared by the test files: where the database is, a fresh schema
+//! of its own per test or case (dropped when it passes), and failures as `CaseError`s.
 //!
 //! The database is `WATUKUY_TEST_POSTGRES_URL` (CI: the local server). When it is unset and the
 //! crate's `testcontainers` feature is on, each case starts a throwaway PostgreSQL 15 in Docker;
@@ -80,7 +80,7 @@ mod container {
 
 /// A schema name unique to this process and call, readable in `psql` (`wk_<pid>_<n>_<what>`),
 /// at most 63 bytes. No randomness: the process id and a counter.
-pub fn unique_schema(what: &str) -> String {
+fn unique_schema(what: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let mut name = format!("wk_{}_{n}_{what}", std::process::id());
@@ -99,27 +99,116 @@ pub async fn pool(url: &str, max_connections: u32) -> Result<PgPool, CaseError> 
         .map_err(|e| CaseError::failed(format!("cannot connect to {URL_ENV}: {e}")))
 }
 
-/// Drops `schema` and everything in it.
-pub async fn drop_schema(pool: &PgPool, schema: &str) -> Result<(), sqlx::Error> {
-    sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
-        .execute(pool)
-        .await
-        .map(|_| ())
+/// A failed test with `message`.
+pub fn fail(message: impl Into<String>) -> CaseError {
+    CaseError::failed(message)
 }
 
-/// A migrated store in the fresh schema `schema` (dropped first, in case a process with the
-/// same id left it behind).
-pub async fn store_in(
-    pool: &PgPool,
-    schema: &str,
-    options: PostgresOptions,
-) -> Result<PostgresStore, CaseError> {
-    drop_schema(pool, schema)
-        .await
-        .map_err(|e| CaseError::failed(format!("cannot drop stale schema {schema}: {e}")))?;
-    let store = PostgresStore::from_pool(pool.clone(), options.schema(schema))?;
-    watukuy_core::Store::migrate(&store).await?;
-    Ok(store)
+/// Fails the test with a formatted message unless the condition holds.
+#[allow(unused_macros)]
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err($crate::common::fail(format!($($msg)+)));
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use ensure;
+
+/// Any error (`sqlx`, JSON, a task's join error, a number conversion) as a failed test:
+/// `.or_fail()?` with the error's message, `.or_fail_with("what")?` with `what: ` before it.
+pub trait OrFail<T> {
+    /// The error's message as the failure.
+    fn or_fail(self) -> Result<T, CaseError>;
+    /// `what: <the error's message>` as the failure.
+    fn or_fail_with(self, what: impl std::fmt::Display) -> Result<T, CaseError>;
+}
+
+impl<T, E: std::fmt::Display> OrFail<T> for Result<T, E> {
+    fn or_fail(self) -> Result<T, CaseError> {
+        self.map_err(|e| fail(e.to_string()))
+    }
+
+    fn or_fail_with(self, what: impl std::fmt::Display) -> Result<T, CaseError> {
+        self.map_err(|e| fail(format!("{what}: {e}")))
+    }
+}
+
+/// A fresh, empty schema of a test's own on the test database (a stale one of the same name is
+/// dropped first), with a pool and the database's URL for connections of the test's own. A
+/// passing test removes it ([`with_schema`] does); a failing one leaves it to be inspected.
+#[derive(Clone, Debug)]
+pub struct Schema {
+    /// The schema's name (`wk_<pid>_<n>_<what>`).
+    pub name: String,
+    /// A pool on the database.
+    pub pool: PgPool,
+    /// The database's URL.
+    pub url: String,
+}
+
+/// The schema's name, for SQL text (`"\"{schema}\".table"`).
+impl std::fmt::Display for Schema {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+impl Schema {
+    /// A fresh schema named after `what`, with a pool of `max_connections`.
+    pub async fn new(
+        database: &Database,
+        what: &str,
+        max_connections: u32,
+    ) -> Result<Self, CaseError> {
+        let pool = pool(&database.url, max_connections).await?;
+        Self::on(pool, database.url.clone(), what).await
+    }
+
+    async fn on(pool: PgPool, url: String, what: &str) -> Result<Self, CaseError> {
+        let schema = Self {
+            name: unique_schema(what),
+            pool,
+            url,
+        };
+        schema.remove().await?;
+        Ok(schema)
+    }
+
+    /// Another fresh schema on the same database and pool; the test removes it.
+    pub async fn another(&self, what: &str) -> Result<Self, CaseError> {
+        Self::on(self.pool.clone(), self.url.clone(), what).await
+    }
+
+    /// `PostgresOptions` on this schema.
+    pub fn options(&self) -> PostgresOptions {
+        PostgresOptions::default().schema(self.name.as_str())
+    }
+
+    /// A store on this schema with `options` (whose schema is replaced), not migrated.
+    pub fn unmigrated(&self, options: PostgresOptions) -> Result<PostgresStore, CaseError> {
+        Ok(PostgresStore::from_pool(
+            self.pool.clone(),
+            options.schema(self.name.as_str()),
+        )?)
+    }
+
+    /// A migrated store on this schema with `options` (whose schema is replaced).
+    pub async fn store(&self, options: PostgresOptions) -> Result<PostgresStore, CaseError> {
+        let store = self.unmigrated(options)?;
+        watukuy_core::Store::migrate(&store).await?;
+        Ok(store)
+    }
+
+    /// Drops the schema and everything in it (nothing if it does not exist).
+    pub async fn remove(&self) -> Result<(), CaseError> {
+        sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| fail(format!("cannot drop schema {}: {e}", self.name)))?;
+        Ok(())
+    }
 }
 
 /// Hands every conformance case a migrated store in its own schema, dropped when it passes.
@@ -133,14 +222,13 @@ impl Harness for PgHarness {
 
     async fn fresh(&self, ctx: CaseContext) -> Result<Fresh, CaseError> {
         let database = database().await?;
-        let schema = unique_schema(&format!("{}_{}", ctx.module, ctx.name));
-        let pool = pool(&database.url, 4).await?;
-        let store = store_in(&pool, &schema, PostgresOptions::default()).await?;
+        let schema = Schema::new(&database, &format!("{}_{}", ctx.module, ctx.name), 4).await?;
+        let store = schema.store(PostgresOptions::default()).await?;
         Ok(Fresh::new(Arc::new(store)).with_cleanup(async move {
-            if let Err(e) = drop_schema(&pool, &schema).await {
-                eprintln!("[postgres] could not drop schema {schema} after a passing case: {e}");
+            if let Err(e) = schema.remove().await {
+                eprintln!("[postgres] after a passing case: {e}");
             }
-            pool.close().await;
+            schema.pool.close().await;
             drop(database);
         }))
     }
@@ -161,4 +249,23 @@ where
     if let Err(error) = body(database).await {
         panic!("[postgres] {name} {error}");
     }
+}
+
+/// Runs a test body in a fresh [`Schema`] named after `what` (with a pool of
+/// `max_connections`), as [`with_database`] does; when the body passes, drops the schema and
+/// closes the pool.
+pub async fn with_schema<F, Fut>(what: &str, max_connections: u32, body: F)
+where
+    F: FnOnce(Schema) -> Fut,
+    Fut: std::future::Future<Output = Result<(), CaseError>>,
+{
+    with_database(what, |database| async move {
+        let schema = Schema::new(&database, what, max_connections).await?;
+        body(schema.clone()).await?;
+        schema.remove().await?;
+        schema.pool.close().await;
+        drop(database);
+        Ok(())
+    })
+    .await;
 }
