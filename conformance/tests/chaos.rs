@@ -456,10 +456,7 @@ async fn a_daemon_restarted_after_a_first_cycle_crash_does_not_busy_loop() {
     }
     let loads = counting.calls(Op::LoadState);
     daemon
-        .stop(StopOptions {
-            drain: false,
-            timeout: Duration::ZERO,
-        })
+        .stop(StopOptions::default().drain(false).timeout(Duration::ZERO))
         .await
         .unwrap();
     assert_eq!(recorder.ids().len(), 6, "the crashed page, then the rest");

@@ -342,11 +342,9 @@ async fn a_backfill_with_a_target_stops_once_it_reached_it() {
         .backfill(
             POLLER,
             None,
-            BackfillOptions {
-                from: None,
-                to: Some(target.clone()),
-                force: true,
-            },
+            BackfillOptions::default()
+                .to_cursor(target.clone())
+                .force(true),
         )
         .await
         .unwrap();

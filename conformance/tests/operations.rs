@@ -1234,10 +1234,7 @@ async fn the_daemon_delivers_changes_on_its_own_and_stops_cleanly() {
     assert_eq!(engine.inspect().await.unwrap().status, Status::Running);
 
     engine
-        .stop(StopOptions {
-            drain: true,
-            ..StopOptions::default()
-        })
+        .stop(StopOptions::default().drain(true))
         .await
         .unwrap();
     assert_eq!(engine.status(), Status::Stopped);
@@ -1352,10 +1349,11 @@ async fn stop_with_drain_aborts_what_outlasts_the_timeout() {
     engine.start().await.unwrap();
     assert!(run_until(&clock, 60, || lock(&in_flight).is_some()).await);
     engine
-        .stop(StopOptions {
-            drain: true,
-            timeout: Duration::from_secs(30),
-        })
+        .stop(
+            StopOptions::default()
+                .drain(true)
+                .timeout(Duration::from_secs(30)),
+        )
         .await
         .unwrap();
     assert_eq!(engine.status(), Status::Stopped);
@@ -1425,10 +1423,11 @@ async fn stop_without_drain_aborts_the_handler_in_flight_and_a_fresh_engine_rede
     engine.start().await.unwrap();
     assert!(run_until(&clock, 60, || lock(&in_flight).is_some()).await);
     engine
-        .stop(StopOptions {
-            drain: false,
-            timeout: Duration::from_secs(30),
-        })
+        .stop(
+            StopOptions::default()
+                .drain(false)
+                .timeout(Duration::from_secs(30)),
+        )
         .await
         .unwrap();
     assert_eq!(engine.status(), Status::Stopped);

@@ -30,6 +30,7 @@ pub const REPLAY_PAGE: usize = 500;
 
 /// The cursor of each lane, as an inspection shows them.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct LaneCursors {
     /// The live lane.
     pub live: Option<serde_json::Value>,
@@ -44,6 +45,7 @@ pub struct LaneCursors {
 /// One key as its store holds it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct KeyInspect {
     /// The poller.
     pub poller: String,

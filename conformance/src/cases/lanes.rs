@@ -661,15 +661,7 @@ pub async fn backfill_force_reemits_and_finishes(env: Env) -> CaseResult {
     check!(live.is_some(), "the live lane has a cursor");
 
     engine
-        .backfill(
-            POLLER,
-            None,
-            BackfillOptions {
-                from: None,
-                to: None,
-                force: true,
-            },
-        )
+        .backfill(POLLER, None, BackfillOptions::default().force(true))
         .await?;
     let lane = backfill_lane(&env).await?;
     check_eq!(

@@ -5,6 +5,7 @@ use super::*;
 /// What `inspect()` reports.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct InspectReport {
     /// This engine's instance id.
     pub instance_id: String,
@@ -21,6 +22,7 @@ pub struct InspectReport {
 /// page; its fields read directly through `Deref`), and this engine's delivery counters.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct PollerInspect {
     /// The key as its store holds it (the schedule is the poller's initial one for a key that
     /// never ran; `lag_ms` comes from the poller's strategy).

@@ -92,8 +92,9 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-/// Options of [`Engine::tick`].
+/// Options of [`Engine::tick`]: `TickOptions::default()`, then the setters.
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct TickOptions {
     /// Stop starting new keys and pages after this long (a running page is never interrupted).
     pub max_duration: Option<Duration>,
@@ -101,8 +102,25 @@ pub struct TickOptions {
     pub only: Option<Vec<String>>,
 }
 
+impl TickOptions {
+    /// Stops starting new keys and pages after `duration`.
+    #[must_use]
+    pub fn max_duration(mut self, duration: Duration) -> Self {
+        self.max_duration = Some(duration);
+        self
+    }
+
+    /// Runs only these pollers.
+    #[must_use]
+    pub fn only(mut self, pollers: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.only = Some(pollers.into_iter().map(Into::into).collect());
+        self
+    }
+}
+
 /// What one `tick()` did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 #[serde(rename_all = "camelCase")]
 pub struct TickResult {
     /// One entry per lane cycle run.
@@ -121,8 +139,9 @@ pub struct TickResult {
 
 pub use crate::ops::LaneCursors;
 
-/// Options of [`Engine::stop`].
+/// Options of [`Engine::stop`]: `StopOptions::default()` (drain, up to 30 s), then the setters.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct StopOptions {
     /// Let running cycles finish (up to `timeout`) instead of aborting them.
     pub drain: bool,
@@ -136,6 +155,22 @@ impl Default for StopOptions {
             drain: true,
             timeout: Duration::from_secs(30),
         }
+    }
+}
+
+impl StopOptions {
+    /// Lets running cycles finish (`true`, the default) or aborts them (`false`).
+    #[must_use]
+    pub fn drain(mut self, drain: bool) -> Self {
+        self.drain = drain;
+        self
+    }
+
+    /// How long to wait for running cycles when draining.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 }
 

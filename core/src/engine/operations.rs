@@ -5,6 +5,7 @@ use super::*;
 
 /// Options of [`Engine::backfill`].
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct BackfillOptions {
     /// Where to start, as the API writes its cursor (`None`: the beginning).
     pub from: Option<String>,
@@ -13,6 +14,29 @@ pub struct BackfillOptions {
     pub to: Option<String>,
     /// Re-emit known, unchanged items as `updated`.
     pub force: bool,
+}
+
+impl BackfillOptions {
+    /// Starts at this cursor, as the API writes it (default: the beginning).
+    #[must_use]
+    pub fn from_cursor(mut self, raw: impl Into<String>) -> Self {
+        self.from = Some(raw.into());
+        self
+    }
+
+    /// Stops at this cursor, as the API writes it (default: the live cursor at the call).
+    #[must_use]
+    pub fn to_cursor(mut self, raw: impl Into<String>) -> Self {
+        self.to = Some(raw.into());
+        self
+    }
+
+    /// Re-emits known, unchanged items as `updated`.
+    #[must_use]
+    pub fn force(mut self, force: bool) -> Self {
+        self.force = force;
+        self
+    }
 }
 
 impl Engine {

@@ -64,6 +64,7 @@ pub(crate) struct Runtime {
 /// One lane cycle's result, as `tick()` reports it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct PollResult {
     /// The poller.
     pub poller: String,

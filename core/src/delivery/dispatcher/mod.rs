@@ -40,6 +40,7 @@ pub const DEFAULT_DISPATCH_BATCH_SIZE: usize = 100;
 
 /// What one drain did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DrainReport {
     /// Events delivered and acknowledged.
     pub delivered: u64,
