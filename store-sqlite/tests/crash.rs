@@ -241,7 +241,8 @@ fn sigkill_mid_commit_poll_leaves_only_whole_pages() {
         let stdout = child.stdout.take().expect("piped stdout");
         let mut committed = 0;
         let mut last_page = 0;
-        for line in BufReader::new(stdout).lines() {
+        let mut lines = BufReader::new(stdout).lines();
+        for line in lines.by_ref() {
             let line = line.expect("read the child's output");
             if let Some(page) = line.strip_prefix(COMMITTED) {
                 last_page = page.trim().parse().expect("a page number");
@@ -250,9 +251,19 @@ fn sigkill_mid_commit_poll_leaves_only_whole_pages() {
                 break;
             }
         }
-        // The child has just called commit_poll for the next page: the kill lands inside it.
+        // The child has just called commit_poll for the next page: the kill lands inside it,
+        // or, on a loaded machine, a few pages later.
         child.kill().expect("SIGKILL the child");
         let status = child.wait().expect("reap the child");
+        // Whatever the child reported before it died is still in the pipe: every commit it saw
+        // return counts. Only the commit in flight at the kill may be either whole or absent.
+        for line in lines {
+            let Ok(line) = line else { break };
+            if let Some(page) = line.strip_prefix(COMMITTED) {
+                last_page = page.trim().parse().expect("a page number");
+                committed += 1;
+            }
+        }
         if committed < PAGES_PER_ROUND {
             let mut stderr = String::new();
             if let Some(mut err) = child.stderr.take() {
