@@ -262,7 +262,7 @@ pub(crate) fn jittered(interval_ms: i64, jitter: f64, u: f64) -> i64 {
 /// With `window = reset_at − now`, the spacing is the whole window when nothing remains and
 /// `window / remaining` otherwise; the result is `max(wait, ceil(spacing))`. Without usable
 /// information the wait is returned unchanged (never negative).
-pub(crate) fn apply_pacing(wait_ms: i64, rate_limit: Option<&RateLimitInfo>, now_ms: i64) -> i64 {
+pub fn apply_pacing(wait_ms: i64, rate_limit: Option<&RateLimitInfo>, now_ms: i64) -> i64 {
     let wait_ms = wait_ms.max(0);
     let Some(RateLimitInfo {
         remaining: Some(remaining),
