@@ -397,6 +397,14 @@ impl Run<'_> {
     }
 
     async fn drain(&self) -> Result<DrainReport> {
+        // Without a consumer nothing can be delivered: skip the dispatcher, which would count
+        // the key's rows only to report them (a count the run never reads, after every page).
+        if !self.rt.dispatcher.has_consumer() {
+            return Ok(DrainReport {
+                no_consumer: true,
+                ..DrainReport::default()
+            });
+        }
         let ctx = DrainContext {
             partition: self.partition.clone(),
             cancel: self.cancel.clone(),

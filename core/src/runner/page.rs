@@ -175,7 +175,7 @@ impl Run<'_> {
                 .map(|e| OutboxRow::pending(e.clone(), now))
                 .collect(),
             log: self.rt.def.log_retention.is_some(),
-            parked: processed.quarantined.clone(),
+            parked: processed.quarantined,
             validators: processed.validators,
         };
         let started = self.now();
@@ -223,7 +223,7 @@ impl Run<'_> {
         for event in &processed.events {
             self.shared.hooks.on_event(&cycle.hook, event).await;
         }
-        for row in &processed.quarantined {
+        for row in &batch.parked {
             let (Some(item), Some(issues)) = (&row.item, &row.error.issues) else {
                 continue;
             };
