@@ -248,14 +248,7 @@ impl AdminState {
         if let Some(engine) = &self.engine {
             // The engine checks the name and the partitioning; listing nothing is cheap.
             engine
-                .list_parked(
-                    poller,
-                    partition,
-                    ParkedQuery {
-                        kind: None,
-                        limit: Some(0),
-                    },
-                )
+                .list_parked(poller, partition, ParkedQuery::default().limit(0))
                 .await?;
             return Ok(PKey::new(poller, partition.unwrap_or_default()));
         }
@@ -357,10 +350,8 @@ async fn parked(
     let Query(params) =
         params.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "BAD_REQUEST", e.body_text()))?;
     let key = state.key(&poller, params.partition.as_deref()).await?;
-    let query = ParkedQuery {
-        kind: params.kind,
-        limit: Some(params.limit.unwrap_or(500).min(5_000)),
-    };
+    let mut query = ParkedQuery::default().limit(params.limit.unwrap_or(500).min(5_000));
+    query.kind = params.kind;
     let rows = state.store.list_parked(&key, query).await?;
     Ok(json_ok(&rows))
 }

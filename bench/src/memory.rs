@@ -132,12 +132,12 @@ pub(crate) async fn snapshot_diff(
     let poller = Poller::builder::<serde_json::Value>("bench")
         .identity_field("id")
         .cursor(cursor::snapshot_diff())
-        .schedule(ScheduleOptions {
-            min: Duration::from_secs(60),
-            max: Duration::from_secs(600),
-            jitter: 0.0,
-            ..ScheduleOptions::default()
-        })
+        .schedule(
+            ScheduleOptions::default()
+                .min(Duration::from_secs(60))
+                .max(Duration::from_secs(600))
+                .jitter(0.0),
+        )
         .max_pages_per_cycle(pages)
         .full_scan_page_cap(pages)
         .delivery(

@@ -126,12 +126,12 @@ pub(crate) async fn end_to_end(store: Arc<dyn Store>, p: &Params) -> Result<EndT
     let poller = Poller::builder::<serde_json::Value>("bench")
         .identity_field("id")
         .cursor(cursor::page(1))
-        .schedule(ScheduleOptions {
-            min: Duration::from_secs(60),
-            max: Duration::from_secs(600),
-            jitter: 0.0,
-            ..ScheduleOptions::default()
-        })
+        .schedule(
+            ScheduleOptions::default()
+                .min(Duration::from_secs(60))
+                .max(Duration::from_secs(600))
+                .jitter(0.0),
+        )
         .max_pages_per_cycle(pages)
         .delivery(delivery(p))
         .overlap_delivery(p.overlap)
@@ -227,15 +227,13 @@ pub(crate) async fn prefill(
                 OutboxRow::pending(workload::event(&key.poller, j, seq, payload, &time), now)
             })
             .collect();
-        let batch = CommitBatch {
-            state_patch: StatePatch {
+        let batch = CommitBatch::default()
+            .state_patch(StatePatch {
                 sequence: Some(i64::try_from(end).unwrap_or(i64::MAX)),
                 updated_at: Some(now),
                 ..StatePatch::default()
-            },
-            events: rows,
-            ..CommitBatch::default()
-        };
+            })
+            .events(rows);
         store.commit_poll(key, lease, &batch).await?;
         i = end;
     }
@@ -348,17 +346,15 @@ pub(crate) async fn commit(store: Arc<dyn Store>, p: &Params) -> Result<f64, Box
             .map(|event| OutboxRow::pending(event, now))
             .collect();
         let upserts = planned.upserts;
-        let batch = CommitBatch {
-            state_patch: StatePatch {
+        let batch = CommitBatch::default()
+            .state_patch(StatePatch {
                 sequence: Some(sequence),
                 updated_at: Some(now),
                 schema_version: Some(1),
                 ..StatePatch::default()
-            },
-            upserts,
-            events,
-            ..CommitBatch::default()
-        };
+            })
+            .upserts(upserts)
+            .events(events);
         store.commit_poll(&key, &lease, &batch).await?;
         i = end;
     }

@@ -200,10 +200,9 @@ impl Session {
         kind: Option<ParkedKind>,
         limit: Option<usize>,
     ) -> Result<Vec<ParkedRow>, CliError> {
-        let query = ParkedQuery {
-            kind,
-            limit: if ids.is_some() { None } else { limit },
-        };
+        let mut query = ParkedQuery::default();
+        query.kind = kind;
+        query.limit = if ids.is_some() { None } else { limit };
         let mut rows = self.store.list_parked(key, query).await?;
         if let Some(ids) = ids {
             rows.retain(|row| ids.contains(&row.id));

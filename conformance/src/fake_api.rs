@@ -1177,21 +1177,15 @@ fn wrong_cursor(adapter: &'static str, expected: &'static str, got: &Cursor) -> 
 }
 
 fn into_page(listing: Listing, has_more: Option<bool>, cursor: Option<String>) -> Page {
-    if listing.not_modified() {
-        return Page {
-            not_modified: true,
-            rate_limit: listing.rate_limit,
-            ..Page::default()
-        };
-    }
-    Page {
-        items: listing.items,
-        cursor,
-        has_more,
-        not_modified: false,
-        rate_limit: listing.rate_limit,
-        ..Page::default()
-    }
+    let mut page = if listing.not_modified() {
+        Page::not_modified()
+    } else {
+        let mut page = Page::new(listing.items);
+        (page.cursor, page.has_more) = (cursor, has_more);
+        page
+    };
+    page.rate_limit = listing.rate_limit;
+    page
 }
 
 /// `n` items `{ id: "item-001", name: "Item 1", value: 1, updatedAt }`, ids zero-padded to at

@@ -82,12 +82,12 @@ impl World {
         let api = self.api.clone();
         let builder = Poller::builder::<serde_json::Value>(name)
             .identity_field("id")
-            .schedule(ScheduleOptions {
-                min: Duration::from_secs(5),
-                max: Duration::from_secs(30),
-                jitter: 0.0,
-                ..ScheduleOptions::default()
-            })
+            .schedule(
+                ScheduleOptions::default()
+                    .min(Duration::from_secs(5))
+                    .max(Duration::from_secs(30))
+                    .jitter(0.0),
+            )
             // No handler timeout: world tests hold handlers open on purpose (stops, lost
             // leases); the timeout is tested on its own in `tests/handlers.rs`.
             .delivery(

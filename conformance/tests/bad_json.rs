@@ -91,13 +91,7 @@ async fn a_too_deep_item_and_an_undecodable_item_are_quarantined_and_the_good_it
     );
 
     let parked = store
-        .list_parked(
-            &key(),
-            ParkedQuery {
-                kind: Some(ParkedKind::Invalid),
-                limit: None,
-            },
-        )
+        .list_parked(&key(), ParkedQuery::default().kind(ParkedKind::Invalid))
         .await
         .unwrap();
     assert_eq!(parked.len(), 2, "{parked:?}");

@@ -161,11 +161,9 @@ impl Store for Broken {
     async fn commit_poll(&self, key: &PKey, lease: &Lease, batch: &CommitBatch) -> Result<()> {
         if let Defect::CommitNotAtomic = self.defect {
             if let Some(current) = self.inner.get_lease(key).await? {
-                let snapshot = CommitBatch {
-                    upserts: batch.upserts.clone(),
-                    deletes: batch.deletes.clone(),
-                    ..CommitBatch::default()
-                };
+                let snapshot = CommitBatch::default()
+                    .upserts(batch.upserts.clone())
+                    .deletes(batch.deletes.clone());
                 self.inner.commit_poll(key, &current, &snapshot).await?;
             }
         }

@@ -61,10 +61,7 @@ async fn invalid_rows(engine: &Engine) -> Vec<ParkedRow> {
         .list_parked(
             POLLER,
             None,
-            ParkedQuery {
-                kind: Some(ParkedKind::Invalid),
-                limit: None,
-            },
+            ParkedQuery::default().kind(ParkedKind::Invalid),
         )
         .await
         .unwrap()
@@ -569,12 +566,12 @@ where
     let (api, tamper) = (world.api.clone(), tamper.clone());
     Poller::builder::<T>(POLLER)
         .identity_field("id")
-        .schedule(ScheduleOptions {
-            min: Duration::from_secs(5),
-            max: Duration::from_secs(30),
-            jitter: 0.0,
-            ..ScheduleOptions::default()
-        })
+        .schedule(
+            ScheduleOptions::default()
+                .min(Duration::from_secs(5))
+                .max(Duration::from_secs(30))
+                .jitter(0.0),
+        )
         .delivery(DeliveryOptions::default().attempts(3).backoff(Backoff::new(
             Duration::from_secs(1),
             2.0,

@@ -30,10 +30,7 @@ async fn setup(subjects: &[&str]) -> Setup {
         .zip(1..)
         .map(|(s, seq)| OutboxRow::pending(event(&key, &format!("e{seq}"), seq, s), T0))
         .collect();
-    let batch = CommitBatch {
-        events,
-        ..CommitBatch::default()
-    };
+    let batch = CommitBatch::default().events(events);
     store.commit_poll(&key, &lease, &batch).await.unwrap();
     Setup {
         store,

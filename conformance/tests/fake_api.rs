@@ -774,10 +774,7 @@ async fn commit_staged(store: &MemoryStore, ctx: &FetchContext, now: i64) {
         .await
         .unwrap()
         .unwrap();
-    let batch = CommitBatch {
-        validators: access.staged(),
-        ..CommitBatch::default()
-    };
+    let batch = CommitBatch::default().validators(access.staged());
     store.commit_poll(&key, &lease, &batch).await.unwrap();
     store.release_lease(&key, &lease).await.unwrap();
 }

@@ -33,13 +33,12 @@ async fn setup(events: Vec<Event>) -> Setup {
     let store = Arc::new(MemoryStore::new());
     let key = key();
     let lease = acquire(&*store, &key, NODE_A, T0).await.unwrap();
-    let batch = CommitBatch {
-        events: events
+    let batch = CommitBatch::default().events(
+        events
             .into_iter()
             .map(|e| OutboxRow::pending(e, T0))
             .collect(),
-        ..CommitBatch::default()
-    };
+    );
     store.commit_poll(&key, &lease, &batch).await.unwrap();
     Setup {
         store,
@@ -132,12 +131,8 @@ async fn a_permanent_error_parks_after_one_attempt_and_says_why() {
     );
     assert_eq!(log[0].error.message, "order references unknown product");
     assert_eq!(
-        d.counters(""),
-        DeliveryCounters {
-            received: 1,
-            failed: 1,
-            ..DeliveryCounters::default()
-        }
+        serde_json::to_value(d.counters("")).unwrap(),
+        serde_json::json!({"received": 1, "applied": 0, "deduplicated": 0, "skipped": 0, "failed": 1})
     );
 }
 
@@ -264,13 +259,8 @@ async fn a_hanging_handler_is_timed_out_cancelled_and_retried() {
     assert_eq!((retried.delivered, retried.remaining), (1, 0));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     assert_eq!(
-        d.counters(""),
-        DeliveryCounters {
-            received: 2,
-            applied: 1,
-            failed: 1,
-            ..DeliveryCounters::default()
-        }
+        serde_json::to_value(d.counters("")).unwrap(),
+        serde_json::json!({"received": 2, "applied": 1, "deduplicated": 0, "skipped": 0, "failed": 1})
     );
 }
 
@@ -475,14 +465,8 @@ async fn counters_follow_what_handlers_report() {
         "the replayed event reached the handler"
     );
     assert_eq!(
-        d.counters(""),
-        DeliveryCounters {
-            received: 4,
-            applied: 2,
-            deduplicated: 1,
-            skipped: 1,
-            failed: 0,
-        }
+        serde_json::to_value(d.counters("")).unwrap(),
+        serde_json::json!({"received": 4, "applied": 2, "deduplicated": 1, "skipped": 1, "failed": 0})
     );
     assert_eq!(d.counters("other-partition"), DeliveryCounters::default());
 }

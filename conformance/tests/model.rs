@@ -498,15 +498,13 @@ impl Sut {
                 )
             })
             .collect();
-        let batch = CommitBatch {
-            state_patch: StatePatch {
+        let batch = CommitBatch::default()
+            .state_patch(StatePatch {
                 sequence: Some(seq),
                 updated_at: Some(now),
                 ..StatePatch::default()
-            },
-            events,
-            ..CommitBatch::default()
-        };
+            })
+            .events(events);
         match self
             .runtime
             .block_on(self.faulty.commit_poll(&self.key, &self.lease, &batch))

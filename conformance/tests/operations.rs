@@ -256,10 +256,11 @@ async fn trigger_keeps_an_open_circuit_open_and_the_forced_run_is_a_probe() {
     let hooks = Arc::new(HookLog::default());
     let poller = world
         .poller(StrategyKind::Timestamp)
-        .circuit(CircuitOptions {
-            failures: 3,
-            probe_every: Some(Duration::from_secs(600)),
-        })
+        .circuit(
+            CircuitOptions::default()
+                .failures(3)
+                .probe_every(Duration::from_secs(600)),
+        )
         .build()
         .unwrap();
     let engine = world
@@ -573,12 +574,12 @@ impl Tenants {
         Poller::builder::<Value>(TENANTS)
             .identity_field("id")
             .cursor(cursor::snapshot_diff())
-            .schedule(ScheduleOptions {
-                min: Duration::from_secs(5),
-                max: Duration::from_secs(30),
-                jitter: 0.0,
-                ..ScheduleOptions::default()
-            })
+            .schedule(
+                ScheduleOptions::default()
+                    .min(Duration::from_secs(5))
+                    .max(Duration::from_secs(30))
+                    .jitter(0.0),
+            )
             .fetch(move |ctx: FetchContext| {
                 let (apis, fetched) = (Arc::clone(&apis), Arc::clone(&fetched));
                 async move {

@@ -210,6 +210,7 @@ impl ValidatorAccess {
 
 /// One page of items as the API returned them.
 #[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub struct Page {
     /// The raw items; each is validated into the poller's item type.
     pub items: Vec<serde_json::Value>,

@@ -13,8 +13,9 @@ use crate::model::{
 };
 use crate::poller::PollerDef;
 
-/// When and how often a poller runs.
+/// When and how often a poller runs: `ScheduleOptions::default()`, then the setters.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct ScheduleOptions {
     /// The shortest interval (default 30 s).
     pub min: Duration,
@@ -28,8 +29,10 @@ pub struct ScheduleOptions {
     pub backoff: Backoff,
 }
 
-/// When the circuit opens and how often an open circuit is probed.
+/// When the circuit opens and how often an open circuit is probed: `CircuitOptions::default()`,
+/// then the setters.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct CircuitOptions {
     /// Consecutive failures that open the circuit (default 5).
     pub failures: u32,
@@ -122,6 +125,41 @@ impl Default for ScheduleOptions {
 }
 
 impl ScheduleOptions {
+    /// Sets the shortest interval.
+    #[must_use]
+    pub fn min(mut self, min: Duration) -> Self {
+        self.min = min;
+        self
+    }
+
+    /// Sets the longest interval.
+    #[must_use]
+    pub fn max(mut self, max: Duration) -> Self {
+        self.max = max;
+        self
+    }
+
+    /// Sets whether the interval adapts to activity (`false` pins `min`).
+    #[must_use]
+    pub fn adaptive(mut self, adaptive: bool) -> Self {
+        self.adaptive = adaptive;
+        self
+    }
+
+    /// Sets the symmetric jitter applied to every wait, in `[0, 1)`.
+    #[must_use]
+    pub fn jitter(mut self, jitter: f64) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// Sets the backoff after failures.
+    #[must_use]
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
     /// Checks the options; errors name `schedule.<option>`.
     pub fn validate(&self) -> Result<()> {
         if duration_ms(self.min) <= 0 {
@@ -162,6 +200,22 @@ impl ScheduleOptions {
             .unwrap_or_else(|| self.min_ms())
             .max(self.min_ms())
             .min(self.max_ms())
+    }
+}
+
+impl CircuitOptions {
+    /// Sets how many consecutive failures open the circuit.
+    #[must_use]
+    pub fn failures(mut self, failures: u32) -> Self {
+        self.failures = failures;
+        self
+    }
+
+    /// Sets how often an open circuit is probed.
+    #[must_use]
+    pub fn probe_every(mut self, every: Duration) -> Self {
+        self.probe_every = Some(every);
+        self
     }
 }
 

@@ -140,10 +140,7 @@ pub trait Store: Send + Sync + 'static {
     /// 4. The `LeaseLost` error carries the key and the rejected epoch
     ///    (`fencing::lease_lost_carries_key_and_epoch`).
     async fn save_state(&self, key: &PKey, lease: &Lease, patch: &StatePatch) -> Result<()> {
-        let batch = CommitBatch {
-            state_patch: patch.clone(),
-            ..CommitBatch::default()
-        };
+        let batch = CommitBatch::default().state_patch(patch.clone());
         self.commit_poll(key, lease, &batch).await
     }
 

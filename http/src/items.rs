@@ -41,11 +41,9 @@ pub struct Items {
 impl Items {
     /// A page of these items: the decoded ones as its `items`, the others as its `rejected`.
     pub fn into_page(self) -> Page {
-        Page {
-            items: self.items,
-            rejected: self.rejected,
-            ..Page::default()
-        }
+        let mut page = Page::new(self.items);
+        page.rejected = self.rejected;
+        page
     }
 }
 

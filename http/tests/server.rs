@@ -800,10 +800,7 @@ async fn validators_are_staged_and_trusted_only_once_committed() {
     assert_eq!(staged[0].validator.stored_at, T0);
 
     // The page's commit makes them durable; now the request is conditional and gets a 304.
-    let batch = CommitBatch {
-        validators: staged,
-        ..CommitBatch::default()
-    };
+    let batch = CommitBatch::default().validators(staged);
     store.commit_poll(&key, &lease, &batch).await.unwrap();
     let response = http.get(&ctx, &url).send().await.unwrap();
     assert!(response.ok() && response.not_modified());

@@ -21,7 +21,7 @@ use sqlx::{PgPool, Postgres, Row, Transaction};
 use watukuy_conformance::CaseError;
 use watukuy_conformance::cases::fixtures::{NODE_A, T0, acquire, event, key};
 use watukuy_conformance::world::{POLLER, StrategyKind, World};
-use watukuy_core::delivery::{ApplyError, ApplyOutcome, DeliveryCounters};
+use watukuy_core::delivery::{ApplyError, ApplyOutcome};
 use watukuy_core::{
     CommitBatch, DeliveryOptions, Dispatcher, DrainContext, Engine, Event, EventType,
     HandlerContext, HandlerError, ManualClock, OutboxRow, SeededRng, Store,
@@ -215,10 +215,7 @@ async fn crash_after_commit_before_ack_is_redelivered_and_detected_as_duplicate(
         store.migrate().await?;
         let k = key();
         let lease = acquire(&*store, &k, NODE_A, T0).await?;
-        let batch = CommitBatch {
-            events: vec![OutboxRow::pending(order("evt-1", "o1"), T0)],
-            ..CommitBatch::default()
-        };
+        let batch = CommitBatch::default().events(vec![OutboxRow::pending(order("evt-1", "o1"), T0)]);
         store.commit_poll(&k, &lease, &batch).await?;
         let clock = ManualClock::new(T0);
         let dispatcher = Dispatcher::new(
@@ -296,14 +293,7 @@ async fn crash_after_commit_before_ack_is_redelivered_and_detected_as_duplicate(
         );
         let counters = dispatcher.counters("");
         ensure!(
-            counters
-                == DeliveryCounters {
-                    received: 2,
-                    applied: 0,
-                    deduplicated: 1,
-                    skipped: 0,
-                    failed: 1,
-                },
+            serde_json::to_value(counters).ok() == Some(serde_json::json!({"received": 2, "applied": 0, "deduplicated": 1, "skipped": 0, "failed": 1})),
             "counters: {counters:?}"
         );
         Ok(())

@@ -71,25 +71,25 @@ async fn backfill(store: &dyn Store, lease: &Lease) -> Result<(), CaseError> {
         for i in range.clone() {
             events.push(OutboxRow::pending(event(i)?, T0));
         }
-        let batch = CommitBatch {
-            state_patch: StatePatch {
+        let batch = CommitBatch::default()
+            .state_patch(StatePatch {
                 sequence: events.last().map(|row| row.sequence),
                 updated_at: Some(T0),
                 ..StatePatch::default()
-            },
-            upserts: range
-                .map(|i| ItemRow {
-                    identity: identity(i),
-                    version: None,
-                    hash: format!("hash-{i}"),
-                    schema_version: 1,
-                    payload: None,
-                    seen_at: T0,
-                })
-                .collect(),
-            events,
-            ..CommitBatch::default()
-        };
+            })
+            .upserts(
+                range
+                    .map(|i| ItemRow {
+                        identity: identity(i),
+                        version: None,
+                        hash: format!("hash-{i}"),
+                        schema_version: 1,
+                        payload: None,
+                        seen_at: T0,
+                    })
+                    .collect(),
+            )
+            .events(events);
         store.commit_poll(&key(), lease, &batch).await?;
     }
     Ok(())

@@ -65,22 +65,20 @@ fn page(identities: &[&str], first_sequence: i64) -> Result<CommitBatch, CaseErr
             T0,
         ));
     }
-    Ok(CommitBatch {
-        state_patch: StatePatch {
+    Ok(CommitBatch::default()
+        .state_patch(StatePatch {
             sequence: events.last().map(|row| row.sequence),
             updated_at: Some(T0),
             ..StatePatch::default()
-        },
-        upserts: identities
-            .iter()
-            .map(|id| item(id, &format!("hash-{id}-{first_sequence}")))
-            .collect(),
-        deletes: Vec::new(),
-        events,
-        log: true,
-        parked: Vec::new(),
-        validators: Vec::new(),
-    })
+        })
+        .upserts(
+            identities
+                .iter()
+                .map(|id| item(id, &format!("hash-{id}-{first_sequence}")))
+                .collect(),
+        )
+        .events(events)
+        .log(true))
 }
 
 fn expect_lease_lost<T: std::fmt::Debug>(

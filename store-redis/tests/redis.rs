@@ -91,26 +91,23 @@ fn parked(id: &str, item: Json, hold: Option<&str>) -> ParkedRow {
 /// A commit of one item (with `payload`), its event (data `payload`, logged) and a quarantined
 /// row holding `payload` as its raw item.
 fn page(key: &PKey, identity: &str, sequence: i64, payload: &Json) -> CommitBatch {
-    CommitBatch {
-        state_patch: StatePatch {
+    CommitBatch::default()
+        .state_patch(StatePatch {
             sequence: Some(sequence),
             updated_at: Some(T0),
             ..StatePatch::default()
-        },
-        upserts: vec![item(identity, Some(payload.clone()))],
-        deletes: Vec::new(),
-        events: vec![OutboxRow::pending(
+        })
+        .upserts(vec![item(identity, Some(payload.clone()))])
+        .events(vec![OutboxRow::pending(
             event(key, &format!("evt-{identity}"), sequence, payload.clone()),
             T0,
-        )],
-        log: true,
-        parked: vec![parked(
+        )])
+        .log(true)
+        .parked(vec![parked(
             &format!("invalid:{identity}"),
             payload.clone(),
             Some(identity),
-        )],
-        validators: Vec::new(),
-    }
+        )])
 }
 
 async fn acquire(store: &dyn Store, key: &PKey, owner: &str, now: i64) -> Result<Lease, CaseError> {
@@ -293,10 +290,7 @@ async fn weird_names_keep_one_slot_and_never_collide() {
                     stored_at: T0,
                 },
             };
-            let batch = CommitBatch {
-                validators: vec![validator],
-                ..CommitBatch::default()
-            };
+            let batch = CommitBatch::default().validators(vec![validator]);
             store.commit_poll(key, &lease, &batch).await?;
             let names = scan(&server, store.options().get_prefix()).await?;
             let mut slots = BTreeSet::new();
@@ -386,10 +380,8 @@ async fn stream_identities_pages_special_identities_exactly() {
         let key = PKey::new("orders", "");
         let lease = acquire(&store, &key, "node-a", T0).await?;
         let identities = ["", "-", "+", "(", "[", "((", "a", "é", "😀", "z\u{0}"];
-        let batch = CommitBatch {
-            upserts: identities.iter().map(|id| item(id, None)).collect(),
-            ..CommitBatch::default()
-        };
+        let batch =
+            CommitBatch::default().upserts(identities.iter().map(|id| item(id, None)).collect());
         store.commit_poll(&key, &lease, &batch).await?;
         let batches: Vec<Vec<String>> = store.stream_identities(&key, 3).try_collect().await?;
         let sizes: Vec<usize> = batches.iter().map(Vec::len).collect();

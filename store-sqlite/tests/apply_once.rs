@@ -17,7 +17,7 @@ use std::time::Duration;
 use rusqlite::{Connection, Transaction};
 use watukuy_conformance::cases::fixtures::{NODE_A, T0, acquire, event, key};
 use watukuy_conformance::world::{POLLER, StrategyKind, World};
-use watukuy_core::delivery::{ApplyError, ApplyOutcome, DeliveryCounters};
+use watukuy_core::delivery::{ApplyError, ApplyOutcome};
 use watukuy_core::{
     CommitBatch, DeliveryOptions, Dispatcher, DrainContext, Event, EventType, HandlerContext,
     HandlerError, HandlerErrorKind, ManualClock, OutboxRow, SeededRng, Store,
@@ -178,10 +178,7 @@ async fn crash_after_commit_before_ack_is_redelivered_and_detected_as_duplicate(
     store.migrate().await.unwrap();
     let k = key();
     let lease = acquire(&*store, &k, NODE_A, T0).await.unwrap();
-    let batch = CommitBatch {
-        events: vec![OutboxRow::pending(order("evt-1", "o1"), T0)],
-        ..CommitBatch::default()
-    };
+    let batch = CommitBatch::default().events(vec![OutboxRow::pending(order("evt-1", "o1"), T0)]);
     store.commit_poll(&k, &lease, &batch).await.unwrap();
     let clock = ManualClock::new(T0);
     let dispatcher = Dispatcher::new(
@@ -252,14 +249,8 @@ async fn crash_after_commit_before_ack_is_redelivered_and_detected_as_duplicate(
         "the duplicate changed the projection"
     );
     assert_eq!(
-        dispatcher.counters(""),
-        DeliveryCounters {
-            received: 2,
-            applied: 0,
-            deduplicated: 1,
-            skipped: 0,
-            failed: 1,
-        }
+        serde_json::to_value(dispatcher.counters("")).unwrap(),
+        serde_json::json!({"received": 2, "applied": 0, "deduplicated": 1, "skipped": 0, "failed": 1})
     );
 }
 
@@ -528,13 +519,7 @@ async fn replay_into_an_empty_read_model_rebuilds_it_exactly() {
     assert_eq!(rows(&reader, "rm_rebuilt"), live);
     let counters = engine.inspect().await.unwrap().pollers[0].delivery;
     assert_eq!(
-        counters,
-        DeliveryCounters {
-            received: 27,
-            applied: 18,
-            deduplicated: 9,
-            skipped: 0,
-            failed: 0,
-        }
+        serde_json::to_value(counters).unwrap(),
+        serde_json::json!({"received": 27, "applied": 18, "deduplicated": 9, "skipped": 0, "failed": 0})
     );
 }

@@ -60,17 +60,15 @@ fn page_batch(key: &PKey, page: i64) -> CommitBatch {
         upserts.push(row);
         events.push(pending(key, &format!("evt-{}", first + n), first + n, &id));
     }
-    CommitBatch {
-        state_patch: StatePatch {
+    CommitBatch::default()
+        .state_patch(StatePatch {
             sequence: Some(page * PAGE),
             updated_at: Some(T0 + page),
             ..StatePatch::default()
-        },
-        upserts,
-        events,
-        log: true,
-        ..CommitBatch::default()
-    }
+        })
+        .upserts(upserts)
+        .events(events)
+        .log(true)
 }
 
 /// Commits pages on the file at `path`, resuming after the last committed one, until

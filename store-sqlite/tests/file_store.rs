@@ -29,17 +29,15 @@ fn page(key: &PKey, identities: &[&str], first_seq: i64) -> CommitBatch {
         .zip(first_seq..)
         .map(|(id, seq)| pending(key, &format!("evt-{seq}"), seq, id))
         .collect();
-    CommitBatch {
-        state_patch: StatePatch {
+    CommitBatch::default()
+        .state_patch(StatePatch {
             sequence: events.last().map(|row| row.sequence),
             updated_at: Some(T0),
             ..StatePatch::default()
-        },
-        upserts: identities.iter().map(|id| item(id, "h")).collect(),
-        events,
-        log: true,
-        ..CommitBatch::default()
-    }
+        })
+        .upserts(identities.iter().map(|id| item(id, "h")).collect())
+        .events(events)
+        .log(true)
 }
 
 /// Takes `key`'s lease for `NODE_A` at `T0` and commits one page of `identities` under it.
@@ -326,14 +324,7 @@ async fn long_id_lists_are_chunked() {
 
     let delete: Vec<String> = ids.iter().take(1_100).cloned().collect();
     store
-        .commit_poll(
-            &key,
-            &lease,
-            &CommitBatch {
-                deletes: delete,
-                ..CommitBatch::default()
-            },
-        )
+        .commit_poll(&key, &lease, &CommitBatch::default().deletes(delete))
         .await
         .unwrap();
     assert_eq!(store.counts(&key).await.map(|c| c.items).unwrap(), 134);

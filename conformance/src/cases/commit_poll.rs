@@ -73,15 +73,13 @@ pub async fn applies_everything_together(env: Env) -> CaseResult {
             .is_some_and(|issues| !issues.is_empty()),
         "fixture: the invalid row carries validation issues"
     );
-    let batch = CommitBatch {
-        state_patch: patch.clone(),
-        upserts: vec![upsert_1.clone(), upsert_2.clone()],
-        deletes: owned_ids(&["never-existed"]),
-        events: events.clone(),
-        log: false,
-        parked: vec![quarantined.clone()],
-        validators: Vec::new(),
-    };
+    let batch = CommitBatch::default()
+        .state_patch(patch.clone())
+        .upserts(vec![upsert_1.clone(), upsert_2.clone()])
+        .deletes(owned_ids(&["never-existed"]))
+        .events(events.clone())
+        .log(false)
+        .parked(vec![quarantined.clone()]);
     store.commit_poll(&k, &lease, &batch).await?;
 
     let expected_state = PollerState::patched(None, &patch);
@@ -133,15 +131,12 @@ pub async fn applies_everything_together(env: Env) -> CaseResult {
     };
     let upsert_3 = item("o3", "hash-o3");
     let event_3 = OutboxRow::pending(event(&k, "evt-3", 3, "o3"), T0 + 1_000);
-    let batch_2 = CommitBatch {
-        state_patch: patch_2.clone(),
-        upserts: vec![upsert_3.clone()],
-        deletes: owned_ids(&["o2"]),
-        events: vec![event_3.clone()],
-        log: false,
-        parked: Vec::new(),
-        validators: Vec::new(),
-    };
+    let batch_2 = CommitBatch::default()
+        .state_patch(patch_2.clone())
+        .upserts(vec![upsert_3.clone()])
+        .deletes(owned_ids(&["o2"]))
+        .events(vec![event_3.clone()])
+        .log(false);
     store.commit_poll(&k, &lease, &batch_2).await?;
 
     let expected_state_2 = PollerState::patched(Some(expected_state), &patch_2);
@@ -307,10 +302,7 @@ pub async fn empty_batch_applies_patch(env: Env) -> CaseResult {
         updated_at: Some(T0 + 100),
         ..StatePatch::default()
     };
-    let batch = CommitBatch {
-        state_patch: patch.clone(),
-        ..CommitBatch::default()
-    };
+    let batch = CommitBatch::default().state_patch(patch.clone());
     store.commit_poll(&k, &lease, &batch).await?;
     let state = PollerState::patched(None, &patch);
     check_eq!(
@@ -335,11 +327,9 @@ pub async fn empty_batch_applies_patch(env: Env) -> CaseResult {
         updated_at: Some(T0 + 1_000),
         ..StatePatch::default()
     };
-    let batch_2 = CommitBatch {
-        state_patch: patch_2.clone(),
-        log: true,
-        ..CommitBatch::default()
-    };
+    let batch_2 = CommitBatch::default()
+        .state_patch(patch_2.clone())
+        .log(true);
     store.commit_poll(&k, &lease, &batch_2).await?;
     let state_2 = PollerState::patched(Some(state), &patch_2);
     check!(
@@ -387,17 +377,15 @@ pub async fn writes_validators_with_the_page(env: Env) -> CaseResult {
         url_validator("url-a", Some("W/\"a1\""), T0),
         url_validator("url-b", Some("\"b1\""), T0),
     );
-    let batch = CommitBatch {
-        state_patch: StatePatch {
+    let batch = CommitBatch::default()
+        .state_patch(StatePatch {
             sequence: Some(1),
             updated_at: Some(T0),
             ..StatePatch::default()
-        },
-        events: vec![pending(&k, "e1", 1, "i1")],
-        upserts: vec![item("i1", "h1")],
-        validators: vec![a.clone(), b.clone()],
-        ..CommitBatch::default()
-    };
+        })
+        .events(vec![pending(&k, "e1", 1, "i1")])
+        .upserts(vec![item("i1", "h1")])
+        .validators(vec![a.clone(), b.clone()]);
     store.commit_poll(&k, &lease, &batch).await?;
     for v in [&a, &b] {
         check_eq!(
@@ -415,14 +403,12 @@ pub async fn writes_validators_with_the_page(env: Env) -> CaseResult {
         },
         ..a.clone()
     };
-    let batch = CommitBatch {
-        state_patch: StatePatch {
+    let batch = CommitBatch::default()
+        .state_patch(StatePatch {
             updated_at: Some(T0 + 1_000),
             ..StatePatch::default()
-        },
-        validators: vec![replaced.clone()],
-        ..CommitBatch::default()
-    };
+        })
+        .validators(vec![replaced.clone()]);
     store.commit_poll(&k, &lease, &batch).await?;
     check_eq!(
         store.get_validator(&k, "url-a").await?,

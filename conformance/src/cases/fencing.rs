@@ -77,17 +77,15 @@ async fn seed(store: &dyn Store) -> Result<(Seeded, Lease), CaseError> {
     let key = key();
     let log = store.capabilities().log;
     let stale = acquire(store, &key, NODE_A, T0).await?;
-    let batch = CommitBatch {
-        state_patch: StatePatch {
+    let batch = CommitBatch::default()
+        .state_patch(StatePatch {
             sequence: Some(1),
             updated_at: Some(T0),
             ..StatePatch::default()
-        },
-        upserts: vec![item("i1", "h1")],
-        events: vec![pending(&key, "e1", 1, "i1")],
-        log,
-        ..CommitBatch::default()
-    };
+        })
+        .upserts(vec![item("i1", "h1")])
+        .events(vec![pending(&key, "e1", 1, "i1")])
+        .log(log);
     store.commit_poll(&key, &stale, &batch).await?;
     let current = acquire(store, &key, NODE_B, T0 + TTL).await?;
     check_eq!(current.epoch, stale.epoch + 1, "node-b's steal at T0+TTL");
@@ -166,31 +164,30 @@ pub async fn commit_poll_rejects_stale_lease(env: Env) -> CaseResult {
     let mut overwritten = pending(key, "e1", 1, "i1");
     overwritten.attempts = 5;
     overwritten.status = OutboxStatus::Delivered;
-    let batch = CommitBatch {
-        state_patch: StatePatch {
+    let batch = CommitBatch::default()
+        .state_patch(StatePatch {
             paused: Some(true),
             sequence: Some(2),
             updated_at: Some(T0 + TTL + 1_000),
             ..StatePatch::default()
-        },
-        upserts: vec![item("i2", "h2")],
-        deletes: vec!["i1".to_owned()],
-        events: vec![overwritten, pending(key, "e2", 2, "i2")],
-        log: store.capabilities().log,
-        parked: vec![invalid(
+        })
+        .upserts(vec![item("i2", "h2")])
+        .deletes(vec!["i1".to_owned()])
+        .events(vec![overwritten, pending(key, "e2", 2, "i2")])
+        .log(store.capabilities().log)
+        .parked(vec![invalid(
             "invalid:bad",
             r#"{"id":"bad","total":"x"}"#,
             T0 + TTL,
-        )],
-        validators: vec![watukuy_core::UrlValidator {
+        )])
+        .validators(vec![watukuy_core::UrlValidator {
             url_hash: URL.to_owned(),
             validator: watukuy_core::Validator {
                 etag: Some("\"v2\"".to_owned()),
                 last_modified: None,
                 stored_at: T0 + TTL,
             },
-        }],
-    };
+        }]);
     for (lease, label) in seeded.rejected(&stale) {
         let what = format!("commit_poll with {label}");
         expect_lease_lost(
@@ -337,21 +334,19 @@ pub async fn fenced_writes_without_lease_are_rejected(env: Env) -> CaseResult {
         updated_at: Some(T0),
         ..StatePatch::default()
     };
-    let batch = CommitBatch {
-        state_patch: patch.clone(),
-        upserts: vec![item("i1", "h1")],
-        events: vec![pending(&key, "e1", 1, "i1")],
-        log,
-        validators: vec![watukuy_core::UrlValidator {
+    let batch = CommitBatch::default()
+        .state_patch(patch.clone())
+        .upserts(vec![item("i1", "h1")])
+        .events(vec![pending(&key, "e1", 1, "i1")])
+        .log(log)
+        .validators(vec![watukuy_core::UrlValidator {
             url_hash: URL.to_owned(),
             validator: Validator {
                 etag: Some("\"v1\"".to_owned()),
                 last_modified: None,
                 stored_at: T0,
             },
-        }],
-        ..CommitBatch::default()
-    };
+        }]);
     let error = SerializedError::new("HandlerError", "boom");
     let row = poison(event(&key, "e1", 1, "i1"), Some("i1"), T0);
     let epoch = ghost.epoch;
@@ -426,13 +421,11 @@ pub async fn released_lease_fails_fence(env: Env) -> CaseResult {
         lease.epoch,
         "save_state with a released lease",
     )?;
-    let batch = CommitBatch {
-        state_patch: patch,
-        upserts: vec![item("i1", "h1")],
-        events: vec![pending(&key, "e1", 1, "i1")],
-        log: store.capabilities().log,
-        ..CommitBatch::default()
-    };
+    let batch = CommitBatch::default()
+        .state_patch(patch)
+        .upserts(vec![item("i1", "h1")])
+        .events(vec![pending(&key, "e1", 1, "i1")])
+        .log(store.capabilities().log);
     expect_lease_lost(
         store.commit_poll(&key, &lease, &batch).await,
         &key,
@@ -502,14 +495,7 @@ pub async fn lease_lost_carries_key_and_epoch(env: Env) -> CaseResult {
     }
     expect_lease_lost(
         store
-            .commit_poll(
-                &key,
-                &stale,
-                &CommitBatch {
-                    state_patch: patch,
-                    ..CommitBatch::default()
-                },
-            )
+            .commit_poll(&key, &stale, &CommitBatch::default().state_patch(patch))
             .await,
         &key,
         stale.epoch,

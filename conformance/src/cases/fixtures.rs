@@ -272,10 +272,7 @@ pub async fn observe(
         parked: store
             .list_parked(
                 key,
-                watukuy_core::ParkedQuery {
-                    kind: None,
-                    limit: Some(OBSERVE_LIMIT),
-                },
+                watukuy_core::ParkedQuery::default().limit(OBSERVE_LIMIT),
             )
             .await?,
         parked_count: store.counts(key).await.map(|c| c.parked)?,
@@ -300,16 +297,14 @@ pub async fn commit_events(
     log: bool,
 ) -> CaseResult {
     let sequence = events.iter().map(|row| row.sequence).max();
-    let batch = watukuy_core::CommitBatch {
-        state_patch: watukuy_core::StatePatch {
+    let batch = watukuy_core::CommitBatch::default()
+        .state_patch(watukuy_core::StatePatch {
             sequence,
             updated_at: Some(T0),
             ..watukuy_core::StatePatch::default()
-        },
-        events,
-        log,
-        ..watukuy_core::CommitBatch::default()
-    };
+        })
+        .events(events)
+        .log(log);
     store.commit_poll(key, lease, &batch).await?;
     Ok(())
 }
@@ -333,12 +328,9 @@ pub async fn write_validator(
     url_hash: &str,
     validator: &watukuy_core::Validator,
 ) -> watukuy_core::Result<()> {
-    let batch = watukuy_core::CommitBatch {
-        validators: vec![watukuy_core::UrlValidator {
-            url_hash: url_hash.to_owned(),
-            validator: validator.clone(),
-        }],
-        ..watukuy_core::CommitBatch::default()
-    };
+    let batch = watukuy_core::CommitBatch::default().validators(vec![watukuy_core::UrlValidator {
+        url_hash: url_hash.to_owned(),
+        validator: validator.clone(),
+    }]);
     store.commit_poll(key, lease, &batch).await
 }

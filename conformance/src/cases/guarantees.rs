@@ -53,18 +53,18 @@ impl World {
                 event(&self.key, &format!("evt-{seq:04}-{subject}"), seq, subject)
             })
             .collect();
-        let batch = CommitBatch {
-            state_patch: StatePatch {
+        let batch = CommitBatch::default()
+            .state_patch(StatePatch {
                 sequence: Some(first_sequence + i64::try_from(subjects.len()).unwrap_or(0) - 1),
                 updated_at: Some(T0),
                 ..StatePatch::default()
-            },
-            events: events
-                .iter()
-                .map(|e| OutboxRow::pending(e.clone(), T0))
-                .collect(),
-            ..CommitBatch::default()
-        };
+            })
+            .events(
+                events
+                    .iter()
+                    .map(|e| OutboxRow::pending(e.clone(), T0))
+                    .collect(),
+            );
         self.store
             .commit_poll(&self.key, &self.lease, &batch)
             .await?;

@@ -18,30 +18,27 @@ const URL: &str = "url-hash-1";
 /// Fills `key` with something of every kind: state, two items, two pending events (all logged),
 /// an invalid row, a poison row holding `o1`, and a validator.
 async fn populate(store: &dyn Store, key: &PKey, lease: &Lease) -> CaseResult {
-    let batch = CommitBatch {
-        state_patch: StatePatch {
+    let batch = CommitBatch::default()
+        .state_patch(StatePatch {
             sequence: Some(3),
             schema_version: Some(1),
             updated_at: Some(T0),
             ..StatePatch::default()
-        },
-        upserts: vec![
+        })
+        .upserts(vec![
             ItemRow {
                 payload: Some(json(r#"{"id":"o1","owner":"a"}"#)),
                 ..item("o1", "hash-a-o1")
             },
             item("o2", "hash-a-o2"),
-        ],
-        deletes: Vec::new(),
-        events: vec![
+        ])
+        .events(vec![
             pending(key, "evt-1", 1, "o1"),
             pending(key, "evt-2", 2, "o2"),
             pending(key, "evt-3", 3, "o1"),
-        ],
-        log: store.capabilities().log,
-        parked: vec![invalid("invalid:a", r#"{"id":"bad-a"}"#, T0)],
-        validators: Vec::new(),
-    };
+        ])
+        .log(store.capabilities().log)
+        .parked(vec![invalid("invalid:a", r#"{"id":"bad-a"}"#, T0)]);
     store.commit_poll(key, lease, &batch).await?;
     let parked = poison(event(key, "evt-3", 3, "o1"), Some("o1"), T0 + 100);
     store.park_event(key, lease, &parked).await?;
@@ -62,15 +59,12 @@ async fn expect_fenced_out(store: &dyn Store, key: &PKey, lease: &Lease, what: &
         updated_at: Some(T0 + 2_000),
         ..StatePatch::default()
     };
-    let batch = CommitBatch {
-        state_patch: patch.clone(),
-        upserts: vec![item("intruder", "hash")],
-        deletes: owned_ids(&["o1"]),
-        events: vec![pending(key, "evt-9", 9, "intruder")],
-        log: true,
-        parked: Vec::new(),
-        validators: Vec::new(),
-    };
+    let batch = CommitBatch::default()
+        .state_patch(patch.clone())
+        .upserts(vec![item("intruder", "hash")])
+        .deletes(owned_ids(&["o1"]))
+        .events(vec![pending(key, "evt-9", 9, "intruder")])
+        .log(true);
     let error = SerializedError::new("HandlerError", "intruder");
     let parked = poison(event(key, "evt-1", 1, "o1"), Some("o1"), T0);
     let validator = Validator {
@@ -196,26 +190,28 @@ async fn check_isolated(store: &dyn Store, other: &PKey) -> CaseResult {
     );
 
     // The other key's own writes, naming A's identities, event ids and parked ids.
-    let batch = CommitBatch {
-        state_patch: StatePatch {
+    let batch = CommitBatch::default()
+        .state_patch(StatePatch {
             sequence: Some(9),
             paused: Some(true),
             updated_at: Some(T0 + 5_000),
             ..StatePatch::default()
-        },
-        upserts: vec![ItemRow {
+        })
+        .upserts(vec![ItemRow {
             payload: Some(json(r#"{"id":"o1","owner":"other"}"#)),
             ..item("o1", "hash-other-o1")
-        }],
-        deletes: owned_ids(&["o2"]),
-        events: vec![OutboxRow::pending(
+        }])
+        .deletes(owned_ids(&["o2"]))
+        .events(vec![OutboxRow::pending(
             event(other, "evt-1", 1, "o1"),
             T0 + 5_000,
-        )],
-        log,
-        parked: vec![invalid("invalid:a", r#"{"id":"bad-other"}"#, T0 + 5_000)],
-        validators: Vec::new(),
-    };
+        )])
+        .log(log)
+        .parked(vec![invalid(
+            "invalid:a",
+            r#"{"id":"bad-other"}"#,
+            T0 + 5_000,
+        )]);
     store.commit_poll(other, &lease_o, &batch).await?;
     check_eq!(
         store.counts(other).await.map(|c| c.items)?,

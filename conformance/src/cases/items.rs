@@ -22,15 +22,13 @@ async fn commit_items(
     upserts: Vec<ItemRow>,
     deletes: &[&str],
 ) -> CaseResult {
-    let batch = CommitBatch {
-        state_patch: StatePatch {
+    let batch = CommitBatch::default()
+        .state_patch(StatePatch {
             updated_at: Some(T0),
             ..StatePatch::default()
-        },
-        upserts,
-        deletes: deletes.iter().map(|id| (*id).to_owned()).collect(),
-        ..CommitBatch::default()
-    };
+        })
+        .upserts(upserts)
+        .deletes(deletes.iter().map(|id| (*id).to_owned()).collect());
     store.commit_poll(key, lease, &batch).await?;
     Ok(())
 }

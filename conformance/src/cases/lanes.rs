@@ -151,12 +151,10 @@ fn summary(events: &[Event]) -> Vec<(EventType, String, Lane)> {
 /// Schedule `min 5 s, max 40 s, jitter 0` (the AIMD example both implementations pin), default
 /// backoff.
 fn pinned_schedule() -> ScheduleOptions {
-    ScheduleOptions {
-        min: Duration::from_secs(5),
-        max: Duration::from_secs(40),
-        jitter: 0.0,
-        ..ScheduleOptions::default()
-    }
+    ScheduleOptions::default()
+        .min(Duration::from_secs(5))
+        .max(Duration::from_secs(40))
+        .jitter(0.0)
 }
 
 /// The largest full-jitter backoff after `failures` failures with the default backoff (1 s × 2,
@@ -388,10 +386,11 @@ pub async fn circuit_opens_probes_and_closes(env: Env) -> CaseResult {
     let poller = w
         .poller(StrategyKind::Timestamp)
         .schedule(pinned_schedule())
-        .circuit(CircuitOptions {
-            failures: 3,
-            probe_every: Some(Duration::from_secs(60)),
-        })
+        .circuit(
+            CircuitOptions::default()
+                .failures(3)
+                .probe_every(Duration::from_secs(60)),
+        )
         .build()?;
     let (engine, recorder) = engine(&w, &env, poller, Some(hooks.clone()))?;
     clean_tick(&w, &engine).await?;

@@ -60,19 +60,14 @@ async fn sequences(
 
 /// A query with only `after_sequence`.
 fn after(sequence: i64) -> LogQuery {
-    LogQuery {
-        after_sequence: Some(sequence),
-        ..LogQuery::default()
-    }
+    LogQuery::default().after_sequence(sequence)
 }
 
 /// A query with only a time range.
 fn between(from_time: Option<i64>, to_time: Option<i64>) -> LogQuery {
-    LogQuery {
-        after_sequence: None,
-        from_time,
-        to_time,
-    }
+    let mut query = LogQuery::default();
+    (query.from_time, query.to_time) = (from_time, to_time);
+    query
 }
 
 /// Five rows at sequences 1..=5 with ids that sort opposite to their sequences, created one
@@ -231,11 +226,7 @@ pub async fn read_log_time_range_and_limit(env: Env) -> CaseResult {
         "to_time before the first entry gives none"
     );
 
-    let combined = LogQuery {
-        after_sequence: Some(2),
-        from_time: s(1_000),
-        to_time: s(4_000),
-    };
+    let combined = between(s(1_000), s(4_000)).after_sequence(2);
     check_eq!(
         sequences(store, &k, combined, 100).await?,
         vec![3, 4, 5],
@@ -246,11 +237,7 @@ pub async fn read_log_time_range_and_limit(env: Env) -> CaseResult {
         vec![3, 4],
         "filters and limit together: the first two matches in order"
     );
-    let combined_2 = LogQuery {
-        after_sequence: Some(0),
-        from_time: s(1_000),
-        to_time: s(3_000),
-    };
+    let combined_2 = between(s(1_000), s(3_000)).after_sequence(0);
     check_eq!(sequences(store, &k, combined_2, 1).await?, vec![2]);
     check_eq!(
         sequences(store, &k, LogQuery::default(), 1).await?,

@@ -20,7 +20,9 @@ async fn list(
     kind: Option<ParkedKind>,
     limit: Option<usize>,
 ) -> Result<Vec<ParkedRow>, CaseError> {
-    Ok(store.list_parked(key, ParkedQuery { kind, limit }).await?)
+    let mut query = ParkedQuery::default();
+    (query.kind, query.limit) = (kind, limit);
+    Ok(store.list_parked(key, query).await?)
 }
 
 /// The ids of `list_parked` with an optional kind and limit.
@@ -228,14 +230,12 @@ pub async fn list_parked_filters_orders_limits(env: Env) -> CaseResult {
 
     store.park_event(&k, &lease, &p_b).await?;
     store.park_event(&k, &lease, &i_y).await?;
-    let batch = CommitBatch {
-        state_patch: StatePatch {
+    let batch = CommitBatch::default()
+        .state_patch(StatePatch {
             updated_at: Some(T0),
             ..StatePatch::default()
-        },
-        parked: vec![p_a.clone(), i_z.clone()],
-        ..CommitBatch::default()
-    };
+        })
+        .parked(vec![p_a.clone(), i_z.clone()]);
     store.commit_poll(&k, &lease, &batch).await?;
     store.park_event(&k, &lease, &p_c).await?;
 
@@ -383,14 +383,12 @@ async fn commit_parked(
     lease: &Lease,
     parked: Vec<ParkedRow>,
 ) -> CaseResult {
-    let batch = CommitBatch {
-        state_patch: StatePatch {
+    let batch = CommitBatch::default()
+        .state_patch(StatePatch {
             updated_at: Some(T0),
             ..StatePatch::default()
-        },
-        parked,
-        ..CommitBatch::default()
-    };
+        })
+        .parked(parked);
     store.commit_poll(key, lease, &batch).await?;
     Ok(())
 }

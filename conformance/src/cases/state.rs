@@ -159,8 +159,8 @@ async fn sorted_keys(store: &dyn Store, poller: Option<&str>) -> Result<Vec<PKey
 async fn seed_everything(store: &dyn Store, key: &PKey) -> Result<Observation, CaseError> {
     let log = store.capabilities().log;
     let lease = acquire(store, key, NODE_A, T0).await?;
-    let batch = CommitBatch {
-        state_patch: StatePatch {
+    let batch = CommitBatch::default()
+        .state_patch(StatePatch {
             lanes: Some(Lanes {
                 live: Some(cursor(r#"{"page":2}"#)),
                 ..Lanes::default()
@@ -169,14 +169,18 @@ async fn seed_everything(store: &dyn Store, key: &PKey) -> Result<Observation, C
             sequence: Some(2),
             updated_at: Some(T0),
             ..StatePatch::default()
-        },
-        upserts: vec![item("i1", "h1"), item("i2", "h2")],
-        deletes: Vec::new(),
-        events: vec![pending(key, "e1", 1, "i1"), pending(key, "e2", 2, "i2")],
-        log,
-        parked: vec![invalid("invalid:x", r#"{"id":"x","total":"NaN"}"#, T0)],
-        validators: Vec::new(),
-    };
+        })
+        .upserts(vec![item("i1", "h1"), item("i2", "h2")])
+        .events(vec![
+            pending(key, "e1", 1, "i1"),
+            pending(key, "e2", 2, "i2"),
+        ])
+        .log(log)
+        .parked(vec![invalid(
+            "invalid:x",
+            r#"{"id":"x","total":"NaN"}"#,
+            T0,
+        )]);
     store.commit_poll(key, &lease, &batch).await?;
     store
         .park_event(
@@ -463,15 +467,13 @@ pub async fn list_keys_filters_by_poller(env: Env) -> CaseResult {
         .commit_poll(
             &key_other(),
             &other,
-            &CommitBatch {
-                state_patch: StatePatch {
+            &CommitBatch::default()
+                .state_patch(StatePatch {
                     sequence: Some(1),
                     updated_at: Some(T0),
                     ..StatePatch::default()
-                },
-                upserts: vec![item("i1", "h1")],
-                ..CommitBatch::default()
-            },
+                })
+                .upserts(vec![item("i1", "h1")]),
         )
         .await?;
     // Reads of a key never written must not make it known.

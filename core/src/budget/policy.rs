@@ -24,6 +24,7 @@ pub enum Fairness {
 /// The bucket starts full (`burst` tokens) and refills at `requests / per`; a request costing more
 /// than `burst` still goes through once the bucket holds its cost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BudgetPolicy {
     /// Tokens refilled every `per` (at least 1).
     pub requests: u64,

@@ -60,18 +60,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         order_event(4, "order-3", EventType::Created, 0, now),
         order_event(5, "order-3", EventType::Updated, 10, now),
     ];
-    let batch = CommitBatch {
-        events: events
-            .into_iter()
-            .map(|e| OutboxRow::pending(e, now))
-            .collect(),
-        state_patch: StatePatch {
+    let batch = CommitBatch::default()
+        .events(
+            events
+                .into_iter()
+                .map(|e| OutboxRow::pending(e, now))
+                .collect(),
+        )
+        .state_patch(StatePatch {
             sequence: Some(5),
             updated_at: Some(now),
             ..StatePatch::default()
-        },
-        ..CommitBatch::default()
-    };
+        });
     store.commit_poll(&key, &lease, &batch).await?;
     println!(
         "committed 5 events for orders: order-1 (created, updated), order-2, order-3 (created, updated)"

@@ -137,11 +137,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let orders = Poller::builder::<Order>("orders")
         .identity(|order: &Order| order.id.clone())
         .cursor(cursor::snapshot_diff())
-        .schedule(ScheduleOptions {
-            min: Duration::from_secs(5),
-            jitter: 0.0,
-            ..ScheduleOptions::default()
-        })
+        .schedule(
+            ScheduleOptions::default()
+                .min(Duration::from_secs(5))
+                .jitter(0.0),
+        )
         .fetch(move |ctx: FetchContext| {
             let (http, url) = (http.clone(), orders_url.clone());
             async move { Ok(http.get(&ctx, url).send().await?.items_page()?) }

@@ -72,13 +72,13 @@ async fn child(name: &str, url: &str, schema: &str) -> Result<(), Box<dyn std::e
     let items = Poller::builder::<Item>("items")
         .identity(|item: &Item| item.id.clone())
         .cursor(cursor::snapshot_diff())
-        .schedule(ScheduleOptions {
-            min: Duration::from_secs(1),
-            max: Duration::from_secs(1),
-            adaptive: false,
-            jitter: 0.0,
-            ..ScheduleOptions::default()
-        })
+        .schedule(
+            ScheduleOptions::default()
+                .min(Duration::from_secs(1))
+                .max(Duration::from_secs(1))
+                .adaptive(false)
+                .jitter(0.0),
+        )
         .partitions(
             || async { Ok::<_, BoxError>(PARTITIONS.iter().map(|p| Partition::new(*p)).collect()) },
             Duration::from_secs(300),

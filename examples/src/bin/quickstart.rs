@@ -314,11 +314,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .tie_break("id")
                 .lag(Duration::from_millis(1)),
         )
-        .schedule(ScheduleOptions {
-            min: Duration::from_secs(1),
-            max: Duration::from_secs(5),
-            ..ScheduleOptions::default()
-        })
+        .schedule(
+            ScheduleOptions::default()
+                .min(Duration::from_secs(1))
+                .max(Duration::from_secs(5)),
+        )
         .delivery(DeliveryOptions::default().attempts(3).backoff(Backoff::new(
             Duration::from_millis(500),
             2.0,

@@ -228,13 +228,18 @@ impl Harness {
         let poller = Poller::builder::<Item>(POLLER)
             .identity(|item: &Item| item.id.clone())
             .cursor(strategy)
-            .schedule(ScheduleOptions {
-                min: Duration::from_secs(10),
-                max: Duration::from_secs(60),
-                adaptive: true,
-                jitter: 0.0,
-                backoff: Backoff::new(Duration::from_secs(1), 2.0, Duration::from_secs(60)),
-            })
+            .schedule(
+                ScheduleOptions::default()
+                    .min(Duration::from_secs(10))
+                    .max(Duration::from_secs(60))
+                    .adaptive(true)
+                    .jitter(0.0)
+                    .backoff(Backoff::new(
+                        Duration::from_secs(1),
+                        2.0,
+                        Duration::from_secs(60),
+                    )),
+            )
             .fetch({
                 let url = url.clone();
                 move |ctx: FetchContext| {

@@ -350,13 +350,11 @@ impl Hooks for LeaseLog {
 
 /// The scenario's schedule (a fixed 5 minutes), as v1 used it.
 fn schedule() -> ScheduleOptions {
-    ScheduleOptions {
-        min: Duration::from_secs(300),
-        max: Duration::from_secs(600),
-        adaptive: false,
-        jitter: 0.0,
-        ..ScheduleOptions::default()
-    }
+    ScheduleOptions::default()
+        .min(Duration::from_secs(300))
+        .max(Duration::from_secs(600))
+        .adaptive(false)
+        .jitter(0.0)
 }
 
 /// The v1 scenario's two pollers, defined with today's API. Their fetch only counts its calls

@@ -13,6 +13,7 @@ use super::*;
 /// or a vanished subscriber count only as received.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct DeliveryCounters {
     /// Deliveries handed to the consumer.
     pub received: u64,
