@@ -5,10 +5,11 @@ use async_trait::async_trait;
 use watukuy_core::budget::{BucketPolicy, BudgetStore, MAX_CAPACITY_TOKEN_MS, Take};
 use watukuy_core::{Error, Result, StoreErrorKind};
 
-use crate::ConnectionManager;
+use crate::conn::Conn;
 use crate::keys::KeySpace;
 use crate::options::RedisOptions;
 use crate::scripts::{SCRIPTS, run};
+use crate::{ClusterConnection, ConnectionManager};
 
 /// The token buckets of rate budgets in Redis, so that every engine on the same Redis and
 /// prefix shares one budget per name (guarantee G6 across processes).
@@ -27,7 +28,7 @@ use crate::scripts::{SCRIPTS, run};
 /// exact.
 #[derive(Clone)]
 pub struct RedisBudgetStore {
-    conn: ConnectionManager,
+    conn: Conn,
     keys: KeySpace,
 }
 
@@ -40,11 +41,12 @@ impl std::fmt::Debug for RedisBudgetStore {
 }
 
 impl RedisBudgetStore {
-    pub(crate) fn new(conn: ConnectionManager, keys: KeySpace) -> Self {
+    pub(crate) fn new(conn: Conn, keys: KeySpace) -> Self {
         Self { conn, keys }
     }
 
-    /// Connects to `url` like [`RedisStore::connect`](crate::RedisStore::connect).
+    /// Connects to `url` like [`RedisStore::connect`](crate::RedisStore::connect) (standalone,
+    /// TLS or cluster URLs).
     pub async fn connect(url: &str, options: RedisOptions) -> Result<Self> {
         Ok(crate::RedisStore::connect(url, options)
             .await?
@@ -54,7 +56,19 @@ impl RedisBudgetStore {
     /// Uses a connection manager you built; fails with [`Error::Config`] for invalid options.
     pub fn from_manager(conn: ConnectionManager, options: RedisOptions) -> Result<Self> {
         options.validate()?;
-        Ok(Self::new(conn, KeySpace::new(&options.prefix)))
+        Ok(Self::new(
+            Conn::Single(conn),
+            KeySpace::new(&options.prefix),
+        ))
+    }
+
+    /// Uses a Redis Cluster connection you built; each budget is one key, so one slot.
+    pub fn from_cluster(conn: ClusterConnection, options: RedisOptions) -> Result<Self> {
+        options.validate()?;
+        Ok(Self::new(
+            Conn::Cluster(conn),
+            KeySpace::new(&options.prefix),
+        ))
     }
 }
 

@@ -20,6 +20,10 @@ use watukuy_core::{Error, StoreErrorKind};
 /// | an invalid URL or client configuration | [`Error::Config`] (`redis.url`) | no |
 pub(crate) fn classify(error: RedisError) -> Error {
     use StoreErrorKind::{Busy, Connection, Corrupt, Other, Rejected, Timeout};
+    #[cfg(feature = "tls")]
+    if let Some(tls) = tls_error(&error) {
+        return tls;
+    }
     let (kind, transient, hint) = match error.kind() {
         ErrorKind::InvalidClientConfig => {
             return Error::config(
@@ -71,6 +75,46 @@ pub(crate) fn classify(error: RedisError) -> Error {
         _ => (Other, false, "Redis client error"),
     };
     Error::store_with(kind, transient, format!("{hint}: {error}"), error)
+}
+
+/// A TLS handshake that failed for a reason retrying cannot fix, as the [`Error::Config`] that
+/// names what to change: the server's certificate does not verify (`redis.tls_ca`), the server
+/// refused the client's certificate (`redis.tls_client_cert`), or the server does not speak TLS
+/// at all (`redis.url`).
+#[cfg(feature = "tls")]
+fn tls_error(error: &RedisError) -> Option<Error> {
+    use std::error::Error as _;
+    let io = error.source()?.downcast_ref::<std::io::Error>()?;
+    let tls = io.get_ref()?.downcast_ref::<rustls::Error>()?;
+    let (option, message) = match tls {
+        rustls::Error::InvalidCertificate(_) => (
+            "redis.tls_ca",
+            format!(
+                "the server's TLS certificate does not verify ({tls}): trust the authority that \
+                 signed it (RedisOptions::tls_ca_pem, or tls_ca_file=<path> in the URL) and \
+                 connect by a name the certificate lists"
+            ),
+        ),
+        rustls::Error::AlertReceived(_) => (
+            "redis.tls_client_cert",
+            format!(
+                "the server ended the TLS handshake ({tls}): does it require a client certificate \
+                 (RedisOptions::tls_client_auth, or tls_cert_file= and tls_key_file= in the URL) \
+                 that it trusts?"
+            ),
+        ),
+        rustls::Error::InvalidMessage(_)
+        | rustls::Error::InappropriateMessage { .. }
+        | rustls::Error::InappropriateHandshakeMessage { .. } => (
+            "redis.url",
+            format!(
+                "the server does not answer TLS ({tls}): is this a plain-text port? Use a \
+                 redis:// URL for it, or the server's TLS port"
+            ),
+        ),
+        _ => ("redis.url", format!("the TLS handshake failed: {tls}")),
+    };
+    Some(Error::config(option, message))
 }
 
 #[cfg(test)]

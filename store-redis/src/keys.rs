@@ -148,8 +148,7 @@ impl KeySpace {
 
 /// The cluster hash tag of a key name, as Redis computes it: the text between the first `{` and
 /// the first `}` after it, if non-empty; otherwise the whole name.
-#[cfg(test)]
-fn hash_tag(name: &str) -> &str {
+pub(crate) fn hash_tag(name: &str) -> &str {
     if let Some(open) = name.find('{')
         && let Some(len) = name[open + 1..].find('}')
         && len > 0
@@ -157,6 +156,22 @@ fn hash_tag(name: &str) -> &str {
         return &name[open + 1..open + 1 + len];
     }
     name
+}
+
+/// The Redis Cluster slot of a key name: CRC16 (XMODEM) of its hash tag, modulo 16384.
+pub(crate) fn slot(name: &str) -> u16 {
+    let mut crc: u16 = 0;
+    for byte in hash_tag(name).bytes() {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
 }
 
 #[cfg(test)]
@@ -201,6 +216,22 @@ mod tests {
         assert_eq!(hash_tag(&space.pollers()), "keys");
         assert_eq!(hash_tag(&space.partitions("{evil}")), "keys");
         assert_eq!(hash_tag(&space.budget("api:{1}")), "api%3A%7B1%7D");
+    }
+
+    #[test]
+    fn slots_are_crc16_of_the_hash_tag() {
+        // The reference value of the Redis Cluster specification: CRC16-XMODEM("123456789").
+        assert_eq!(slot("123456789"), 0x31C3);
+        assert_eq!(slot("user:{1000}:following"), slot("1000"));
+        assert_eq!(hash_tag("foo{}{bar}"), "foo{}{bar}");
+        // Values `redis-cli CLUSTER KEYSLOT` answers.
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot("{keys}:pollers"), slot("keys"));
+        let space = KeySpace::new("watukuy:");
+        let keys = space.of(&PKey::new("orders", "t1"));
+        for name in keys.data() {
+            assert_eq!(slot(name), slot(&keys.meta), "{name}");
+        }
     }
 
     #[test]

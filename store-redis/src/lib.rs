@@ -2,16 +2,19 @@
 
 mod budget;
 mod codec;
+mod conn;
 mod error;
 mod keys;
 mod options;
 mod scripts;
+mod url;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use async_trait::async_trait;
 use futures::stream::{self, BoxStream, StreamExt};
 use redis::aio::{ConnectionManagerConfig, MultiplexedConnection};
+use redis::cluster::ClusterClientBuilder;
 use redis::{AsyncConnectionConfig, Client, Value};
 use watukuy_core::{
     Capabilities, CommitBatch, Error, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent, OutboxRow,
@@ -21,29 +24,37 @@ use watukuy_core::{
 
 pub use crate::budget::RedisBudgetStore;
 use crate::codec::{Attempt, count, decode, encode, int, outbox_row, state_args};
+use crate::conn::Conn;
 use crate::error::classify;
 use crate::keys::{KeyKeys, KeySpace};
 pub use crate::options::RedisOptions;
-use crate::scripts::{Call, SCRIPTS, reply, run, run_many};
+use crate::options::TlsOptions;
+use crate::scripts::{Call, SCRIPTS, reply, run, run_many, run_many_waited, run_waited};
 
 /// The redis connection type [`RedisStore::from_manager`] takes, re-exported so callers can name
 /// it without matching this crate's redis version by hand.
 pub use redis::aio::ConnectionManager;
 
+/// The Redis Cluster connection type [`RedisStore::from_cluster`] takes (the redis crate's
+/// `cluster_async::ClusterConnection`), re-exported like [`ConnectionManager`].
+pub use redis::cluster_async::ClusterConnection;
+
 /// How many identities one `HMGET` asks for.
 const HMGET_CHUNK: usize = 1000;
 
-/// The Redis [`Store`]: many engine instances share one Redis, fenced by leases; every fenced
-/// write is one Lua script.
+/// The Redis [`Store`]: many engine instances share one Redis (standalone or Redis Cluster),
+/// fenced by leases; every fenced write is one Lua script.
 ///
-/// Build it with [`connect`](Self::connect) (a URL) or [`from_manager`](Self::from_manager)
-/// (your connection manager) and hand it to the engine. [`migrate`](Store::migrate) only loads
-/// the scripts (there is no schema); [`close`](Store::close) does nothing (the connection
-/// closes when the last clone of the store is dropped). See the crate documentation for the key
-/// layout and the scripts.
+/// Build it with [`connect`](Self::connect) (a URL: `redis://`, `rediss://` for TLS,
+/// `redis+cluster://` for a cluster), [`connect_cluster`](Self::connect_cluster) (a cluster's
+/// seed nodes), [`from_manager`](Self::from_manager) or [`from_cluster`](Self::from_cluster)
+/// (your connection) and hand it to the engine. [`migrate`](Store::migrate) only loads the
+/// scripts (there is no schema); [`close`](Store::close) does nothing (the connection closes when
+/// the last clone of the store is dropped). See the crate documentation for the key layout, the
+/// scripts and what a failover can lose.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Conn,
     options: RedisOptions,
     keys: KeySpace,
 }
@@ -52,6 +63,7 @@ impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
             .field("prefix", &self.options.prefix)
+            .field("cluster", &self.conn.is_cluster())
             .finish_non_exhaustive()
     }
 }
@@ -61,19 +73,32 @@ fn describe_target(client: &Client) -> String {
     client.get_connection_info().addr().to_string()
 }
 
-/// Prefixes a connection failure with where the store tried to connect.
-fn connect_error(target: &str, error: Error) -> Error {
+/// Prefixes a connection failure with where the store tried to connect; a plain-text connection
+/// the server closed at once gets a hint about TLS.
+fn connect_error(target: &str, tls: bool, error: Error) -> Error {
     match error {
         Error::Store {
             kind,
             transient,
             message,
             source,
-        } => Error::Store {
-            kind,
-            transient,
+        } => {
+            let hint = if !tls && kind == StoreErrorKind::Connection && transient {
+                " (the server accepted the connection and closed it: if it only accepts TLS, \
+                 use a rediss:// URL)"
+            } else {
+                ""
+            };
+            Error::Store {
+                kind,
+                transient,
+                message: format!("cannot connect to Redis at {target}: {message}{hint}"),
+                source,
+            }
+        }
+        Error::Config { option, message } => Error::Config {
+            option,
             message: format!("cannot connect to Redis at {target}: {message}"),
-            source,
         },
         other => other,
     }
@@ -90,25 +115,114 @@ async fn probe(client: &Client, options: &RedisOptions) -> Result<MultiplexedCon
         .map_err(classify)
 }
 
+/// The TLS material of `options`, completed by the files a URL names.
+fn tls_material(options: &RedisOptions, target: &url::Target) -> Result<TlsOptions> {
+    let read = |param: &str, path: &str| {
+        std::fs::read(path).map_err(|e| {
+            Error::config(
+                "redis.url",
+                format!("the URL parameter {param}: cannot read {path}: {e}"),
+            )
+        })
+    };
+    let mut tls = options.tls.clone();
+    if let Some(path) = &target.ca_file {
+        tls.ca_pem = Some(read("tls_ca_file", path)?);
+    }
+    if let (Some(cert), Some(key)) = (&target.cert_file, &target.key_file) {
+        tls.client_pem = Some((read("tls_cert_file", cert)?, read("tls_key_file", key)?));
+    }
+    let checked = RedisOptions {
+        tls: tls.clone(),
+        ..options.clone()
+    };
+    checked.validate()?;
+    Ok(tls)
+}
+
+#[cfg(feature = "tls")]
+fn certificates(tls: &TlsOptions) -> Option<redis::TlsCertificates> {
+    if tls.ca_pem.is_none() && tls.client_pem.is_none() {
+        return None;
+    }
+    Some(redis::TlsCertificates {
+        client_tls: tls
+            .client_pem
+            .as_ref()
+            .map(|(cert, key)| redis::ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.clone(),
+            }),
+        root_cert: tls.ca_pem.clone(),
+    })
+}
+
+/// A client for one node of `target`, with TLS material when the URL is a TLS one.
+fn client(url: &str, target: &url::Target, tls: &TlsOptions) -> Result<Client> {
+    let unusable =
+        |e: redis::RedisError| Error::config("redis.url", format!("not a usable Redis URL: {e}"));
+    if target.tls {
+        #[cfg(feature = "tls")]
+        {
+            // redis builds its rustls configuration with the process-wide crypto provider: make
+            // it ring when the process has chosen none (a program that compiles in two providers
+            // would otherwise panic there).
+            if rustls::crypto::CryptoProvider::get_default().is_none() {
+                let _ = rustls::crypto::ring::default_provider().install_default();
+            }
+            return match certificates(tls) {
+                Some(certs) => Client::build_with_tls(url, certs).map_err(unusable),
+                None => Client::open(url).map_err(unusable),
+            };
+        }
+        #[cfg(not(feature = "tls"))]
+        {
+            let _ = tls;
+            return Err(Error::config(
+                "redis.url",
+                "a TLS URL (rediss://) needs the `tls` feature of watukuy-store-redis, which \
+                 this build leaves out",
+            ));
+        }
+    }
+    let _ = tls;
+    Client::open(url).map_err(unusable)
+}
+
 impl RedisStore {
-    /// Connects to `url` (`redis://[user:password@]host:port[/db]`, `rediss://` is not compiled
-    /// in, `unix:///path/to/socket`) through a multiplexed connection that reconnects by itself
-    /// (see [`RedisOptions::reconnect_attempts`]).
+    /// Connects to `url` through connections that reconnect by themselves (see
+    /// [`RedisOptions::reconnect_attempts`]):
     ///
-    /// Fails with [`Error::Config`] for invalid options or an unusable URL, and with a transient
-    /// [`Error::Store`] of kind `Connection` when the server cannot be reached (refused, unknown
-    /// host, timed out).
+    /// - `redis://[user:password@]host:port[/db]`, `unix:///path/to/socket`: a standalone Redis,
+    ///   one multiplexed connection;
+    /// - `rediss://…`: the same over TLS (the `tls` feature, on by default), verifying the
+    ///   server's certificate against the system's roots, or the authorities of
+    ///   [`RedisOptions::tls_ca_pem`] or of the URL parameter `tls_ca_file=<path>`; a client
+    ///   certificate for mutual TLS comes from [`RedisOptions::tls_client_auth`] or
+    ///   `tls_cert_file=<path>&tls_key_file=<path>`;
+    /// - `redis+cluster://[user:password@]host:port[,host:port…]` (`rediss+cluster://` with TLS):
+    ///   Redis Cluster, from the seed nodes listed, like [`connect_cluster`](Self::connect_cluster).
+    ///
+    /// Fails with [`Error::Config`] for invalid options, an unusable URL and a TLS failure that
+    /// retrying cannot fix (a certificate that does not verify, a server that does not speak TLS),
+    /// and with a transient [`Error::Store`] of kind `Connection` when the server cannot be
+    /// reached (refused, unknown host, timed out, closed the connection).
     pub async fn connect(url: &str, options: RedisOptions) -> Result<Self> {
         options.validate()?;
-        let client = Client::open(url)
-            .map_err(|e| Error::config("redis.url", format!("not a usable Redis URL: {e}")))?;
-        let target = describe_target(&client);
+        let target = url::parse(url)?;
+        let tls = tls_material(&options, &target)?;
+        if target.cluster {
+            return Self::cluster(&target, &tls, options).await;
+        }
+        let node = target.nodes.first().map(String::as_str).unwrap_or_default();
+        let client = client(node, &target, &tls)?;
+        let described = describe_target(&client);
         // One direct connection first: its error says what went wrong, where the manager would
         // retry a refused connection with backoff before reporting it.
         drop(
             probe(&client, &options)
                 .await
-                .map_err(|e| connect_error(&target, e))?,
+                .map_err(|e| connect_error(&described, target.tls, e))?,
         );
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
@@ -116,8 +230,72 @@ impl RedisStore {
             .set_number_of_retries(options.reconnect_attempts);
         let conn = ConnectionManager::new_with_config(client, config)
             .await
-            .map_err(|e| connect_error(&target, classify(e)))?;
+            .map_err(|e| connect_error(&described, target.tls, classify(e)))?;
         Self::from_manager(conn, options)
+    }
+
+    /// Connects to Redis Cluster through `nodes` (`redis://host:port` or `rediss://host:port`
+    /// URLs of some of its nodes, all with the same credentials and scheme): one multiplexed
+    /// connection per node, commands routed by slot, `MOVED`/`ASK` followed and the slot map
+    /// refreshed after a failover. TLS material comes from `options` as for
+    /// [`connect`](Self::connect). Every script of the store touches the keys of one slot only.
+    ///
+    /// Fails like [`connect`](Self::connect); the first node is probed first so that its error
+    /// says what is wrong.
+    pub async fn connect_cluster(nodes: &[&str], options: RedisOptions) -> Result<Self> {
+        options.validate()?;
+        if nodes.is_empty() {
+            return Err(Error::config(
+                "redis.url",
+                "a cluster needs at least one seed node",
+            ));
+        }
+        let tls = nodes
+            .first()
+            .is_some_and(|n| n.trim().to_ascii_lowercase().starts_with("rediss://"));
+        let target = url::Target {
+            nodes: nodes.iter().map(|n| n.trim().to_owned()).collect(),
+            cluster: true,
+            tls,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+        };
+        let material = options.tls.clone();
+        Self::cluster(&target, &material, options).await
+    }
+
+    async fn cluster(
+        target: &url::Target,
+        tls: &TlsOptions,
+        options: RedisOptions,
+    ) -> Result<Self> {
+        let first = target.nodes.first().map(String::as_str).unwrap_or_default();
+        let seed = client(first, target, tls)?;
+        let described = describe_target(&seed);
+        drop(
+            probe(&seed, &options)
+                .await
+                .map_err(|e| connect_error(&described, target.tls, e))?,
+        );
+        let mut builder = ClusterClientBuilder::new(target.nodes.iter().map(String::as_str))
+            .connection_timeout(options.connect_timeout)
+            .response_timeout(options.response_timeout)
+            .retries(u32::try_from(options.reconnect_attempts).unwrap_or(u32::MAX));
+        #[cfg(feature = "tls")]
+        if target.tls
+            && let Some(certs) = certificates(tls)
+        {
+            builder = builder.certs(certs);
+        }
+        let client = builder
+            .build()
+            .map_err(|e| Error::config("redis.url", format!("not a usable Redis Cluster: {e}")))?;
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| connect_error(&described, target.tls, classify(e)))?;
+        Self::from_cluster(conn, options)
     }
 
     /// Uses a connection manager you built (with your TLS, timeouts and reconnection policy).
@@ -126,6 +304,17 @@ impl RedisStore {
     /// Fails with [`Error::Config`] naming the first invalid option. Connection settings of
     /// `options` are ignored: the manager keeps its own.
     pub fn from_manager(conn: ConnectionManager, options: RedisOptions) -> Result<Self> {
+        Self::build(Conn::Single(conn), options)
+    }
+
+    /// Uses a Redis Cluster connection you built (`redis::cluster::ClusterClient`'s
+    /// `get_async_connection`). Like [`from_manager`](Self::from_manager): nothing is sent until
+    /// the first call, and the connection keeps its own settings.
+    pub fn from_cluster(conn: ClusterConnection, options: RedisOptions) -> Result<Self> {
+        Self::build(Conn::Cluster(conn), options)
+    }
+
+    fn build(conn: Conn, options: RedisOptions) -> Result<Self> {
         options.validate()?;
         let keys = KeySpace::new(&options.prefix);
         Ok(Self {
@@ -133,6 +322,11 @@ impl RedisStore {
             options,
             keys,
         })
+    }
+
+    /// Whether the store talks to Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.conn.is_cluster()
     }
 
     /// The options this store was built with.
@@ -150,34 +344,29 @@ impl RedisStore {
     /// atomically): data, leases, epoch counters and budgets. Meant for tests and teardown; a
     /// running engine on the same prefix loses everything. Returns how many keys were deleted.
     pub async fn purge(&self) -> Result<u64> {
-        let mut conn = self.conn.clone();
         // The prefix holds no glob characters (validated), so it matches itself.
         let pattern = format!("{}*", self.keys.prefix());
-        let mut cursor: u64 = 0;
-        let mut deleted = 0;
-        loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .map_err(classify)?;
-            if !batch.is_empty() {
-                let n: i64 = redis::cmd("UNLINK")
-                    .arg(&batch)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(classify)?;
-                deleted += count(n);
-            }
-            if next == 0 {
-                return Ok(deleted);
-            }
-            cursor = next;
-        }
+        let deleted = std::sync::atomic::AtomicU64::new(0);
+        self.conn
+            .scan_each(&pattern, |batch| {
+                let mut conn = self.conn.clone();
+                let deleted = &deleted;
+                async move {
+                    if batch.is_empty() {
+                        return Ok(());
+                    }
+                    // On a cluster the driver splits a multi-key UNLINK by slot.
+                    let n: i64 = redis::cmd("UNLINK")
+                        .arg(&batch)
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(classify)?;
+                    deleted.fetch_add(count(n), std::sync::atomic::Ordering::Relaxed);
+                    Ok(())
+                }
+            })
+            .await?;
+        Ok(deleted.into_inner())
     }
 
     fn of(&self, key: &PKey) -> KeyKeys {
@@ -193,10 +382,13 @@ impl RedisStore {
             .arg(&key.partition)
     }
 
-    /// Runs a fenced script, which answers `OK` or `LEASE_LOST`.
+    /// Runs a fenced script, which answers `OK` or `LEASE_LOST`, then `WAIT`s for replicas
+    /// when [`RedisOptions::wait_replicas`] asks for it (in the same round trip).
     async fn fenced(&self, key: &PKey, lease: &Lease, call: Call) -> Result<()> {
-        let answer: String = run(&self.conn, call).await?;
-        fenced_answer(key, lease, &answer)
+        let (answer, waited): (String, Result<()>) =
+            run_waited(&self.conn, call, self.options.wait).await?;
+        fenced_answer(key, lease, &answer)?;
+        waited
     }
 
     async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
@@ -271,12 +463,22 @@ impl Store for RedisStore {
             .arg(owner)
             .arg(now_ms.to_string())
             .arg(expires_at.to_string());
-        // The key is listed first, then leased; both in one round trip.
-        let mut replies = run_many(&self.conn, vec![self.register(key), acquire]).await?;
+        // The key is listed first, then leased; both in one round trip (two on a cluster:
+        // the list has a slot of its own).
+        let (mut replies, waited) = run_many_waited(
+            &self.conn,
+            vec![self.register(key), acquire],
+            self.options.wait,
+        )
+        .await?;
         let epoch: Option<String> = match replies.pop() {
             Some(value) => reply(&SCRIPTS.acquire_lease, value)?,
             None => None,
         };
+        if epoch.is_some() {
+            // A new epoch a failover could lose would be handed out again.
+            waited?;
+        }
         epoch
             .map(|epoch| {
                 Ok(Lease {

@@ -1,14 +1,17 @@
 //! The Lua scripts (`lua/*.lua`, each prefixed with `lua/prelude.lua`) and how they are called:
 //! `EVALSHA` by their SHA-1, loading the script and calling again when the server answers
-//! `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`).
+//! `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`); optionally followed by `WAIT` in
+//! the same round trip. Every call checks that its keys share one cluster slot before it is sent.
 
 use std::sync::LazyLock;
 
-use redis::aio::ConnectionManager;
 use redis::{Cmd, ErrorKind, FromRedisValue, ServerErrorKind, Value};
 use watukuy_core::{Error, Result, StoreErrorKind};
 
+use crate::conn::Conn;
 use crate::error::classify;
+use crate::keys::slot;
+use crate::options::WaitReplicas;
 
 /// One script of the store.
 pub(crate) struct Lua {
@@ -31,10 +34,20 @@ impl Lua {
     pub(crate) fn call<K: AsRef<str>>(&'static self, keys: &[K]) -> Call {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&self.sha).arg(keys.len());
+        let first = keys.first().map(|k| slot(k.as_ref()));
+        let mut cross_slot = None;
         for key in keys {
-            cmd.arg(key.as_ref());
+            let key = key.as_ref();
+            if cross_slot.is_none() && Some(slot(key)) != first {
+                cross_slot = Some(key.to_owned());
+            }
+            cmd.arg(key);
         }
-        Call { script: self, cmd }
+        Call {
+            script: self,
+            cmd,
+            cross_slot,
+        }
     }
 }
 
@@ -126,6 +139,8 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 pub(crate) struct Call {
     script: &'static Lua,
     cmd: Cmd,
+    /// A key in another cluster slot than the first key: the call is refused before it is sent.
+    cross_slot: Option<String>,
 }
 
 impl Call {
@@ -146,8 +161,9 @@ fn is_noscript(error: &redis::RedisError) -> bool {
     error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
-/// Loads `script` into the server's script cache (`SCRIPT LOAD`), checking the SHA it reports.
-pub(crate) async fn load(conn: &ConnectionManager, script: &Lua) -> Result<()> {
+/// Loads `script` into the server's script cache (`SCRIPT LOAD`; on a cluster, into every
+/// primary's), checking the SHA it reports.
+pub(crate) async fn load(conn: &Conn, script: &Lua) -> Result<()> {
     let mut conn = conn.clone();
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
@@ -181,66 +197,164 @@ fn convert<T: FromRedisValue>(script: &Lua, value: Value) -> Result<T> {
 }
 
 /// Runs one script: `EVALSHA`, and on `NOSCRIPT` `SCRIPT LOAD` and `EVALSHA` again.
-pub(crate) async fn run<T: FromRedisValue>(conn: &ConnectionManager, call: Call) -> Result<T> {
-    let mut c = conn.clone();
-    let value = match call.cmd.query_async::<Value>(&mut c).await {
-        Ok(value) => value,
-        Err(e) if is_noscript(&e) => {
-            load(conn, call.script).await?;
-            call.cmd
-                .query_async::<Value>(&mut c)
-                .await
-                .map_err(classify)?
-        }
-        Err(e) => return Err(classify(e)),
-    };
-    convert(call.script, value)
+pub(crate) async fn run<T: FromRedisValue>(conn: &Conn, call: Call) -> Result<T> {
+    let script = call.script;
+    let (mut values, _) = exec(conn, vec![call], None).await?;
+    convert(script, values.pop().unwrap_or(Value::Nil))
 }
 
-/// Runs several scripts in one round trip (a pipeline, not a transaction: each script is atomic
-/// on its own, and they run in order). A script the server did not know (`NOSCRIPT`, so it did
-/// not run) is loaded and run again on its own after the rest of the pipeline, so no script runs
-/// twice; callers only pipeline scripts whose order does not matter for correctness. Fails with
-/// the first other error.
-pub(crate) async fn run_many(conn: &ConnectionManager, calls: Vec<Call>) -> Result<Vec<Value>> {
+/// Runs one script followed by `WAIT` (when `wait` is set) in the same round trip, on the same
+/// connection. Returns the script's reply and, apart, whether enough replicas acknowledged the
+/// write: the caller decides whether the script wrote anything the `WAIT` was about.
+pub(crate) async fn run_waited<T: FromRedisValue>(
+    conn: &Conn,
+    call: Call,
+    wait: Option<WaitReplicas>,
+) -> Result<(T, Result<()>)> {
+    let script = call.script;
+    let (mut values, waited) = exec(conn, vec![call], wait).await?;
+    Ok((convert(script, values.pop().unwrap_or(Value::Nil))?, waited))
+}
+
+/// Runs several scripts in order, each atomic on its own (a pipeline, not a transaction), in one
+/// round trip on a standalone Redis and one per script on a cluster (their keys may live in
+/// different slots). A script the server did not know (`NOSCRIPT`, so it did not run) is loaded
+/// and run again on its own after the rest, so no script runs twice; callers only group scripts
+/// whose order does not matter for correctness. Fails with the first other error.
+pub(crate) async fn run_many(conn: &Conn, calls: Vec<Call>) -> Result<Vec<Value>> {
+    Ok(exec(conn, calls, None).await?.0)
+}
+
+/// Like [`run_many`], with `WAIT` after the last script (see [`run_waited`]).
+pub(crate) async fn run_many_waited(
+    conn: &Conn,
+    calls: Vec<Call>,
+    wait: Option<WaitReplicas>,
+) -> Result<(Vec<Value>, Result<()>)> {
+    exec(conn, calls, wait).await
+}
+
+/// Sends `calls` (one pipeline, or one per call on a cluster), `WAIT` after the last one when
+/// asked, reloading and rerunning the scripts the server did not know.
+async fn exec(
+    conn: &Conn,
+    calls: Vec<Call>,
+    wait: Option<WaitReplicas>,
+) -> Result<(Vec<Value>, Result<()>)> {
+    if let Some(call) = calls.iter().find(|c| c.cross_slot.is_some()) {
+        return Err(Error::store(
+            StoreErrorKind::Rejected,
+            false,
+            format!(
+                "script {} would touch keys of two cluster slots ({})",
+                call.script.name,
+                call.cross_slot.as_deref().unwrap_or_default()
+            ),
+        ));
+    }
+    let groups: Vec<Vec<&Call>> = if conn.is_cluster() {
+        calls.iter().map(|c| vec![c]).collect()
+    } else {
+        vec![calls.iter().collect()]
+    };
+    let last = groups.len().saturating_sub(1);
+    let mut out = Vec::with_capacity(calls.len());
+    let mut waited = Ok(());
+    for (i, group) in groups.into_iter().enumerate() {
+        let wait = if i == last { wait } else { None };
+        let (values, w) = send(conn, &group, wait).await?;
+        waited = w;
+        for (call, value) in group.into_iter().zip(values) {
+            match value {
+                Value::ServerError(server) => {
+                    let error = redis::RedisError::from(server);
+                    if !is_noscript(&error) {
+                        return Err(classify(error));
+                    }
+                    load(conn, call.script).await?;
+                    let (mut again, w) = send(conn, &[call], wait).await?;
+                    if wait.is_some() {
+                        waited = w;
+                    }
+                    match again.pop() {
+                        Some(Value::ServerError(server)) => {
+                            return Err(classify(redis::RedisError::from(server)));
+                        }
+                        Some(value) => out.push(value),
+                        None => out.push(Value::Nil),
+                    }
+                }
+                value => out.push(value),
+            }
+        }
+    }
+    Ok((out, waited))
+}
+
+/// One pipeline: the calls, then `WAIT` when asked. Returns one reply per call (server errors as
+/// values) and the `WAIT` verdict.
+async fn send(
+    conn: &Conn,
+    calls: &[&Call],
+    wait: Option<WaitReplicas>,
+) -> Result<(Vec<Value>, Result<()>)> {
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
-    for call in &calls {
+    for call in calls {
         pipe.add_command(call.cmd.clone());
     }
+    if let Some(wait) = wait {
+        pipe.cmd("WAIT")
+            .arg(wait.replicas)
+            .arg(u64::try_from(wait.timeout.as_millis()).unwrap_or(u64::MAX));
+    }
     let mut c = conn.clone();
-    let replies: Vec<Value> = pipe.query_async(&mut c).await.map_err(classify)?;
-    if replies.len() != calls.len() {
+    let mut replies: Vec<Value> = pipe.query_async(&mut c).await.map_err(classify)?;
+    let expected = calls.len() + usize::from(wait.is_some());
+    if replies.len() != expected {
         return Err(Error::store(
             StoreErrorKind::Corrupt,
             false,
             format!(
-                "Redis answered {} replies to a pipeline of {} scripts",
+                "Redis answered {} replies to a pipeline of {expected} commands",
                 replies.len(),
-                calls.len()
             ),
         ));
     }
-    let mut out = Vec::with_capacity(calls.len());
-    for (call, reply) in calls.into_iter().zip(replies) {
-        match reply {
-            Value::ServerError(server) => {
-                let error = redis::RedisError::from(server);
-                if !is_noscript(&error) {
-                    return Err(classify(error));
-                }
-                load(conn, call.script).await?;
-                out.push(
-                    call.cmd
-                        .query_async::<Value>(&mut c)
-                        .await
-                        .map_err(classify)?,
-                );
-            }
-            value => out.push(value),
-        }
+    let waited = match wait {
+        None => Ok(()),
+        Some(wait) => verdict(wait, replies.pop().unwrap_or(Value::Nil)),
+    };
+    Ok((replies, waited))
+}
+
+/// Whether `WAIT` answered that enough replicas have the write.
+fn verdict(wait: WaitReplicas, reply: Value) -> Result<()> {
+    let acked: i64 = match reply {
+        Value::ServerError(server) => return Err(classify(redis::RedisError::from(server))),
+        value => redis::from_redis_value(value).map_err(|e| {
+            Error::store_with(
+                StoreErrorKind::Corrupt,
+                false,
+                "unexpected reply to WAIT",
+                redis::RedisError::from(e),
+            )
+        })?,
+    };
+    if usize::try_from(acked).is_ok_and(|n| n >= wait.replicas) {
+        Ok(())
+    } else {
+        Err(Error::store(
+            StoreErrorKind::Timeout,
+            true,
+            format!(
+                "Redis applied the write, but only {acked} of the {} replicas asked for \
+                 (redis.wait_replicas) acknowledged it within {} ms: a failover now could lose it",
+                wait.replicas,
+                wait.timeout.as_millis()
+            ),
+        ))
     }
-    Ok(out)
 }
 
 /// Converts one reply of [`run_many`].
@@ -251,6 +365,18 @@ pub(crate) fn reply<T: FromRedisValue>(script: &'static Lua, value: Value) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_across_slots_is_flagged() {
+        let one = SCRIPTS
+            .commit_poll
+            .call(&["w:p:{a:}:meta", "w:p:{a:}:state"]);
+        assert!(one.cross_slot.is_none());
+        let two = SCRIPTS
+            .register_key
+            .call(&["w:{keys}:pollers", "w:p:{a:}:meta"]);
+        assert_eq!(two.cross_slot.as_deref(), Some("w:p:{a:}:meta"));
+    }
 
     #[test]
     fn every_script_has_the_prelude_and_a_distinct_sha() {

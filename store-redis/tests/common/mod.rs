@@ -8,8 +8,10 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::sync::Arc;
+pub mod servers;
+
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use watukuy_conformance::{CaseContext, CaseError, Fresh, Harness, backend_url};
 use watukuy_store_redis::{RedisOptions, RedisStore};
@@ -135,5 +137,50 @@ where
         .unwrap_or_else(|error| panic!("[redis] {name} {error}"));
     if let Err(error) = body(server).await {
         panic!("[redis] {name} {error}");
+    }
+}
+
+/// The Redis Cluster this test binary shares (3 primaries, 3 replicas), started on first use
+/// and gone when the binary exits. Fails when `redis-server` is missing (the tests are ignored
+/// then, unless run anyway or required) or the cluster does not form.
+pub async fn shared_cluster() -> Result<&'static servers::Cluster, CaseError> {
+    static CLUSTER: OnceLock<Result<servers::Cluster, String>> = OnceLock::new();
+    let cluster = tokio::task::spawn_blocking(|| {
+        CLUSTER.get_or_init(|| servers::Cluster::start(3, 1, 2_000))
+    })
+    .await
+    .map_err(|e| CaseError::failed(format!("starting the cluster panicked: {e}")))?;
+    cluster
+        .as_ref()
+        .map_err(|e| CaseError::failed(format!("the test cluster: {e}")))
+}
+
+/// Hands every conformance case a store on the shared Redis Cluster ([`shared_cluster`]) under
+/// its own prefix, purged (on every primary) when the case passes.
+pub struct ClusterHarness;
+
+#[async_trait::async_trait]
+impl Harness for ClusterHarness {
+    fn name(&self) -> String {
+        "redis-cluster".to_owned()
+    }
+
+    async fn fresh(&self, ctx: CaseContext) -> Result<Fresh, CaseError> {
+        let cluster = shared_cluster().await?;
+        let prefix = unique_prefix(&format!("{}.{}", ctx.module, ctx.name));
+        let store = store_at(&cluster.url(), RedisOptions::default().prefix(&prefix)).await?;
+        if !store.is_cluster() {
+            return Err(CaseError::failed(
+                "the store did not connect as a cluster client",
+            ));
+        }
+        let cleanup = store.clone();
+        Ok(Fresh::new(Arc::new(store)).with_cleanup(async move {
+            if let Err(e) = cleanup.purge().await {
+                eprintln!(
+                    "[redis-cluster] could not delete the keys of {prefix} after a passing case: {e}"
+                );
+            }
+        }))
     }
 }

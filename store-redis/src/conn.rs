@@ -1,0 +1,153 @@
+//! The connection the store talks through: one self-reconnecting multiplexed connection to a
+//! standalone Redis, or a cluster connection (a multiplexed connection per node, following
+//! `MOVED`/`ASK` and refreshing its slot map after a failover).
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+use watukuy_core::{Error, Result, StoreErrorKind};
+
+use crate::error::classify;
+
+/// A standalone connection or a cluster connection; both are cheap to clone.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    /// A standalone Redis (or a proxy in front of a cluster).
+    Single(ConnectionManager),
+    /// Redis Cluster.
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    /// Whether commands of different slots must go in separate round trips.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Conn::Cluster(_))
+    }
+
+    /// `SCAN` of `pattern` over every primary (the one server, or each primary of a cluster),
+    /// calling `batch` with each batch of key names found.
+    pub(crate) async fn scan_each<F, Fut>(&self, pattern: &str, mut batch: F) -> Result<()>
+    where
+        F: FnMut(Vec<String>) -> Fut,
+        Fut: std::future::Future<Output = Result<()>>,
+    {
+        match self {
+            Conn::Single(conn) => {
+                let mut conn = conn.clone();
+                let mut cursor: u64 = 0;
+                loop {
+                    let (next, keys): (u64, Vec<String>) = scan_cmd(cursor, pattern)
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(classify)?;
+                    batch(keys).await?;
+                    if next == 0 {
+                        return Ok(());
+                    }
+                    cursor = next;
+                }
+            }
+            Conn::Cluster(conn) => {
+                let mut conn = conn.clone();
+                for (host, port) in primaries(&mut conn).await? {
+                    let mut cursor: u64 = 0;
+                    loop {
+                        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                            host: host.clone(),
+                            port,
+                        });
+                        let value = conn
+                            .route_command(scan_cmd(cursor, pattern), routing)
+                            .await
+                            .map_err(classify)?;
+                        let (next, keys): (u64, Vec<String>) = redis::from_redis_value(value)
+                            .map_err(|e| classify(redis::RedisError::from(e)))?;
+                        batch(keys).await?;
+                        if next == 0 {
+                            break;
+                        }
+                        cursor = next;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn scan_cmd(cursor: u64, pattern: &str) -> Cmd {
+    let mut cmd = redis::cmd("SCAN");
+    cmd.arg(cursor)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(1000);
+    cmd
+}
+
+/// `host:port` of every primary that serves slots, from `CLUSTER SLOTS`.
+async fn primaries(conn: &mut ClusterConnection) -> Result<Vec<(String, u16)>> {
+    let value: Value = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async(conn)
+        .await
+        .map_err(classify)?;
+    let bad = || {
+        Error::store(
+            StoreErrorKind::Corrupt,
+            false,
+            "cannot read the reply of CLUSTER SLOTS",
+        )
+    };
+    let Value::Array(ranges) = value else {
+        return Err(bad());
+    };
+    let mut out: Vec<(String, u16)> = Vec::new();
+    for range in ranges {
+        // [start, end, [host, port, id, ..], replicas..]
+        let Value::Array(parts) = range else {
+            return Err(bad());
+        };
+        let Some(Value::Array(primary)) = parts.get(2) else {
+            return Err(bad());
+        };
+        let (Some(host), Some(port)) = (primary.first(), primary.get(1)) else {
+            return Err(bad());
+        };
+        let host: String = redis::from_redis_value(host.clone()).map_err(|_| bad())?;
+        let port: u16 = redis::from_redis_value(port.clone()).map_err(|_| bad())?;
+        if !out.iter().any(|(h, p)| *h == host && *p == port) {
+            out.push((host, port));
+        }
+    }
+    Ok(out)
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(conn) => conn.req_packed_command(cmd),
+            Conn::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(conn) => conn.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(conn) => conn.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(conn) => conn.get_db(),
+            Conn::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
