@@ -9,6 +9,11 @@
 //!   through this wrapper fails with `SimulatedCrash(dead-instance)` without reaching the store
 //!   (no schedule save, no release, no acks), as if the process had died at that call.
 //!
+//! A [`Defect`] ([`FaultyStore::with_defect`]) makes the wrapper a *broken* store on purpose, for
+//! the negative tests that prove the suite and the chaos checker catch a store that breaks the
+//! contract: it sees the calls that can break an outbox (capabilities, commits, pending rows,
+//! acknowledgements, identity streams) before the inner store does.
+//!
 //! A [`LeaseAudit`] shared by every instance over one store checks G5 as calls pass through:
 //! never two unexpired leases of different owners, epochs strictly increasing per key, and a
 //! superseded or released lease's write rejected by the inner store (each acquisition and
@@ -402,10 +407,60 @@ impl LeaseAudit {
     }
 }
 
+/// A deliberate contract violation a [`FaultyStore`] applies to the calls passing through it.
+///
+/// Every method defaults to the honest call on `inner`, so a defect overrides only what it
+/// breaks: `commit_poll` dropping an event, `ack_events` ignoring the epoch, `stream_identities`
+/// out of order, a store claiming no replay log.
+#[async_trait]
+pub trait Defect<S: Store + ?Sized = dyn Store>: Send + Sync {
+    /// What the store claims to support.
+    fn capabilities(&self, inner: &S) -> Capabilities {
+        inner.capabilities()
+    }
+
+    /// Commits a page.
+    async fn commit_poll(
+        &self,
+        inner: &S,
+        key: &PKey,
+        lease: &Lease,
+        batch: &CommitBatch,
+    ) -> Result<()> {
+        inner.commit_poll(key, lease, batch).await
+    }
+
+    /// Loads the pending outbox rows.
+    async fn load_pending(&self, inner: &S, key: &PKey, limit: usize) -> Result<Vec<OutboxRow>> {
+        inner.load_pending(key, limit).await
+    }
+
+    /// Acknowledges delivered events.
+    async fn ack_events(&self, inner: &S, key: &PKey, lease: &Lease, ids: &[String]) -> Result<()> {
+        inner.ack_events(key, lease, ids).await
+    }
+
+    /// Streams the snapshot's identities.
+    fn stream_identities<'a>(
+        &'a self,
+        inner: &'a S,
+        key: &'a PKey,
+        batch_size: usize,
+    ) -> BoxStream<'a, Result<Vec<String>>> {
+        inner.stream_identities(key, batch_size)
+    }
+}
+
+/// No defect: every call goes to the inner store unchanged.
+struct Honest;
+
+impl<S: Store + ?Sized> Defect<S> for Honest {}
+
 /// Wraps a store, failing chosen operations on demand, firing kill points and counting what
 /// passes through. One wrapper stands for one process (engine instance).
 pub struct FaultyStore<S: Store + ?Sized = dyn Store> {
     inner: Arc<S>,
+    defect: Arc<dyn Defect<S>>,
     armed: Mutex<HashMap<(Op, Timing), u32>>,
     calls: Mutex<HashMap<Op, u64>>,
     max_pending_limit: AtomicUsize,
@@ -429,6 +484,7 @@ impl<S: Store + ?Sized> FaultyStore<S> {
     pub fn new(inner: Arc<S>) -> Self {
         Self {
             inner,
+            defect: Arc::new(Honest),
             armed: Mutex::default(),
             calls: Mutex::default(),
             max_pending_limit: AtomicUsize::new(0),
@@ -444,6 +500,13 @@ impl<S: Store + ?Sized> FaultyStore<S> {
     #[must_use]
     pub fn with_kills(mut self, kills: Arc<KillSwitch>) -> Self {
         self.kills = Some(kills);
+        self
+    }
+
+    /// Breaks the contract on purpose, as `defect` says (see [`Defect`]).
+    #[must_use]
+    pub fn with_defect(mut self, defect: Arc<dyn Defect<S>>) -> Self {
+        self.defect = defect;
         self
     }
 
@@ -594,7 +657,7 @@ impl<S: Store + ?Sized> FaultyStore<S> {
 #[deny(clippy::missing_trait_methods)]
 impl<S: Store + ?Sized> Store for FaultyStore<S> {
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        self.defect.capabilities(&*self.inner)
     }
 
     async fn migrate(&self) -> Result<()> {
@@ -704,7 +767,7 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
     ) -> BoxStream<'a, Result<Vec<String>>> {
         // A full scan holds the stream open across its pages: an instance killed meanwhile
         // must not reach the store for the next batch either, so the check is per batch.
-        let inner = self.inner.stream_identities(key, batch_size);
+        let inner = self.defect.stream_identities(&*self.inner, key, batch_size);
         Box::pin(futures::stream::unfold(
             Some(inner),
             move |inner| async move {
@@ -726,7 +789,10 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
 
     async fn commit_poll(&self, key: &PKey, lease: &Lease, batch: &CommitBatch) -> Result<()> {
         self.before(Op::CommitPoll)?;
-        let result = self.inner.commit_poll(key, lease, batch).await;
+        let result = self
+            .defect
+            .commit_poll(&*self.inner, key, lease, batch)
+            .await;
         self.audit_write(key, lease, "commit_poll", &result);
         self.after(Op::CommitPoll, result)
     }
@@ -734,7 +800,7 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
     async fn load_pending(&self, key: &PKey, limit: usize) -> Result<Vec<OutboxRow>> {
         self.before(Op::LoadPending)?;
         self.max_pending_limit.fetch_max(limit, Ordering::Relaxed);
-        let result = self.inner.load_pending(key, limit).await;
+        let result = self.defect.load_pending(&*self.inner, key, limit).await;
         if let Ok(rows) = &result {
             self.max_pending_rows
                 .fetch_max(rows.len(), Ordering::Relaxed);
@@ -744,7 +810,7 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
 
     async fn ack_events(&self, key: &PKey, lease: &Lease, ids: &[String]) -> Result<()> {
         self.before(Op::AckEvents)?;
-        let result = self.inner.ack_events(key, lease, ids).await;
+        let result = self.defect.ack_events(&*self.inner, key, lease, ids).await;
         self.audit_write(key, lease, "ack_events", &result);
         self.after(Op::AckEvents, result)
     }

@@ -17,7 +17,8 @@ pub use fake_api::{
     RateLimitSpec, RequestOptions, fake_items,
 };
 pub use faulty::{
-    FaultyStore, KillPoint, KillSwitch, LeaseAudit, Op, PROBE_EVENT_ID, Timing, simulated_crash,
+    Defect, FaultyStore, KillPoint, KillSwitch, LeaseAudit, Op, PROBE_EVENT_ID, Timing,
+    simulated_crash,
 };
 pub use harness::{
     CaseContext, CaseError, CaseResult, Env, Fresh, Harness, REQUIRE_BACKENDS_ENV, backend_url,

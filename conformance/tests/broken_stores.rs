@@ -1,22 +1,19 @@
 //! The suite catches broken stores: each deliberately wrong store below fails the case named for
 //! its defect, while the honest `MemoryStore` passes every case.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
-use watukuy_conformance::{CaseContext, CaseError, Fresh, Harness, Outcome, Report, run_all};
-use watukuy_core::{
-    Capabilities, CommitBatch, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent, OutboxRow, PKey,
-    ParkedAction, ParkedQuery, ParkedRow, PollerState, Result, SerializedError, StatePatch, Store,
-    Validator,
+use watukuy_conformance::{
+    CaseContext, CaseError, Defect, FaultyStore, Fresh, Harness, Outcome, Report, run_all,
 };
+use watukuy_core::{Capabilities, CommitBatch, Lease, OutboxRow, PKey, Result, Store};
 use watukuy_store_memory::MemoryStore;
 
 /// The one thing a broken store gets wrong.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Defect {
+enum Flaw {
     /// None: the store is honest.
     None,
     /// `ack_events` checks the owner but not the epoch.
@@ -38,15 +35,13 @@ enum Defect {
 /// The store's own clock, which the contract forbids it to have.
 const STORE_NOW: i64 = 1_767_225_600_000 + 60_000;
 
-struct Broken {
-    inner: MemoryStore,
-    defect: Defect,
-}
+/// A broken store: a `MemoryStore` behind a [`FaultyStore`] with this defect.
+struct Broken(Flaw);
 
 impl Broken {
     /// The current lease if `lease` has its owner: "checks the owner only".
-    async fn forge(&self, key: &PKey, lease: &Lease) -> Result<Lease> {
-        Ok(match self.inner.get_lease(key).await? {
+    async fn forge(store: &dyn Store, key: &PKey, lease: &Lease) -> Result<Lease> {
+        Ok(match store.get_lease(key).await? {
             Some(current) if current.owner == lease.owner => current,
             _ => lease.clone(),
         })
@@ -54,90 +49,33 @@ impl Broken {
 }
 
 #[async_trait::async_trait]
-#[deny(clippy::missing_trait_methods)]
-impl Store for Broken {
-    fn capabilities(&self) -> Capabilities {
+impl Defect for Broken {
+    fn capabilities(&self, inner: &dyn Store) -> Capabilities {
         Capabilities {
-            log: self.defect != Defect::NoLog,
+            log: inner.capabilities().log && self.0 != Flaw::NoLog,
         }
     }
-    async fn migrate(&self) -> Result<()> {
-        self.inner.migrate().await
-    }
-    async fn close(&self) -> Result<()> {
-        self.inner.close().await
-    }
-    async fn acquire_lease(
-        &self,
-        key: &PKey,
-        owner: &str,
-        ttl_ms: i64,
-        now_ms: i64,
-    ) -> Result<Option<Lease>> {
-        self.inner.acquire_lease(key, owner, ttl_ms, now_ms).await
-    }
-    async fn renew_lease(
-        &self,
-        key: &PKey,
-        lease: &Lease,
-        ttl_ms: i64,
-        now_ms: i64,
-    ) -> Result<bool> {
-        self.inner.renew_lease(key, lease, ttl_ms, now_ms).await
-    }
-    async fn release_lease(&self, key: &PKey, lease: &Lease) -> Result<()> {
-        self.inner.release_lease(key, lease).await
-    }
-    async fn get_lease(&self, key: &PKey) -> Result<Option<Lease>> {
-        self.inner.get_lease(key).await
-    }
-    async fn load_state(&self, key: &PKey) -> Result<Option<PollerState>> {
-        self.inner.load_state(key).await
-    }
-    async fn save_state(&self, key: &PKey, lease: &Lease, patch: &StatePatch) -> Result<()> {
-        self.inner.save_state(key, lease, patch).await
-    }
-    async fn save_state_unfenced(&self, key: &PKey, patch: &StatePatch) -> Result<()> {
-        self.inner.save_state_unfenced(key, patch).await
-    }
-    async fn list_keys(&self, poller: Option<&str>) -> Result<Vec<PKey>> {
-        self.inner.list_keys(poller).await
-    }
-    async fn delete_key(&self, key: &PKey) -> Result<()> {
-        self.inner.delete_key(key).await
-    }
-    async fn clear_items(&self, key: &PKey) -> Result<()> {
-        self.inner.clear_items(key).await
-    }
-    async fn load_versions(
-        &self,
-        key: &PKey,
-        identities: &[String],
-    ) -> Result<HashMap<String, ItemRow>> {
-        self.inner.load_versions(key, identities).await
-    }
+
     fn stream_identities<'a>(
         &'a self,
+        inner: &'a dyn Store,
         key: &'a PKey,
         batch_size: usize,
     ) -> BoxStream<'a, Result<Vec<String>>> {
-        let defect = self.defect;
+        let flaw = self.0;
         if !matches!(
-            defect,
-            Defect::IdentitiesDescending | Defect::IdentitiesInUtf16Order
+            flaw,
+            Flaw::IdentitiesDescending | Flaw::IdentitiesInUtf16Order
         ) {
-            return self.inner.stream_identities(key, batch_size);
+            return inner.stream_identities(key, batch_size);
         }
         // Reads the whole snapshot, reorders it and hands it out in batches.
         let all = async move {
-            let batches: Vec<Vec<String>> = self
-                .inner
-                .stream_identities(key, 1000)
-                .try_collect()
-                .await?;
+            let batches: Vec<Vec<String>> =
+                inner.stream_identities(key, 1000).try_collect().await?;
             let mut all: Vec<String> = batches.into_iter().flatten().collect();
-            match defect {
-                Defect::IdentitiesDescending => all.sort_by(|a, b| b.cmp(a)),
+            match flaw {
+                Flaw::IdentitiesDescending => all.sort_by(|a, b| b.cmp(a)),
                 _ => all.sort_by(|a, b| a.encode_utf16().cmp(b.encode_utf16())),
             }
             Ok::<_, watukuy_core::Error>(all)
@@ -155,83 +93,63 @@ impl Store for Broken {
             })
             .boxed()
     }
-    async fn counts(&self, key: &PKey) -> Result<KeyCounts> {
-        self.inner.counts(key).await
-    }
-    async fn commit_poll(&self, key: &PKey, lease: &Lease, batch: &CommitBatch) -> Result<()> {
-        if let Defect::CommitNotAtomic = self.defect {
-            if let Some(current) = self.inner.get_lease(key).await? {
+
+    async fn commit_poll(
+        &self,
+        inner: &dyn Store,
+        key: &PKey,
+        lease: &Lease,
+        batch: &CommitBatch,
+    ) -> Result<()> {
+        if let Flaw::CommitNotAtomic = self.0 {
+            if let Some(current) = inner.get_lease(key).await? {
                 let snapshot = CommitBatch::default()
                     .upserts(batch.upserts.clone())
                     .deletes(batch.deletes.clone());
-                self.inner.commit_poll(key, &current, &snapshot).await?;
+                inner.commit_poll(key, &current, &snapshot).await?;
             }
         }
-        self.inner.commit_poll(key, lease, batch).await
+        inner.commit_poll(key, lease, batch).await
     }
-    async fn load_pending(&self, key: &PKey, limit: usize) -> Result<Vec<OutboxRow>> {
-        let rows = self.inner.load_pending(key, limit).await?;
-        Ok(match self.defect {
-            Defect::PendingFilteredByNextAttempt => rows
+
+    async fn load_pending(
+        &self,
+        inner: &dyn Store,
+        key: &PKey,
+        limit: usize,
+    ) -> Result<Vec<OutboxRow>> {
+        let rows = inner.load_pending(key, limit).await?;
+        Ok(match self.0 {
+            Flaw::PendingFilteredByNextAttempt => rows
                 .into_iter()
                 .filter(|r| r.next_attempt_at.is_none_or(|t| t <= STORE_NOW))
                 .collect(),
             _ => rows,
         })
     }
-    async fn ack_events(&self, key: &PKey, lease: &Lease, ids: &[String]) -> Result<()> {
-        let lease = match self.defect {
-            Defect::AckIgnoresEpoch => self.forge(key, lease).await?,
-            _ => lease.clone(),
-        };
-        self.inner.ack_events(key, &lease, ids).await
-    }
-    async fn record_attempt(
+
+    async fn ack_events(
         &self,
+        inner: &dyn Store,
         key: &PKey,
         lease: &Lease,
-        id: &str,
-        error: &SerializedError,
-        next_attempt_at: Option<i64>,
-    ) -> Result<()> {
-        self.inner
-            .record_attempt(key, lease, id, error, next_attempt_at)
-            .await
-    }
-    async fn park_event(&self, key: &PKey, lease: &Lease, row: &ParkedRow) -> Result<()> {
-        self.inner.park_event(key, lease, row).await
-    }
-    async fn list_parked(&self, key: &PKey, query: ParkedQuery) -> Result<Vec<ParkedRow>> {
-        self.inner.list_parked(key, query).await
-    }
-    async fn resolve_parked(
-        &self,
-        key: &PKey,
         ids: &[String],
-        action: ParkedAction,
-    ) -> Result<u64> {
-        self.inner.resolve_parked(key, ids, action).await
-    }
-    async fn held_keys(&self, key: &PKey) -> Result<Vec<String>> {
-        self.inner.held_keys(key).await
-    }
-    async fn get_validator(&self, key: &PKey, url_hash: &str) -> Result<Option<Validator>> {
-        self.inner.get_validator(key, url_hash).await
-    }
-    async fn read_log(
-        &self,
-        key: &PKey,
-        query: LogQuery,
-        limit: usize,
-    ) -> Result<Vec<LoggedEvent>> {
-        self.inner.read_log(key, query, limit).await
-    }
-    async fn prune_log(&self, key: &PKey, older_than: i64) -> Result<u64> {
-        self.inner.prune_log(key, older_than).await
+    ) -> Result<()> {
+        let lease = match self.0 {
+            Flaw::AckIgnoresEpoch => Self::forge(inner, key, lease).await?,
+            _ => lease.clone(),
+        };
+        inner.ack_events(key, &lease, ids).await
     }
 }
 
-struct BrokenHarness(Defect);
+/// A fresh broken store.
+fn broken(flaw: Flaw) -> Arc<dyn Store> {
+    let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    Arc::new(FaultyStore::new(inner).with_defect(Arc::new(Broken(flaw))))
+}
+
+struct BrokenHarness(Flaw);
 
 #[async_trait::async_trait]
 impl Harness for BrokenHarness {
@@ -240,15 +158,12 @@ impl Harness for BrokenHarness {
     }
 
     async fn fresh(&self, _ctx: CaseContext) -> std::result::Result<Fresh, CaseError> {
-        Ok(Fresh::new(Arc::new(Broken {
-            inner: MemoryStore::new(),
-            defect: self.0,
-        })))
+        Ok(Fresh::new(broken(self.0)))
     }
 }
 
-async fn report(defect: Defect) -> Report {
-    let report = run_all(BrokenHarness(defect)).await;
+async fn report(flaw: Flaw) -> Report {
+    let report = run_all(BrokenHarness(flaw)).await;
     println!("{report}");
     report
 }
@@ -265,7 +180,7 @@ fn assert_fails(report: &Report, case: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_honest_store_passes_every_case() {
-    let report = report(Defect::None).await;
+    let report = report(Flaw::None).await;
     assert!(report.is_ok(), "{report}");
     assert_eq!(report.passed(), report.outcomes.len());
 }
@@ -273,7 +188,7 @@ async fn the_honest_store_passes_every_case() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_ignores_the_epoch_on_ack_is_caught() {
     assert_fails(
-        &report(Defect::AckIgnoresEpoch).await,
+        &report(Flaw::AckIgnoresEpoch).await,
         "fencing::ack_events_rejects_stale_lease",
     );
 }
@@ -281,7 +196,7 @@ async fn a_store_that_ignores_the_epoch_on_ack_is_caught() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_filters_pending_rows_by_next_attempt_is_caught() {
     assert_fails(
-        &report(Defect::PendingFilteredByNextAttempt).await,
+        &report(Flaw::PendingFilteredByNextAttempt).await,
         "outbox::load_pending_orders_by_sequence",
     );
 }
@@ -289,14 +204,14 @@ async fn a_store_that_filters_pending_rows_by_next_attempt_is_caught() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_whose_commit_is_not_atomic_is_caught() {
     assert_fails(
-        &report(Defect::CommitNotAtomic).await,
+        &report(Flaw::CommitNotAtomic).await,
         "fencing::commit_poll_rejects_stale_lease",
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_streaming_identities_out_of_byte_order_is_caught() {
-    for defect in [Defect::IdentitiesDescending, Defect::IdentitiesInUtf16Order] {
+    for defect in [Flaw::IdentitiesDescending, Flaw::IdentitiesInUtf16Order] {
         assert_fails(
             &report(defect).await,
             "items::stream_identities_in_byte_order",
@@ -372,12 +287,9 @@ async fn a_full_scan_over_a_store_streaming_backwards_deletes_nothing_and_warns(
     use watukuy_core::EventType;
 
     warnings();
-    for (defect, deletes) in [(Defect::None, 2), (Defect::IdentitiesDescending, 0)] {
+    for (defect, deletes) in [(Flaw::None, 2), (Flaw::IdentitiesDescending, 0)] {
         let world = World::new(30, 10).unwrap();
-        let store: Arc<dyn Store> = Arc::new(Broken {
-            inner: MemoryStore::new(),
-            defect,
-        });
+        let store = broken(defect);
         let poller = world
             .poller(StrategyKind::SnapshotDiff)
             .delete_confirmation(watukuy_core::DeleteConfirmation::Immediate)
@@ -449,10 +361,7 @@ fn a_poller_with_a_log_is_refused_on_a_store_without_one() {
     use watukuy_conformance::world::{StrategyKind, World};
 
     let world = World::new(1, 10).unwrap();
-    let store: Arc<dyn Store> = Arc::new(Broken {
-        inner: MemoryStore::new(),
-        defect: Defect::NoLog,
-    });
+    let store = broken(Flaw::NoLog);
     let logged = world
         .poller(StrategyKind::Timestamp)
         .log(Duration::from_secs(3600))

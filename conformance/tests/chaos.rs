@@ -3,23 +3,19 @@
 //! first-cycle-crash regression in daemon mode. The per-strategy, per-kill-point and
 //! retain-payload runs are conformance cases (`conformance::chaos::*`), run by every store.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::stream::BoxStream;
 use serde_json::json;
 use watukuy_conformance::world::{POLLER, Recorder, StrategyKind, World};
 use watukuy_conformance::{
-    ChaosError, ChaosOptions, ChaosReport, ChaosStrategy, FaultyStore, KillPoint, KillSwitch, Op,
-    assert_chaos_report, run_chaos,
+    ChaosError, ChaosOptions, ChaosReport, ChaosStrategy, Defect, FaultyStore, KillPoint,
+    KillSwitch, Op, assert_chaos_report, run_chaos,
 };
 use watukuy_core::{
-    Capabilities, CommitBatch, Error, EventType, ItemRow, Json, KeyCounts, Lease, LogQuery,
-    LoggedEvent, OutboxRow, PKey, ParkedAction, ParkedQuery, ParkedRow, PollerState, Result,
-    SerializedError, StatePatch, StopOptions, Store, TickOptions, Validator,
+    CommitBatch, Error, EventType, Json, Lease, PKey, Result, StopOptions, Store, TickOptions,
 };
 use watukuy_store_memory::MemoryStore;
 
@@ -135,7 +131,7 @@ async fn invalid_options_are_rejected_naming_the_option() {
 
 #[tokio::test]
 async fn a_failing_report_prints_the_replay_command() {
-    let store = Arc::new(TamperStore::new(Tamper::Lossy));
+    let (store, _) = tamper_store(Tamper::Lossy);
     let options = ChaosOptions::new(3, store)
         .strategy(ChaosStrategy::SnapshotDiff)
         .steps(40)
@@ -158,14 +154,14 @@ async fn a_failing_report_prints_the_replay_command() {
 #[tokio::test]
 async fn a_lossy_store_is_caught_as_a_g1_violation() {
     for seed in 1..=3 {
-        let store = Arc::new(TamperStore::new(Tamper::Lossy));
+        let (store, tampering) = tamper_store(Tamper::Lossy);
         let report = chaos(
             ChaosOptions::new(seed, store.clone())
                 .strategy(ChaosStrategy::SnapshotDiff)
                 .steps(60),
         )
         .await;
-        assert!(store.tampered(), "seed {seed}: nothing was dropped");
+        assert!(tampering.tampered(), "seed {seed}: nothing was dropped");
         assert!(
             !report.is_ok(),
             "seed {seed}: the lost event went unnoticed"
@@ -182,14 +178,14 @@ async fn a_lossy_store_is_caught_as_a_g1_violation() {
 #[tokio::test]
 async fn a_corrupting_store_is_caught_as_never_served() {
     for strategy in ChaosStrategy::ALL {
-        let store = Arc::new(TamperStore::new(Tamper::Corrupting));
+        let (store, tampering) = tamper_store(Tamper::Corrupting);
         let report = chaos(
             ChaosOptions::new(4, store.clone())
                 .strategy(strategy)
                 .steps(60),
         )
         .await;
-        assert!(store.tampered(), "{strategy}: nothing was corrupted");
+        assert!(tampering.tampered(), "{strategy}: nothing was corrupted");
         println!("corrupting, {strategy}: {}", report.violations.join(" | "));
         assert!(
             report
@@ -204,9 +200,9 @@ async fn a_corrupting_store_is_caught_as_never_served() {
 
 #[tokio::test]
 async fn a_store_that_ignores_fencing_is_caught_by_the_lease_audit() {
-    let store = Arc::new(TamperStore::new(Tamper::Unfenced));
+    let (store, tampering) = tamper_store(Tamper::Unfenced);
     let report = chaos(ChaosOptions::new(2, store.clone()).steps(40)).await;
-    assert!(store.tampered(), "no stale write was ever tried");
+    assert!(tampering.tampered(), "no stale write was ever tried");
     assert!(!report.is_ok(), "the accepted stale write went unnoticed");
     println!("unfenced: {}", report.violations.join(" | "));
     assert!(
@@ -216,7 +212,7 @@ async fn a_store_that_ignores_fencing_is_caught_by_the_lease_audit() {
     );
 }
 
-/// How a [`TamperStore`] breaks the contract (once, for `Lossy` and `Corrupting`).
+/// How a tampering store breaks the contract (once, for `Lossy` and `Corrupting`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Tamper {
     /// Drops the first `created` event of a commit from the outbox (the item row is written).
@@ -227,24 +223,25 @@ enum Tamper {
     Unfenced,
 }
 
-/// A `MemoryStore` that breaks G1 once, at commit.
-struct TamperStore {
-    inner: MemoryStore,
-    tamper: Tamper,
-    done: AtomicBool,
-    commits: std::sync::atomic::AtomicU64,
+/// A `MemoryStore` behind a [`FaultyStore`] that breaks the contract as its [`Tampering`] says.
+fn tamper_store(tamper: Tamper) -> (Arc<dyn Store>, Arc<Tampering>) {
+    let tampering = Arc::new(Tampering {
+        tamper,
+        done: AtomicBool::new(false),
+        commits: AtomicU64::new(0),
+    });
+    let store = FaultyStore::new(memory()).with_defect(tampering.clone());
+    (Arc::new(store), tampering)
 }
 
-impl TamperStore {
-    fn new(tamper: Tamper) -> Self {
-        Self {
-            inner: MemoryStore::new(),
-            tamper,
-            done: AtomicBool::new(false),
-            commits: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
+/// The defect of a tampering store: once, at commit (or on every stale acknowledgement).
+struct Tampering {
+    tamper: Tamper,
+    done: AtomicBool,
+    commits: AtomicU64,
+}
 
+impl Tampering {
     fn tampered(&self) -> bool {
         self.done.load(Ordering::SeqCst)
     }
@@ -280,135 +277,34 @@ impl TamperStore {
 }
 
 #[async_trait]
-impl Store for TamperStore {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn migrate(&self) -> Result<()> {
-        self.inner.migrate().await
-    }
-    async fn close(&self) -> Result<()> {
-        self.inner.close().await
-    }
-    async fn acquire_lease(
+impl Defect for Tampering {
+    async fn commit_poll(
         &self,
-        key: &PKey,
-        owner: &str,
-        ttl_ms: i64,
-        now_ms: i64,
-    ) -> Result<Option<Lease>> {
-        self.inner.acquire_lease(key, owner, ttl_ms, now_ms).await
-    }
-    async fn renew_lease(
-        &self,
+        inner: &dyn Store,
         key: &PKey,
         lease: &Lease,
-        ttl_ms: i64,
-        now_ms: i64,
-    ) -> Result<bool> {
-        self.inner.renew_lease(key, lease, ttl_ms, now_ms).await
-    }
-    async fn release_lease(&self, key: &PKey, lease: &Lease) -> Result<()> {
-        self.inner.release_lease(key, lease).await
-    }
-    async fn get_lease(&self, key: &PKey) -> Result<Option<Lease>> {
-        self.inner.get_lease(key).await
-    }
-    async fn load_state(&self, key: &PKey) -> Result<Option<PollerState>> {
-        self.inner.load_state(key).await
-    }
-    async fn save_state(&self, key: &PKey, lease: &Lease, patch: &StatePatch) -> Result<()> {
-        self.inner.save_state(key, lease, patch).await
-    }
-    async fn save_state_unfenced(&self, key: &PKey, patch: &StatePatch) -> Result<()> {
-        self.inner.save_state_unfenced(key, patch).await
-    }
-    async fn list_keys(&self, poller: Option<&str>) -> Result<Vec<PKey>> {
-        self.inner.list_keys(poller).await
-    }
-    async fn delete_key(&self, key: &PKey) -> Result<()> {
-        self.inner.delete_key(key).await
-    }
-    async fn clear_items(&self, key: &PKey) -> Result<()> {
-        self.inner.clear_items(key).await
-    }
-    async fn load_versions(
-        &self,
-        key: &PKey,
-        identities: &[String],
-    ) -> Result<HashMap<String, ItemRow>> {
-        self.inner.load_versions(key, identities).await
-    }
-    fn stream_identities<'a>(
-        &'a self,
-        key: &'a PKey,
-        batch_size: usize,
-    ) -> BoxStream<'a, Result<Vec<String>>> {
-        self.inner.stream_identities(key, batch_size)
-    }
-    async fn counts(&self, key: &PKey) -> Result<KeyCounts> {
-        self.inner.counts(key).await
-    }
-    async fn commit_poll(&self, key: &PKey, lease: &Lease, batch: &CommitBatch) -> Result<()> {
+        batch: &CommitBatch,
+    ) -> Result<()> {
         match self.tamper(batch) {
-            Some(tampered) => self.inner.commit_poll(key, lease, &tampered).await,
-            None => self.inner.commit_poll(key, lease, batch).await,
+            Some(tampered) => inner.commit_poll(key, lease, &tampered).await,
+            None => inner.commit_poll(key, lease, batch).await,
         }
     }
-    async fn load_pending(&self, key: &PKey, limit: usize) -> Result<Vec<OutboxRow>> {
-        self.inner.load_pending(key, limit).await
-    }
-    async fn ack_events(&self, key: &PKey, lease: &Lease, ids: &[String]) -> Result<()> {
-        match self.inner.ack_events(key, lease, ids).await {
+
+    async fn ack_events(
+        &self,
+        inner: &dyn Store,
+        key: &PKey,
+        lease: &Lease,
+        ids: &[String],
+    ) -> Result<()> {
+        match inner.ack_events(key, lease, ids).await {
             Err(Error::LeaseLost { .. }) if self.tamper == Tamper::Unfenced => {
                 self.done.store(true, Ordering::SeqCst);
                 Ok(())
             }
             other => other,
         }
-    }
-    async fn record_attempt(
-        &self,
-        key: &PKey,
-        lease: &Lease,
-        id: &str,
-        error: &SerializedError,
-        next_attempt_at: Option<i64>,
-    ) -> Result<()> {
-        self.inner
-            .record_attempt(key, lease, id, error, next_attempt_at)
-            .await
-    }
-    async fn park_event(&self, key: &PKey, lease: &Lease, row: &ParkedRow) -> Result<()> {
-        self.inner.park_event(key, lease, row).await
-    }
-    async fn list_parked(&self, key: &PKey, query: ParkedQuery) -> Result<Vec<ParkedRow>> {
-        self.inner.list_parked(key, query).await
-    }
-    async fn resolve_parked(
-        &self,
-        key: &PKey,
-        ids: &[String],
-        action: ParkedAction,
-    ) -> Result<u64> {
-        self.inner.resolve_parked(key, ids, action).await
-    }
-    async fn held_keys(&self, key: &PKey) -> Result<Vec<String>> {
-        self.inner.held_keys(key).await
-    }
-    async fn get_validator(&self, key: &PKey, url_hash: &str) -> Result<Option<Validator>> {
-        self.inner.get_validator(key, url_hash).await
-    }
-    async fn read_log(
-        &self,
-        key: &PKey,
-        query: LogQuery,
-        limit: usize,
-    ) -> Result<Vec<LoggedEvent>> {
-        self.inner.read_log(key, query, limit).await
-    }
-    async fn prune_log(&self, key: &PKey, older_than: i64) -> Result<u64> {
-        self.inner.prune_log(key, older_than).await
     }
 }
 
