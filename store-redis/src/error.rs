@@ -83,9 +83,7 @@ pub(crate) fn classify(error: RedisError) -> Error {
 /// at all (`redis.url`).
 #[cfg(feature = "tls")]
 fn tls_error(error: &RedisError) -> Option<Error> {
-    use std::error::Error as _;
-    let io = error.source()?.downcast_ref::<std::io::Error>()?;
-    let tls = io.get_ref()?.downcast_ref::<rustls::Error>()?;
+    let tls = find_rustls(error)?;
     let (option, message) = match tls {
         rustls::Error::InvalidCertificate(_) => (
             "redis.tls_ca",
@@ -115,6 +113,30 @@ fn tls_error(error: &RedisError) -> Option<Error> {
         _ => ("redis.url", format!("the TLS handshake failed: {tls}")),
     };
     Some(Error::config(option, message))
+}
+
+/// The rustls error somewhere under a redis error: the driver keeps the I/O error behind an
+/// `Arc<dyn Error>`, and the I/O error keeps the rustls error as its inner error.
+#[cfg(feature = "tls")]
+fn find_rustls(error: &RedisError) -> Option<&rustls::Error> {
+    use std::error::Error as StdError;
+    type Shared = std::sync::Arc<dyn StdError + Send + Sync>;
+    let mut next: Option<&(dyn StdError + 'static)> = error.source();
+    // A short chain; the bound only guards against a cycle.
+    for _ in 0..8 {
+        let current = next?;
+        if let Some(tls) = current.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        next = if let Some(shared) = current.downcast_ref::<Shared>() {
+            Some(shared.as_ref())
+        } else if let Some(io) = current.downcast_ref::<std::io::Error>() {
+            io.get_ref().map(|inner| inner as &(dyn StdError + 'static))
+        } else {
+            current.source()
+        };
+    }
+    None
 }
 
 #[cfg(test)]

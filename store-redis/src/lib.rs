@@ -73,29 +73,30 @@ fn describe_target(client: &Client) -> String {
     client.get_connection_info().addr().to_string()
 }
 
-/// Prefixes a connection failure with where the store tried to connect; a plain-text connection
-/// the server closed at once gets a hint about TLS.
-fn connect_error(target: &str, tls: bool, error: Error) -> Error {
-    match error {
+/// A failure to connect, prefixed with where the store tried to connect. A plain-text connection
+/// the server closed at once, and a TLS connection that got no answer, get a hint about TLS.
+fn connect_error(target: &str, tls: bool, error: redis::RedisError) -> Error {
+    let hint = if !tls && error.is_connection_dropped() && !error.is_connection_refusal() {
+        " (the server accepted the connection and closed it: if it only accepts TLS, use a \
+         rediss:// URL)"
+    } else if tls && error.is_timeout() {
+        " (no TLS answer: if this is a plain-text port, use a redis:// URL or the server's TLS \
+         port)"
+    } else {
+        ""
+    };
+    match classify(error) {
         Error::Store {
             kind,
             transient,
             message,
             source,
-        } => {
-            let hint = if !tls && kind == StoreErrorKind::Connection && transient {
-                " (the server accepted the connection and closed it: if it only accepts TLS, \
-                 use a rediss:// URL)"
-            } else {
-                ""
-            };
-            Error::Store {
-                kind,
-                transient,
-                message: format!("cannot connect to Redis at {target}: {message}{hint}"),
-                source,
-            }
-        }
+        } => Error::Store {
+            kind,
+            transient,
+            message: format!("cannot connect to Redis at {target}: {message}{hint}"),
+            source,
+        },
         Error::Config { option, message } => Error::Config {
             option,
             message: format!("cannot connect to Redis at {target}: {message}"),
@@ -105,14 +106,16 @@ fn connect_error(target: &str, tls: bool, error: Error) -> Error {
 }
 
 /// Connects once to `client`, to learn early and clearly whether the server is there.
-async fn probe(client: &Client, options: &RedisOptions) -> Result<MultiplexedConnection> {
+async fn probe(
+    client: &Client,
+    options: &RedisOptions,
+) -> redis::RedisResult<MultiplexedConnection> {
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(options.connect_timeout))
         .set_response_timeout(Some(options.response_timeout));
     client
         .get_multiplexed_async_connection_with_config(&config)
         .await
-        .map_err(classify)
 }
 
 /// The TLS material of `options`, completed by the files a URL names.
@@ -230,7 +233,7 @@ impl RedisStore {
             .set_number_of_retries(options.reconnect_attempts);
         let conn = ConnectionManager::new_with_config(client, config)
             .await
-            .map_err(|e| connect_error(&described, target.tls, classify(e)))?;
+            .map_err(|e| connect_error(&described, target.tls, e))?;
         Self::from_manager(conn, options)
     }
 
@@ -294,7 +297,7 @@ impl RedisStore {
         let conn = client
             .get_async_connection()
             .await
-            .map_err(|e| connect_error(&described, target.tls, classify(e)))?;
+            .map_err(|e| connect_error(&described, target.tls, e))?;
         Self::from_cluster(conn, options)
     }
 
