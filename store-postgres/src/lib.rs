@@ -5,13 +5,14 @@ mod consumer;
 mod error;
 mod options;
 mod sql;
+mod tls;
 
 use std::collections::{BTreeSet, HashMap};
 use std::str::FromStr;
 
 use async_trait::async_trait;
 use futures::stream::{self, BoxStream, StreamExt};
-use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgQueryResult, PgRow};
 use sqlx::{Connection, Executor, PgConnection, Postgres, Row};
 use watukuy_core::{
     Capabilities, CommitBatch, Error, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent, OutboxRow,
@@ -65,11 +66,22 @@ impl PostgresStore {
     /// Connects to `url` (`postgres://user:password@host:port/database?...`) with a pool of
     /// [`max_connections`](PostgresOptions::max_connections).
     ///
-    /// Fails with [`Error::Config`] for invalid options or an unusable URL, and with a
+    /// TLS (the `tls` feature, on by default: rustls, no OpenSSL) follows the URL's `sslmode`:
+    /// `verify-full` checks the server's certificate and that it names the host, `verify-ca` the
+    /// certificate only, `require` encrypts without checking (unless a root certificate is
+    /// given: then it checks like `verify-ca`), `prefer` (the default) uses TLS when the server
+    /// offers it, `disable` never. Certificates are checked against the system's roots plus
+    /// `sslrootcert=<file>` or [`PostgresOptions::ssl_root_cert`]. Client certificates
+    /// (`sslcert`, `sslkey`) are passed to the driver as they are.
+    ///
+    /// Fails with [`Error::Config`] for invalid options, an unusable URL, or TLS that cannot
+    /// work: a root certificate that cannot be read, a server certificate that is not trusted,
+    /// not for this host or expired, a server without TLS when the URL requires it (each message
+    /// names the cause and the setting to change; retrying does not help). Fails with a
     /// transient [`Error::Store`] of kind `Connection` when the server cannot be reached
-    /// (refused, unknown host, timed out) or the database does not exist yet. TLS is not
-    /// compiled in: connect over a trusted network or a local socket, or build a pool yourself
-    /// and use [`from_pool`](Self::from_pool).
+    /// (refused, unknown host, timed out) or the database does not exist yet, and with a
+    /// permanent one when it refuses the login (a server that accepts only TLS for this user
+    /// says so).
     pub async fn connect(url: &str, options: PostgresOptions) -> Result<Self> {
         options.validate()?;
         let connect_options = PgConnectOptions::from_str(url).map_err(|e| {
@@ -78,6 +90,14 @@ impl PostgresStore {
                 format!("not a usable PostgreSQL connection string: {e}"),
             )
         })?;
+        let mut connect_options = tls::configure(connect_options, url, &options)?;
+        if options.transaction_pooling {
+            // No statement may outlive its transaction, and PgBouncer refuses startup
+            // parameters it does not track.
+            connect_options = connect_options
+                .statement_cache_capacity(0)
+                .extra_float_digits(None);
+        }
         // One direct connection first: its error says what went wrong (refused, unknown host,
         // authentication, missing database), where the pool would retry a refused connection
         // until its acquire timeout and then report only that it timed out.
@@ -154,7 +174,7 @@ impl PostgresStore {
         };
         if queries.len() == 0 {
             // The common case: one statement, one round trip, its own implicit transaction.
-            let row = first.fetch_one(&self.pool).await.map_err(classify)?;
+            let row = first.one_on(self).await?;
             return if fenced_flag(&row)? {
                 Ok(())
             } else {
@@ -174,8 +194,14 @@ impl PostgresStore {
         tx.commit().await.map_err(classify)
     }
 
+    /// A statement: cached as a named prepared statement, or (with
+    /// [`transaction_pooling`](PostgresOptions::transaction_pooling)) prepared unnamed.
+    fn query<'q>(&self, sql: &'q str) -> PgQuery<'q> {
+        sqlx::query(sql).persistent(!self.options.transaction_pooling)
+    }
+
     fn key_query<'q>(&'q self, sql: &'q str, key: &'q PKey) -> PgQuery<'q> {
-        sqlx::query(sql).bind(&key.poller).bind(&key.partition)
+        self.query(sql).bind(&key.poller).bind(&key.partition)
     }
 
     fn fence_query<'q>(&'q self, sql: &'q str, key: &'q PKey, lease: &'q Lease) -> PgQuery<'q> {
@@ -183,6 +209,43 @@ impl PostgresStore {
             .bind(&lease.owner)
             .bind(lease.epoch)
     }
+}
+
+/// Runs one statement on the store's pool, as it is or, with
+/// [`transaction_pooling`](PostgresOptions::transaction_pooling), inside a transaction of its
+/// own: the driver prepares and executes a statement in two exchanges, and a transaction pooler
+/// may hand the second to another server connection unless a transaction holds it.
+trait RunOn {
+    /// Every row.
+    async fn all_on(self, store: &PostgresStore) -> Result<Vec<PgRow>>;
+    /// The first row, if any.
+    async fn optional_on(self, store: &PostgresStore) -> Result<Option<PgRow>>;
+    /// Exactly one row.
+    async fn one_on(self, store: &PostgresStore) -> Result<PgRow>;
+    /// No rows; how many were affected.
+    async fn execute_on(self, store: &PostgresStore) -> Result<PgQueryResult>;
+}
+
+macro_rules! run_on {
+    ($name:ident, $driver:ident, $out:ty) => {
+        async fn $name(self, store: &PostgresStore) -> Result<$out> {
+            if store.options.transaction_pooling {
+                let mut tx = store.pool.begin().await.map_err(classify)?;
+                let out = self.$driver(&mut *tx).await.map_err(classify)?;
+                tx.commit().await.map_err(classify)?;
+                Ok(out)
+            } else {
+                self.$driver(&store.pool).await.map_err(classify)
+            }
+        }
+    };
+}
+
+impl RunOn for PgQuery<'_> {
+    run_on!(all_on, fetch_all, Vec<PgRow>);
+    run_on!(optional_on, fetch_optional, Option<PgRow>);
+    run_on!(one_on, fetch_one, PgRow);
+    run_on!(execute_on, execute, PgQueryResult);
 }
 
 /// `host:port/database` of a connection, without credentials.
@@ -198,6 +261,10 @@ fn describe_target(options: &PgConnectOptions) -> String {
 /// Prefixes a connection failure with where the store tried to connect.
 fn connect_error(target: &str, error: Error) -> Error {
     match error {
+        Error::Config { option, message } => Error::Config {
+            option,
+            message: format!("cannot connect to PostgreSQL at {target}: {message}"),
+        },
         Error::Store {
             kind,
             transient,
@@ -220,6 +287,8 @@ fn fenced_flag(row: &PgRow) -> Result<bool> {
 
 /// The body of `migrate()`, on the migration transaction's connection.
 async fn migrate_in(conn: &mut PgConnection, options: &PostgresOptions) -> Result<()> {
+    // Under a transaction pooler, no named prepared statement may outlive the transaction.
+    let persistent = !options.transaction_pooling;
     // The schema-wide lock also covers CREATE SCHEMA, which is not safe to race even with
     // IF NOT EXISTS (stores with other prefixes may be creating the same schema).
     let locks = [
@@ -231,6 +300,7 @@ async fn migrate_in(conn: &mut PgConnection, options: &PostgresOptions) -> Resul
     ];
     for lock in locks {
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+            .persistent(persistent)
             .bind(lock)
             .execute(&mut *conn)
             .await
@@ -238,6 +308,7 @@ async fn migrate_in(conn: &mut PgConnection, options: &PostgresOptions) -> Resul
     }
     let schema_exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+            .persistent(persistent)
             .bind(options.schema.clone())
             .fetch_one(&mut *conn)
             .await
@@ -260,6 +331,7 @@ async fn migrate_in(conn: &mut PgConnection, options: &PostgresOptions) -> Resul
     );
     let current_sql = format!("SELECT max(version) FROM {versions_table}");
     let current: Option<i32> = sqlx::query_scalar(&current_sql)
+        .persistent(persistent)
         .fetch_one(&mut *conn)
         .await
         .map_err(classify)?;
@@ -283,6 +355,7 @@ async fn migrate_in(conn: &mut PgConnection, options: &PostgresOptions) -> Resul
         let ddl = sql::render(migration.template, options);
         (&mut *conn).execute(ddl.as_str()).await.map_err(classify)?;
         sqlx::query(&record)
+            .persistent(persistent)
             .bind(migration.version)
             .bind(migration.name)
             .execute(&mut *conn)
@@ -328,9 +401,8 @@ impl Store for PostgresStore {
             .bind(owner)
             .bind(now_ms)
             .bind(expires_at)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(classify)?;
+            .optional_on(self)
+            .await?;
         row.map(|row| {
             Ok(Lease {
                 owner: owner.to_owned(),
@@ -351,27 +423,24 @@ impl Store for PostgresStore {
         let done = self
             .fence_query(&self.sql.renew_lease, key, lease)
             .bind(now_ms.saturating_add(ttl_ms))
-            .execute(&self.pool)
-            .await
-            .map_err(classify)?;
+            .execute_on(self)
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn release_lease(&self, key: &PKey, lease: &Lease) -> Result<()> {
         // Zero rows affected is the contract's silent no-op for a stale lease.
         self.fence_query(&self.sql.release_lease, key, lease)
-            .execute(&self.pool)
-            .await
-            .map_err(classify)?;
+            .execute_on(self)
+            .await?;
         Ok(())
     }
 
     async fn get_lease(&self, key: &PKey) -> Result<Option<Lease>> {
         let row = self
             .key_query(&self.sql.get_lease, key)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(classify)?;
+            .optional_on(self)
+            .await?;
         row.map(|row| {
             Ok(Lease {
                 owner: codec::required(&row, "lease_owner")?,
@@ -385,9 +454,8 @@ impl Store for PostgresStore {
     async fn load_state(&self, key: &PKey) -> Result<Option<PollerState>> {
         let row = self
             .key_query(&self.sql.load_state, key)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(classify)?;
+            .optional_on(self)
+            .await?;
         row.as_ref().map(codec::decode_state).transpose()
     }
 
@@ -398,9 +466,8 @@ impl Store for PostgresStore {
             .bind(self.key_query(&self.sql.save_state, key))
             .bind(&lease.owner)
             .bind(lease.epoch)
-            .execute(&self.pool)
-            .await
-            .map_err(classify)?;
+            .execute_on(self)
+            .await?;
         if done.rows_affected() == 1 {
             Ok(())
         } else {
@@ -412,18 +479,17 @@ impl Store for PostgresStore {
         let state = StateParams::new(patch)?;
         state
             .bind(self.key_query(&self.sql.save_state_unfenced, key))
-            .execute(&self.pool)
-            .await
-            .map_err(classify)?;
+            .execute_on(self)
+            .await?;
         Ok(())
     }
 
     async fn list_keys(&self, poller: Option<&str>) -> Result<Vec<PKey>> {
-        let rows = sqlx::query(&self.sql.list_keys)
+        let rows = self
+            .query(&self.sql.list_keys)
             .bind(poller)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(classify)?;
+            .all_on(self)
+            .await?;
         rows.iter()
             .map(|row| {
                 Ok(PKey {
@@ -451,9 +517,8 @@ impl Store for PostgresStore {
 
     async fn clear_items(&self, key: &PKey) -> Result<()> {
         self.key_query(&self.sql.clear_items, key)
-            .execute(&self.pool)
-            .await
-            .map_err(classify)?;
+            .execute_on(self)
+            .await?;
         Ok(())
     }
 
@@ -467,9 +532,8 @@ impl Store for PostgresStore {
             let rows = self
                 .key_query(&self.sql.load_versions, key)
                 .bind(chunk)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(classify)?;
+                .all_on(self)
+                .await?;
             for row in &rows {
                 let item = codec::decode_item(row)?;
                 out.insert(item.identity.clone(), item);
@@ -492,9 +556,8 @@ impl Store for PostgresStore {
                 .key_query(&self.sql.stream_identities, key)
                 .bind(after)
                 .bind(limit(batch_size))
-                .fetch_all(&self.pool)
+                .all_on(self)
                 .await
-                .map_err(classify)
                 .and_then(|rows| {
                     rows.iter()
                         .map(|row| row.try_get::<String, _>(0).map_err(classify))
@@ -513,11 +576,7 @@ impl Store for PostgresStore {
     }
 
     async fn counts(&self, key: &PKey) -> Result<KeyCounts> {
-        let row = self
-            .key_query(&self.sql.counts, key)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(classify)?;
+        let row = self.key_query(&self.sql.counts, key).one_on(self).await?;
         let column = |i: usize| -> Result<u64> {
             let value: i64 = row.try_get(i).map_err(classify)?;
             u64::try_from(value).map_err(|e| Error::corrupt("a row count", e))
@@ -631,9 +690,8 @@ impl Store for PostgresStore {
         let rows = self
             .key_query(&self.sql.load_pending, key)
             .bind(limit(limit_rows))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(classify)?;
+            .all_on(self)
+            .await?;
         rows.iter().map(codec::decode_outbox).collect()
     }
 
@@ -684,18 +742,16 @@ impl Store for PostgresStore {
             .key_query(&self.sql.list_parked, key)
             .bind(query.kind.map(|kind| kind.as_str()))
             .bind(query.limit.map(limit))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(classify)?;
+            .all_on(self)
+            .await?;
         rows.iter().map(codec::decode_parked).collect()
     }
 
     async fn held_keys(&self, key: &PKey) -> Result<Vec<String>> {
         let rows = self
             .key_query(&self.sql.held_keys, key)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(classify)?;
+            .all_on(self)
+            .await?;
         rows.iter()
             .map(|row| row.try_get::<String, _>(0).map_err(classify))
             .collect()
@@ -705,9 +761,8 @@ impl Store for PostgresStore {
         let row = self
             .key_query(&self.sql.get_validator, key)
             .bind(url_hash)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(classify)?;
+            .optional_on(self)
+            .await?;
         row.map(|row| {
             Ok(Validator {
                 etag: row.try_get("etag").map_err(classify)?,
@@ -730,9 +785,8 @@ impl Store for PostgresStore {
             .bind(query.from_time)
             .bind(query.to_time)
             .bind(limit(limit_rows))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(classify)?;
+            .all_on(self)
+            .await?;
         rows.iter().map(codec::decode_logged).collect()
     }
 
@@ -740,9 +794,8 @@ impl Store for PostgresStore {
         let done = self
             .key_query(&self.sql.prune_log, key)
             .bind(older_than)
-            .execute(&self.pool)
-            .await
-            .map_err(classify)?;
+            .execute_on(self)
+            .await?;
         Ok(done.rows_affected())
     }
 }
@@ -756,9 +809,8 @@ impl PostgresStore {
             let row = self
                 .key_query(&self.sql.retry_parked, key)
                 .bind(chunk)
-                .fetch_one(&self.pool)
-                .await
-                .map_err(classify)?;
+                .one_on(self)
+                .await?;
             moved += count(&row)?;
         }
         Ok(moved)
@@ -771,9 +823,8 @@ impl PostgresStore {
             let done = self
                 .key_query(&self.sql.discard_parked, key)
                 .bind(chunk)
-                .execute(&self.pool)
-                .await
-                .map_err(classify)?;
+                .execute_on(self)
+                .await?;
             removed += done.rows_affected();
         }
         Ok(removed)

@@ -1,5 +1,6 @@
 //! [`PostgresOptions`]: where the store's tables live and how it treats its pool.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use watukuy_core::{Error, Result};
@@ -69,6 +70,27 @@ pub struct PostgresOptions {
     pub(crate) max_connections: u32,
     pub(crate) acquire_timeout: Duration,
     pub(crate) max_rows_per_statement: usize,
+    pub(crate) ssl_root_cert: Option<RootCert>,
+    pub(crate) transaction_pooling: bool,
+}
+
+/// A root certificate given with [`PostgresOptions::ssl_root_cert`] or
+/// [`PostgresOptions::ssl_root_cert_pem`].
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) enum RootCert {
+    /// A PEM file, read once by `connect`.
+    File(PathBuf),
+    /// PEM text.
+    Pem(Vec<u8>),
+}
+
+impl std::fmt::Debug for RootCert {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RootCert::File(path) => write!(f, "File({})", path.display()),
+            RootCert::Pem(pem) => write!(f, "Pem({} bytes)", pem.len()),
+        }
+    }
 }
 
 impl Default for PostgresOptions {
@@ -80,6 +102,8 @@ impl Default for PostgresOptions {
             max_connections: 10,
             acquire_timeout: Duration::from_secs(30),
             max_rows_per_statement: 5_000,
+            ssl_root_cert: None,
+            transaction_pooling: false,
         }
     }
 }
@@ -136,6 +160,50 @@ impl PostgresOptions {
         self
     }
 
+    /// A PEM file of the certificate authority (or authorities) that signed the server's
+    /// certificate, for [`connect`](crate::PostgresStore::connect); the same as `sslrootcert=<file>`
+    /// in the URL, which it replaces. It is trusted in addition to the system's roots.
+    ///
+    /// Needs the `tls` feature (on by default) and a URL with `sslmode=verify-full` (the
+    /// certificate must also name the host) or `sslmode=verify-ca`; with `sslmode=require` the
+    /// chain is verified as with `verify-ca` (as libpq does when it has a root certificate). With
+    /// `disable`, `allow` or `prefer` (the default) it is a `Config` error: those modes verify
+    /// nothing. `connect` reads the file once and fails with a `Config` error naming it when it
+    /// cannot be read or holds no certificate; a rotated CA takes a new store.
+    #[must_use]
+    pub fn ssl_root_cert(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ssl_root_cert = Some(RootCert::File(path.into()));
+        self
+    }
+
+    /// Like [`ssl_root_cert`](Self::ssl_root_cert), from PEM text (`-----BEGIN CERTIFICATE-----`
+    /// ...), e.g. a secret handed over in an environment variable.
+    #[must_use]
+    pub fn ssl_root_cert_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ssl_root_cert = Some(RootCert::Pem(pem.into()));
+        self
+    }
+
+    /// Whether the store talks to PostgreSQL through a pooler in *transaction* mode, such as
+    /// PgBouncer with `pool_mode = transaction` (default `false`).
+    ///
+    /// Such a pooler hands each transaction to whichever server connection is free, so nothing
+    /// may outlive a transaction: with this option every statement is prepared unnamed and runs
+    /// inside an explicit transaction (`BEGIN`, the statement, `COMMIT`: two more round trips
+    /// per statement), and [`connect`](crate::PostgresStore::connect) turns off the driver's
+    /// statement cache and its `extra_float_digits` startup parameter, which PgBouncer rejects.
+    /// `migrate()` needs nothing more: its advisory locks are transaction-level. A pool given to
+    /// [`from_pool`](crate::PostgresStore::from_pool) keeps its own settings: build it with
+    /// `PgConnectOptions::statement_cache_capacity(0)` and `extra_float_digits(None)`.
+    ///
+    /// Not needed for a pooler in session mode, nor for one that tracks prepared statements
+    /// itself (PgBouncer 1.21 and later with `max_prepared_statements` above zero).
+    #[must_use]
+    pub fn transaction_pooling(mut self, pooling: bool) -> Self {
+        self.transaction_pooling = pooling;
+        self
+    }
+
     /// Checks every option, failing with an [`Error::Config`] that names the first bad one
     /// (`postgres.schema`, `postgres.table_prefix`, ...).
     pub fn validate(&self) -> Result<()> {
@@ -162,6 +230,12 @@ impl PostgresOptions {
             return Err(Error::config(
                 "postgres.max_rows_per_statement",
                 "must be at least 1",
+            ));
+        }
+        if self.ssl_root_cert.is_some() && !cfg!(feature = "tls") {
+            return Err(Error::config(
+                "postgres.ssl_root_cert",
+                "TLS is not compiled in: enable the `tls` feature of watukuy-store-postgres",
             ));
         }
         Ok(())

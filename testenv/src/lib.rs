@@ -43,7 +43,8 @@ struct Backend {
 enum Needs {
     /// A non-empty environment variable (the service's URL); the test reads it when it runs.
     Url(&'static str),
-    /// Programs, each found at its own variable when that is set, else on `PATH`.
+    /// Programs, each found at its own variable when that is set, else on `PATH`, else in one
+    /// of its usual folders.
     Programs(&'static [Program]),
 }
 
@@ -53,6 +54,9 @@ struct Program {
     name: &'static str,
     /// The variable naming its path instead.
     var: &'static str,
+    /// Folders searched after `PATH`, where a distribution installs it off `PATH` (Debian's
+    /// PostgreSQL server programs).
+    dirs: &'static [&'static str],
 }
 
 /// Every backend, in the order `docs/testing.md` lists them.
@@ -87,10 +91,12 @@ const BACKENDS: &[Backend] = &[
             Program {
                 name: "chromium",
                 var: "WATUKUY_TEST_CHROMIUM",
+                dirs: &[],
             },
             Program {
                 name: "chromedriver",
                 var: "WATUKUY_TEST_CHROMEDRIVER",
+                dirs: &[],
             },
         ]),
         reason: "needs a browser: chromium and chromedriver on PATH (Debian: apt-get install \
@@ -102,6 +108,7 @@ const BACKENDS: &[Backend] = &[
         needs: Needs::Programs(&[Program {
             name: "redis-server",
             var: "WATUKUY_TEST_REDIS_SERVER_BIN",
+            dirs: &[],
         }]),
         reason: "needs the redis-server program on PATH (or WATUKUY_TEST_REDIS_SERVER_BIN) to \
                  start a private server (docs/testing.md)",
@@ -111,10 +118,51 @@ const BACKENDS: &[Backend] = &[
         needs: Needs::Programs(&[Program {
             name: "nats-server",
             var: "WATUKUY_TEST_NATS_SERVER_BIN",
+            dirs: &[],
         }]),
         reason: "needs the nats-server program on PATH (or WATUKUY_TEST_NATS_SERVER_BIN) to \
                  start a private server (docs/testing.md)",
     },
+    Backend {
+        name: "postgres-server",
+        needs: Needs::Programs(&[
+            Program {
+                name: "initdb",
+                var: "WATUKUY_TEST_INITDB_BIN",
+                dirs: POSTGRES_BIN_DIRS,
+            },
+            Program {
+                name: "postgres",
+                var: "WATUKUY_TEST_POSTGRES_SERVER_BIN",
+                dirs: POSTGRES_BIN_DIRS,
+            },
+        ]),
+        reason: "needs the PostgreSQL server programs initdb and postgres (Debian: apt-get install \
+                 postgresql; found on PATH, in /usr/lib/postgresql/<version>/bin, or at \
+                 WATUKUY_TEST_INITDB_BIN and WATUKUY_TEST_POSTGRES_SERVER_BIN) to start a \
+                 private server (docs/testing.md)",
+    },
+    Backend {
+        name: "pgbouncer",
+        needs: Needs::Programs(&[Program {
+            name: "pgbouncer",
+            var: "WATUKUY_TEST_PGBOUNCER_BIN",
+            dirs: &["/usr/sbin"],
+        }]),
+        reason: "needs the pgbouncer program (Debian: apt-get install pgbouncer; on PATH, in \
+                 /usr/sbin, or at WATUKUY_TEST_PGBOUNCER_BIN) to start a private pooler \
+                 (docs/testing.md)",
+    },
+];
+
+/// Where Debian installs the PostgreSQL server programs (off `PATH`), newest first.
+const POSTGRES_BIN_DIRS: &[&str] = &[
+    "/usr/lib/postgresql/18/bin",
+    "/usr/lib/postgresql/17/bin",
+    "/usr/lib/postgresql/16/bin",
+    "/usr/lib/postgresql/15/bin",
+    "/usr/lib/postgresql/14/bin",
+    "/usr/lib/postgresql/13/bin",
 ];
 
 /// Marks a test that needs one or more backends (see the crate documentation): `#[requires(postgres)]`,
@@ -357,7 +405,8 @@ fn programs() -> impl Iterator<Item = &'static Program> {
     })
 }
 
-/// The program at its variable when that is set, else the first on `PATH`.
+/// The program at its variable when that is set, else the first on `PATH`, else the first in
+/// its usual folders.
 fn find_program(program: &Program) -> Result<PathBuf, String> {
     if let Some(path) = std::env::var_os(program.var).filter(|p| !p.is_empty()) {
         let path = PathBuf::from(path);
@@ -373,11 +422,17 @@ fn find_program(program: &Program) -> Result<PathBuf, String> {
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
+        .chain(program.dirs.iter().map(PathBuf::from))
         .map(|dir| dir.join(program.name))
         .find(|candidate| is_executable(candidate))
         .ok_or_else(|| {
+            let usual = if program.dirs.is_empty() {
+                String::new()
+            } else {
+                format!(", nor in {}", program.dirs.join(", "))
+            };
             format!(
-                "{} is not on PATH and {} is not set (docs/testing.md)",
+                "{} is not on PATH{usual}, and {} is not set (docs/testing.md)",
                 program.name, program.var
             )
         })

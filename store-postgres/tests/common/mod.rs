@@ -27,6 +27,16 @@ pub struct Database {
     _container: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
+impl Database {
+    /// A database at `url` that the test started itself (tests/servers).
+    pub fn at(url: String) -> Self {
+        Self {
+            url,
+            _container: None,
+        }
+    }
+}
+
 /// The test database: the URL from the environment, else (with the `testcontainers` feature) a
 /// fresh container, else a failure saying the variable is unset.
 pub async fn database() -> Result<Database, CaseError> {
