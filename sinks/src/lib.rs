@@ -1,22 +1,28 @@
 #![doc = include_str!("../README.md")]
 
 mod format;
+#[cfg(feature = "nats")]
 mod nats;
+#[cfg(feature = "rabbitmq")]
 mod rabbit;
 mod signature;
+#[cfg(feature = "webhook")]
 mod webhook;
 
 pub use format::{
     CLOUDEVENTS_CONTENT_TYPE, EventFormat, JSON_CONTENT_TYPE, KeyFn, SerializedEvent, default_key,
     serialize_event,
 };
+#[cfg(feature = "nats")]
 pub use nats::{DEFAULT_NATS_ACK_TIMEOUT, NatsSink};
+#[cfg(feature = "rabbitmq")]
 pub use rabbit::{DEFAULT_RABBIT_TIMEOUT, RabbitSink};
 pub use signature::{
     DEFAULT_WEBHOOK_TOLERANCE, WEBHOOK_SECRET_PREFIX, WebhookSecret, WebhookSecretError,
     WebhookVerifyError, decode_webhook_secret, sign_webhook, verify_webhook_signature,
     verify_webhook_signature_with_tolerance,
 };
+#[cfg(feature = "webhook")]
 pub use webhook::{
     DEFAULT_WEBHOOK_TIMEOUT, MAX_WEBHOOK_ERROR_BODY_CHARS, WEBHOOK_ID_HEADER,
     WEBHOOK_SIGNATURE_HEADER, WEBHOOK_TIMESTAMP_HEADER, WebhookConfigError, WebhookDeliveryError,

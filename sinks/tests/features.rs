@@ -1,0 +1,24 @@
+//! The sinks' test targets a build leaves out because their feature is off (`required-features`
+//! in `Cargo.toml`), reported as *ignored* with the command that runs them, never as passed.
+//! Each fails when run anyway (`--include-ignored`): the tests it stands for did not run.
+
+#[cfg(not(feature = "webhook"))]
+#[test]
+#[ignore = "the webhook sink's tests (tests/webhook.rs, tests/engine.rs) need the `webhook` feature: cargo test -p watukuy-sinks --features webhook"]
+fn webhook_tests_need_the_webhook_feature() {
+    panic!("built without the `webhook` feature: tests/webhook.rs and tests/engine.rs did not run");
+}
+
+#[cfg(not(feature = "nats"))]
+#[test]
+#[ignore = "the NATS sink's tests (tests/nats.rs) need the `nats` feature: cargo test -p watukuy-sinks --features nats"]
+fn nats_tests_need_the_nats_feature() {
+    panic!("built without the `nats` feature: tests/nats.rs did not run");
+}
+
+#[cfg(not(feature = "rabbitmq"))]
+#[test]
+#[ignore = "the RabbitMQ sink's tests (tests/rabbit.rs) need the `rabbitmq` feature: cargo test -p watukuy-sinks --features rabbitmq"]
+fn rabbitmq_tests_need_the_rabbitmq_feature() {
+    panic!("built without the `rabbitmq` feature: tests/rabbit.rs did not run");
+}
