@@ -25,6 +25,10 @@ pub struct Cli {
     /// `watukuy:`) the application's store uses.
     #[arg(long, global = true)]
     pub prefix: Option<String>,
+    /// PostgreSQL: the URL is a pooler in transaction mode (PgBouncer `pool_mode =
+    /// transaction`); every statement then runs in a transaction of its own.
+    #[arg(long, global = true)]
+    pub transaction_pooling: bool,
     /// Print JSON instead of text.
     #[arg(long, global = true)]
     pub json: bool,

@@ -200,6 +200,7 @@ pub async fn execute(cli: &Cli, options: RunOptions) -> Result<Output, CliError>
     let store_options = StoreOptions {
         schema: cli.schema.clone(),
         prefix: cli.prefix.clone(),
+        transaction_pooling: cli.transaction_pooling,
     };
     let create = matches!(cli.command, Command::Migrate);
     let store = url.open(&store_options, create).await?;

@@ -62,6 +62,9 @@ pub struct StoreOptions {
     /// SQLite and PostgreSQL: the table prefix (default `watukuy_`); Redis: the key prefix
     /// (default `watukuy:`).
     pub prefix: Option<String>,
+    /// PostgreSQL only: the URL is a pooler in transaction mode
+    /// ([`PostgresOptions::transaction_pooling`]).
+    pub transaction_pooling: bool,
 }
 
 impl StoreUrl {
@@ -111,6 +114,9 @@ impl StoreUrl {
                 if options.schema.is_some() {
                     return Err(wrong("schema", "SQLite"));
                 }
+                if options.transaction_pooling {
+                    return Err(wrong("transaction-pooling", "SQLite"));
+                }
                 if !create && !path.is_file() {
                     return Err(CliError::new(
                         "STORE",
@@ -134,11 +140,15 @@ impl StoreUrl {
                 if let Some(prefix) = &options.prefix {
                     pg = pg.table_prefix(prefix.clone());
                 }
+                pg = pg.transaction_pooling(options.transaction_pooling);
                 Ok(Arc::new(PostgresStore::connect(url, pg).await?))
             }
             StoreUrl::Redis(url) => {
                 if options.schema.is_some() {
                     return Err(wrong("schema", "Redis"));
+                }
+                if options.transaction_pooling {
+                    return Err(wrong("transaction-pooling", "Redis"));
                 }
                 let mut redis = RedisOptions::default();
                 if let Some(prefix) = &options.prefix {

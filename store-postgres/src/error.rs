@@ -11,6 +11,7 @@ use watukuy_core::{Error, StoreErrorKind};
 /// | `57014` statement timeout or cancel | `Timeout` | yes |
 /// | `08xxx` connection exceptions, `57P01`..`57P03` server shutting down or starting, I/O errors, TLS errors after the handshake, pool timeout, crashed worker | `Connection` | yes |
 /// | `3D000` database does not exist (yet) | `Connection` | yes |
+/// | `08P01` "unsupported startup parameter" (PgBouncer; the message says what to set) | `Connection` | no |
 /// | `28xxx` authentication failed (the message says when the server accepts only TLS there), a closed pool | `Connection` | no |
 /// | TLS refused or not verified: certificate not trusted, not for this host, expired; the server has no TLS; TLS not compiled in | `Config` error naming the cause and the setting (`postgres.ssl_root_cert`, `postgres.url`) | no |
 /// | `23505` unique violation (a conflict) and other `23xxx` constraint violations, `22xxx` data exceptions, `42501` permission denied | `Rejected` | no |
@@ -27,6 +28,15 @@ pub(crate) fn classify(error: sqlx::Error) -> Error {
                 c if c.starts_with("53") => (Busy, true, ""),
                 "57014" => (Timeout, true, ""),
                 "57P01" | "57P02" | "57P03" => (Connection, true, ""),
+                // PgBouncer refusing a startup parameter it does not track: the same answer on
+                // every attempt.
+                "08P01" if db.message().contains("unsupported startup parameter") => (
+                    Connection,
+                    false,
+                    " (a pooler such as PgBouncer: in transaction mode set \
+                     PostgresOptions::transaction_pooling(true), which leaves the parameter out; \
+                     otherwise add it to the pooler's ignore_startup_parameters)",
+                ),
                 c if c.starts_with("08") => (Connection, true, ""),
                 "3D000" => (Connection, true, ""),
                 // `hostssl` lines only, and a plain-text connection: pg_hba.conf's "no

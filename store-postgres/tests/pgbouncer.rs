@@ -16,7 +16,7 @@ use servers::Bouncer;
 use watukuy_conformance::cases::fixtures::{T0, TTL, pending};
 use watukuy_conformance::{CaseContext, CaseError, Fresh, Harness};
 use watukuy_core::{CommitBatch, PKey, Store};
-use watukuy_store_postgres::PostgresStore;
+use watukuy_store_postgres::{PostgresOptions, PostgresStore};
 
 /// The pooler (and the server behind it) of this test process.
 static BOUNCER: LazyLock<Bouncer> = LazyLock::new(Bouncer::start);
@@ -173,4 +173,27 @@ async fn many_clients_share_fewer_server_connections() {
         Ok(())
     })
     .await;
+}
+
+/// Without `transaction_pooling`, PgBouncer refuses the driver's `extra_float_digits` startup
+/// parameter: a permanent error that says which option to set.
+#[watukuy_testenv::requires(postgres_server, pgbouncer)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_transaction_pooling_the_error_names_the_option() {
+    let result = PostgresStore::connect(&bouncer().await.url(), PostgresOptions::default()).await;
+    match result {
+        Err(error @ watukuy_core::Error::Store { .. }) => {
+            assert!(!error.is_transient(), "{error}");
+            let message = error.to_string();
+            for part in [
+                "unsupported startup parameter",
+                "extra_float_digits",
+                "transaction_pooling(true)",
+            ] {
+                assert!(message.contains(part), "{part:?} missing from: {message}");
+            }
+        }
+        Err(other) => panic!("expected a permanent store error, got {other:?}"),
+        Ok(_) => panic!("PgBouncer accepted extra_float_digits (ignore_startup_parameters?)"),
+    }
 }

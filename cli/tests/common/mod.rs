@@ -59,7 +59,7 @@ impl Backend {
                 let schema = unique(what);
                 let options = StoreOptions {
                     schema: Some(schema.clone()),
-                    prefix: None,
+                    ..StoreOptions::default()
                 };
                 let args = vec![
                     "--store".to_owned(),
@@ -73,8 +73,8 @@ impl Backend {
                 let url = backend_url("redis", "WATUKUY_TEST_REDIS_URL")?;
                 let prefix = format!("{}:", unique(what));
                 let options = StoreOptions {
-                    schema: None,
                     prefix: Some(prefix.clone()),
+                    ..StoreOptions::default()
                 };
                 let args = vec![
                     "--store".to_owned(),
