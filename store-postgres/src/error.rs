@@ -2,6 +2,11 @@
 
 use watukuy_core::{Error, StoreErrorKind};
 
+/// Said after errors that mean statements outlived their server connection.
+const POOLER_HINT: &str = " (is the store behind a pooler in transaction mode, such as PgBouncer \
+                           with pool_mode = transaction? Then set \
+                           PostgresOptions::transaction_pooling(true))";
+
 /// Maps a sqlx error to [`Error::Store`] (or [`Error::Config`] for an unusable connection
 /// string), deciding by SQLSTATE whether retrying may help:
 ///
@@ -12,6 +17,7 @@ use watukuy_core::{Error, StoreErrorKind};
 /// | `08xxx` connection exceptions, `57P01`..`57P03` server shutting down or starting, I/O errors, TLS errors after the handshake, pool timeout, crashed worker | `Connection` | yes |
 /// | `3D000` database does not exist (yet) | `Connection` | yes |
 /// | `08P01` "unsupported startup parameter" (PgBouncer; the message says what to set) | `Connection` | no |
+/// | `42P05` / `26000` prepared statement exists / is missing (a transaction pooler; the message says what to set) | `Other` | no |
 /// | `28xxx` authentication failed (the message says when the server accepts only TLS there), a closed pool | `Connection` | no |
 /// | TLS refused or not verified: certificate not trusted, not for this host, expired; the server has no TLS; TLS not compiled in | `Config` error naming the cause and the setting (`postgres.ssl_root_cert`, `postgres.url`) | no |
 /// | `23505` unique violation (a conflict) and other `23xxx` constraint violations, `22xxx` data exceptions, `42501` permission denied | `Rejected` | no |
@@ -37,6 +43,12 @@ pub(crate) fn classify(error: sqlx::Error) -> Error {
                      PostgresOptions::transaction_pooling(true), which leaves the parameter out; \
                      otherwise add it to the pooler's ignore_startup_parameters)",
                 ),
+                // Prepared statements that another server connection holds, or a bind that reached
+                // another client's statement: a transaction pooler the store was not told about.
+                "42P05" | "26000" => (Other, false, POOLER_HINT),
+                "08P01" if db.message().contains("bind message supplies") => {
+                    (Connection, true, POOLER_HINT)
+                }
                 c if c.starts_with("08") => (Connection, true, ""),
                 "3D000" => (Connection, true, ""),
                 // `hostssl` lines only, and a plain-text connection: pg_hba.conf's "no

@@ -196,8 +196,9 @@ impl PostgresOptions {
     /// [`from_pool`](crate::PostgresStore::from_pool) keeps its own settings: build it with
     /// `PgConnectOptions::statement_cache_capacity(0)` and `extra_float_digits(None)`.
     ///
-    /// Not needed for a pooler in session mode, nor for one that tracks prepared statements
-    /// itself (PgBouncer 1.21 and later with `max_prepared_statements` above zero).
+    /// Not needed for a pooler in session mode (PgBouncer then only needs
+    /// `ignore_startup_parameters = extra_float_digits`), nor for one that tracks prepared
+    /// statements itself (PgBouncer 1.21 and later with `max_prepared_statements` above zero).
     #[must_use]
     pub fn transaction_pooling(mut self, pooling: bool) -> Self {
         self.transaction_pooling = pooling;
