@@ -1061,3 +1061,26 @@ async fn migrate_upgrades_a_version_1_schema() {
     })
     .await;
 }
+
+/// The testcontainers fallback (feature `testcontainers`, for machines with Docker) hands the
+/// suite a URL built from the container's host and mapped port: the driver reads back the same
+/// host, port, user and database for a name, an IPv4 and an IPv6 host.
+#[test]
+fn the_container_url_reaches_the_mapped_port() {
+    use std::str::FromStr;
+
+    use sqlx::postgres::PgConnectOptions;
+
+    for (host, expected) in [
+        ("localhost", "localhost"),
+        ("127.0.0.1", "127.0.0.1"),
+        ("[::1]", "::1"),
+    ] {
+        let url = common::container_url(host, 49_153);
+        let options = PgConnectOptions::from_str(&url).unwrap_or_else(|e| panic!("{url}: {e}"));
+        assert_eq!(options.get_host().trim_matches(['[', ']']), expected, "{url}");
+        assert_eq!(options.get_port(), 49_153, "{url}");
+        assert_eq!(options.get_username(), "postgres", "{url}");
+        assert_eq!(options.get_database(), Some("postgres"), "{url}");
+    }
+}

@@ -800,3 +800,30 @@ fn slot_matches_the_redis_cluster_spec() {
     assert_eq!(hash_tag(b"user:{1000}:following"), b"1000");
     assert_eq!(hash_tag(b"foo{}{bar}"), b"foo{}{bar}");
 }
+
+/// The testcontainers fallback (feature `testcontainers`, for machines with Docker) hands the
+/// suite a URL built from the container's host and mapped port: the driver reads back the same
+/// address for a name, an IPv4 and an IPv6 host.
+#[test]
+fn the_container_url_reaches_the_mapped_port() {
+    use redis::{ConnectionAddr, IntoConnectionInfo};
+
+    for (host, expected) in [
+        ("localhost", "localhost"),
+        ("127.0.0.1", "127.0.0.1"),
+        ("[::1]", "::1"),
+    ] {
+        let url = common::container_url(host, 49_153);
+        let info = url
+            .as_str()
+            .into_connection_info()
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        match info.addr() {
+            ConnectionAddr::Tcp(parsed, port) => {
+                assert_eq!(parsed.trim_matches(['[', ']']), expected, "{url}");
+                assert_eq!(*port, 49_153, "{url}");
+            }
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+}

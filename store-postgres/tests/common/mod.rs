@@ -82,10 +82,17 @@ mod container {
             .await
             .map_err(|e| e.to_string())?;
         Ok(Database {
-            url: format!("postgres://postgres:postgres@{host}:{port}/postgres"),
+            url: super::container_url(&host.to_string(), port),
             _container: Some(Box::new(container)),
         })
     }
+}
+
+/// The URL of the testcontainers PostgreSQL (the image's default user, password and database)
+/// at `host` (a name, an IPv4 address or a bracketed IPv6 address, as testcontainers reports
+/// it) and the mapped `port`.
+pub fn container_url(host: &str, port: u16) -> String {
+    format!("postgres://postgres:postgres@{host}:{port}/postgres")
 }
 
 /// A schema name unique to this process and call, readable in `psql` (`wk_<pid>_<n>_<what>`),

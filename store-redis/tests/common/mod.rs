@@ -72,10 +72,16 @@ mod container {
             .await
             .map_err(|e| e.to_string())?;
         Ok(Server {
-            url: format!("redis://{host}:{port}"),
+            url: super::container_url(&host.to_string(), port),
             _container: Some(Box::new(container)),
         })
     }
+}
+
+/// The URL of the testcontainers Redis at `host` (a name, an IPv4 address or a bracketed IPv6
+/// address, as testcontainers reports it) and the mapped `port`.
+pub fn container_url(host: &str, port: u16) -> String {
+    format!("redis://{host}:{port}")
 }
 
 /// A key prefix unique to this process and call, readable in `redis-cli`
