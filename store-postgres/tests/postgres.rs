@@ -1078,7 +1078,11 @@ fn the_container_url_reaches_the_mapped_port() {
     ] {
         let url = common::container_url(host, 49_153);
         let options = PgConnectOptions::from_str(&url).unwrap_or_else(|e| panic!("{url}: {e}"));
-        assert_eq!(options.get_host().trim_matches(['[', ']']), expected, "{url}");
+        assert_eq!(
+            options.get_host().trim_matches(['[', ']']),
+            expected,
+            "{url}"
+        );
         assert_eq!(options.get_port(), 49_153, "{url}");
         assert_eq!(options.get_username(), "postgres", "{url}");
         assert_eq!(options.get_database(), Some("postgres"), "{url}");
