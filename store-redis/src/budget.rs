@@ -66,7 +66,7 @@ impl RedisBudgetStore {
     pub fn from_cluster(conn: ClusterConnection, options: RedisOptions) -> Result<Self> {
         options.validate()?;
         Ok(Self::new(
-            Conn::Cluster(conn),
+            Conn::Cluster(std::sync::Arc::new(crate::conn::Cluster::new(None, conn))),
             KeySpace::new(&options.prefix),
         ))
     }

@@ -15,10 +15,19 @@ use watukuy_core::{Error, StoreErrorKind};
 /// | authentication failed | `Connection` | no |
 /// | `WRONGTYPE` (a key of the store holds another type: foreign data under the prefix) | `Corrupt` | no |
 /// | a reply of an unexpected shape, or a parse error | `Corrupt` | no |
+/// | `MOVED`/`ASK` through a cluster connection (the slot moved faster than the driver followed) | `Connection` | yes |
 /// | `NOPERM` (ACL), `CROSSSLOT`, `MOVED`/`ASK` (a cluster behind a plain connection) | `Rejected` | no |
 /// | script errors (`ERR ... user_script ...`), `NOSCRIPT` after the reload, `EXECABORT`, anything else | `Other` | no |
 /// | an invalid URL or client configuration | [`Error::Config`] (`redis.url`) | no |
 pub(crate) fn classify(error: RedisError) -> Error {
+    classify_in(error, false)
+}
+
+/// [`classify`] for a connection that is (`cluster`) or is not cluster-aware. Through a cluster
+/// connection, `MOVED` and `ASK` that reach the store mean the driver ran out of redirections
+/// while the cluster was moving the slot (a failover, a resharding): transient `Connection`
+/// errors, where a plain connection gets them because it is not cluster-aware (permanent).
+pub(crate) fn classify_in(error: RedisError, cluster: bool) -> Error {
     use StoreErrorKind::{Busy, Connection, Corrupt, Other, Rejected, Timeout};
     #[cfg(feature = "tls")]
     if let Some(tls) = tls_error(&error) {
@@ -45,6 +54,11 @@ pub(crate) fn classify(error: RedisError) -> Error {
                 "Redis is a read-only replica (failover in progress?)",
             ),
             ServerErrorKind::NoPerm => (Rejected, false, "Redis ACLs refuse the command"),
+            ServerErrorKind::Moved | ServerErrorKind::Ask if cluster => (
+                Connection,
+                true,
+                "Redis Cluster is moving the slot (failover or resharding?)",
+            ),
             ServerErrorKind::CrossSlot | ServerErrorKind::Moved | ServerErrorKind::Ask => (
                 Rejected,
                 false,
@@ -214,6 +228,19 @@ mod tests {
         assert_eq!(kind_of(&classify(noscript)), (StoreErrorKind::Other, false));
         let shape = RedisError::from((ErrorKind::UnexpectedReturnType, "not a string"));
         assert_eq!(kind_of(&classify(shape)), (StoreErrorKind::Corrupt, false));
+    }
+
+    #[test]
+    fn redirections_are_transient_only_through_a_cluster_connection() {
+        let moved = || RedisError::from((ErrorKind::Server(ServerErrorKind::Moved), "432 h:1"));
+        assert_eq!(
+            kind_of(&classify_in(moved(), true)),
+            (StoreErrorKind::Connection, true)
+        );
+        assert_eq!(
+            kind_of(&classify_in(moved(), false)),
+            (StoreErrorKind::Rejected, false)
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod scripts;
 mod url;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures::stream::{self, BoxStream, StreamExt};
@@ -298,7 +299,10 @@ impl RedisStore {
             .get_async_connection()
             .await
             .map_err(|e| connect_error(&described, target.tls, e))?;
-        Self::from_cluster(conn, options)
+        Self::build(
+            Conn::Cluster(Arc::new(conn::Cluster::new(Some(client), conn))),
+            options,
+        )
     }
 
     /// Uses a connection manager you built (with your TLS, timeouts and reconnection policy).
@@ -313,8 +317,15 @@ impl RedisStore {
     /// Uses a Redis Cluster connection you built (`redis::cluster::ClusterClient`'s
     /// `get_async_connection`). Like [`from_manager`](Self::from_manager): nothing is sent until
     /// the first call, and the connection keeps its own settings.
+    ///
+    /// The driver follows `MOVED` and `ASK` by itself; unlike the connections
+    /// [`connect`](Self::connect) builds, this one cannot be replaced by a fresh one when a
+    /// failover leaves its slot map stale, so prefer `connect` with a `redis+cluster://` URL.
     pub fn from_cluster(conn: ClusterConnection, options: RedisOptions) -> Result<Self> {
-        Self::build(Conn::Cluster(conn), options)
+        Self::build(
+            Conn::Cluster(Arc::new(conn::Cluster::new(None, conn))),
+            options,
+        )
     }
 
     fn build(conn: Conn, options: RedisOptions) -> Result<Self> {
@@ -363,7 +374,7 @@ impl RedisStore {
                         .arg(&batch)
                         .query_async(&mut conn)
                         .await
-                        .map_err(classify)?;
+                        .map_err(|e| self.conn.classify(e))?;
                     deleted.fetch_add(count(n), std::sync::atomic::Ordering::Relaxed);
                     Ok(())
                 }
@@ -396,7 +407,9 @@ impl RedisStore {
 
     async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
         let mut conn = self.conn.clone();
-        cmd.query_async(&mut conn).await.map_err(classify)
+        cmd.query_async(&mut conn)
+            .await
+            .map_err(|e| self.conn.classify(e))
     }
 
     /// `HMGET` of many fields, chunked, in one round trip.
@@ -409,8 +422,10 @@ impl RedisStore {
             pipe.cmd("HMGET").arg(hash).arg(chunk);
         }
         let mut conn = self.conn.clone();
-        let chunks: Vec<Vec<Option<String>>> =
-            pipe.query_async(&mut conn).await.map_err(classify)?;
+        let chunks: Vec<Vec<Option<String>>> = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.conn.classify(e))?;
         Ok(chunks.into_iter().flatten().collect())
     }
 }
@@ -594,7 +609,10 @@ impl Store for RedisStore {
             pipe.cmd("SMEMBERS").arg(self.keys.partitions(poller));
         }
         let mut conn = self.conn.clone();
-        let partitions: Vec<Vec<String>> = pipe.query_async(&mut conn).await.map_err(classify)?;
+        let partitions: Vec<Vec<String>> = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.conn.classify(e))?;
         let mut keys: Vec<PKey> = pollers
             .iter()
             .zip(partitions)

@@ -1,5 +1,5 @@
 //! The Lua scripts (`lua/*.lua`, each prefixed with `lua/prelude.lua`) and how they are called:
-//! `EVALSHA` by their SHA-1, loading the script and calling again when the server answers
+//! `EVALSHA` by their SHA-1, and `EVAL` with the source (which caches it) when the server answers
 //! `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`); optionally followed by `WAIT` in
 //! the same round trip. Every call checks that its keys share one cluster slot before it is sent.
 
@@ -9,7 +9,6 @@ use redis::{Cmd, ErrorKind, FromRedisValue, ServerErrorKind, Value};
 use watukuy_core::{Error, Result, StoreErrorKind};
 
 use crate::conn::Conn;
-use crate::error::classify;
 use crate::keys::slot;
 use crate::options::WaitReplicas;
 
@@ -32,20 +31,16 @@ impl Lua {
 
     /// `EVALSHA <sha> <keys> <args>`; add the arguments with [`Call::arg`].
     pub(crate) fn call<K: AsRef<str>>(&'static self, keys: &[K]) -> Call {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&self.sha).arg(keys.len());
         let first = keys.first().map(|k| slot(k.as_ref()));
-        let mut cross_slot = None;
-        for key in keys {
-            let key = key.as_ref();
-            if cross_slot.is_none() && Some(slot(key)) != first {
-                cross_slot = Some(key.to_owned());
-            }
-            cmd.arg(key);
-        }
+        let cross_slot = keys
+            .iter()
+            .map(AsRef::as_ref)
+            .find(|key| Some(slot(key)) != first)
+            .map(str::to_owned);
         Call {
             script: self,
-            cmd,
+            keys: keys.iter().map(|k| k.as_ref().to_owned()).collect(),
+            args: Vec::new(),
             cross_slot,
         }
     }
@@ -135,10 +130,11 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     budget_peek: lua!("budget_peek"),
 });
 
-/// One script invocation: the script and its `EVALSHA` command.
+/// One script invocation: the script, its keys and its arguments.
 pub(crate) struct Call {
     script: &'static Lua,
-    cmd: Cmd,
+    keys: Vec<String>,
+    args: Vec<Vec<u8>>,
     /// A key in another cluster slot than the first key: the call is refused before it is sent.
     cross_slot: Option<String>,
 }
@@ -146,14 +142,33 @@ pub(crate) struct Call {
 impl Call {
     /// Adds an argument (`ARGV[n]`): any string, passed as opaque bytes.
     pub(crate) fn arg(mut self, arg: impl redis::ToRedisArgs) -> Self {
-        self.cmd.arg(arg);
+        self.args.extend(arg.to_redis_args());
         self
     }
 
     /// Adds arguments in place (for loops).
     pub(crate) fn push(&mut self, arg: impl redis::ToRedisArgs) -> &mut Self {
-        self.cmd.arg(arg);
+        self.args.extend(arg.to_redis_args());
         self
+    }
+
+    /// `EVALSHA <sha> …`, or `EVAL <source> …` (which also caches the script on the server that
+    /// runs it) after a `NOSCRIPT`.
+    fn cmd(&self, source: bool) -> Cmd {
+        let mut cmd = if source {
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(self.script.source);
+            cmd
+        } else {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(&self.script.sha);
+            cmd
+        };
+        cmd.arg(self.keys.len()).arg(&self.keys);
+        for arg in &self.args {
+            cmd.arg(arg.as_slice());
+        }
+        cmd
     }
 }
 
@@ -170,7 +185,7 @@ pub(crate) async fn load(conn: &Conn, script: &Lua) -> Result<()> {
         .arg(script.source)
         .query_async(&mut conn)
         .await
-        .map_err(classify)?;
+        .map_err(|e| conn.classify(e))?;
     if sha.eq_ignore_ascii_case(&script.sha) {
         Ok(())
     } else {
@@ -196,7 +211,7 @@ fn convert<T: FromRedisValue>(script: &Lua, value: Value) -> Result<T> {
     })
 }
 
-/// Runs one script: `EVALSHA`, and on `NOSCRIPT` `SCRIPT LOAD` and `EVALSHA` again.
+/// Runs one script: `EVALSHA`, and on `NOSCRIPT` `EVAL` with its source.
 pub(crate) async fn run<T: FromRedisValue>(conn: &Conn, call: Call) -> Result<T> {
     let script = call.script;
     let (mut values, _) = exec(conn, vec![call], None).await?;
@@ -218,8 +233,8 @@ pub(crate) async fn run_waited<T: FromRedisValue>(
 
 /// Runs several scripts in order, each atomic on its own (a pipeline, not a transaction), in one
 /// round trip on a standalone Redis and one per script on a cluster (their keys may live in
-/// different slots). A script the server did not know (`NOSCRIPT`, so it did not run) is loaded
-/// and run again on its own after the rest, so no script runs twice; callers only group scripts
+/// different slots). A script the server did not know (`NOSCRIPT`, so it did not run) is run
+/// again on its own after the rest, with `EVAL`, so no script runs twice; callers only group scripts
 /// whose order does not matter for correctness. Fails with the first other error.
 pub(crate) async fn run_many(conn: &Conn, calls: Vec<Call>) -> Result<Vec<Value>> {
     Ok(exec(conn, calls, None).await?.0)
@@ -235,7 +250,7 @@ pub(crate) async fn run_many_waited(
 }
 
 /// Sends `calls` (one pipeline, or one per call on a cluster), `WAIT` after the last one when
-/// asked, reloading and rerunning the scripts the server did not know.
+/// asked, rerunning with `EVAL` the scripts the server did not know.
 async fn exec(
     conn: &Conn,
     calls: Vec<Call>,
@@ -262,23 +277,24 @@ async fn exec(
     let mut waited = Ok(());
     for (i, group) in groups.into_iter().enumerate() {
         let wait = if i == last { wait } else { None };
-        let (values, w) = send(conn, &group, wait).await?;
+        let (values, w) = send(conn, &group, wait, false).await?;
         waited = w;
         for (call, value) in group.into_iter().zip(values) {
             match value {
                 Value::ServerError(server) => {
                     let error = redis::RedisError::from(server);
                     if !is_noscript(&error) {
-                        return Err(classify(error));
+                        return Err(conn.classify(error));
                     }
-                    load(conn, call.script).await?;
-                    let (mut again, w) = send(conn, &[call], wait).await?;
+                    // `EVAL` with the source, routed like the call: after a failover the
+                    // server that answered may be the only one without the script.
+                    let (mut again, w) = send(conn, &[call], wait, true).await?;
                     if wait.is_some() {
                         waited = w;
                     }
                     match again.pop() {
                         Some(Value::ServerError(server)) => {
-                            return Err(classify(redis::RedisError::from(server)));
+                            return Err(conn.classify(redis::RedisError::from(server)));
                         }
                         Some(value) => out.push(value),
                         None => out.push(Value::Nil),
@@ -297,11 +313,12 @@ async fn send(
     conn: &Conn,
     calls: &[&Call],
     wait: Option<WaitReplicas>,
+    source: bool,
 ) -> Result<(Vec<Value>, Result<()>)> {
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     for call in calls {
-        pipe.add_command(call.cmd.clone());
+        pipe.add_command(call.cmd(source));
     }
     if let Some(wait) = wait {
         pipe.cmd("WAIT")
@@ -309,7 +326,10 @@ async fn send(
             .arg(u64::try_from(wait.timeout.as_millis()).unwrap_or(u64::MAX));
     }
     let mut c = conn.clone();
-    let mut replies: Vec<Value> = pipe.query_async(&mut c).await.map_err(classify)?;
+    let mut replies: Vec<Value> = pipe
+        .query_async(&mut c)
+        .await
+        .map_err(|e| conn.classify(e))?;
     let expected = calls.len() + usize::from(wait.is_some());
     if replies.len() != expected {
         return Err(Error::store(
@@ -323,15 +343,15 @@ async fn send(
     }
     let waited = match wait {
         None => Ok(()),
-        Some(wait) => verdict(wait, replies.pop().unwrap_or(Value::Nil)),
+        Some(wait) => verdict(conn, wait, replies.pop().unwrap_or(Value::Nil)),
     };
     Ok((replies, waited))
 }
 
 /// Whether `WAIT` answered that enough replicas have the write.
-fn verdict(wait: WaitReplicas, reply: Value) -> Result<()> {
+fn verdict(conn: &Conn, wait: WaitReplicas, reply: Value) -> Result<()> {
     let acked: i64 = match reply {
-        Value::ServerError(server) => return Err(classify(redis::RedisError::from(server))),
+        Value::ServerError(server) => return Err(conn.classify(redis::RedisError::from(server))),
         value => redis::from_redis_value(value).map_err(|e| {
             Error::store_with(
                 StoreErrorKind::Corrupt,

@@ -99,9 +99,13 @@ impl RedisProcess {
 
     /// Kills the server (SIGKILL: a crash, nothing flushed, nothing handed to replicas).
     pub fn kill(&mut self) {
+        if self.wrapper.stdin.is_none() {
+            return;
+        }
         let _ = Command::new("kill")
             .arg("-9")
             .arg(self.pid.to_string())
+            .stderr(Stdio::null())
             .status();
         // Closing stdin lets the wrapper end.
         drop(self.wrapper.stdin.take());
@@ -164,6 +168,8 @@ pub struct Node {
     pub id: String,
     /// The process; `None` once killed.
     pub process: Option<RedisProcess>,
+    /// The arguments it was started with (to start it again, with its cluster config).
+    args: Vec<String>,
 }
 
 /// A Redis Cluster on loopback: `primaries` primaries, each with `replicas` replicas, slots
@@ -211,6 +217,7 @@ impl Cluster {
                 bus,
                 id,
                 process: Some(process),
+                args,
             });
         }
         for (i, node) in nodes.iter().enumerate() {
@@ -345,9 +352,29 @@ impl Cluster {
         format!("redis+cluster://{}", seeds.join(","))
     }
 
-    /// The node at `port`.
-    pub fn node_mut(&mut self, port: u16) -> Option<&mut Node> {
-        self.nodes.iter_mut().find(|n| n.port == port)
+    /// Kills the node at `port` (SIGKILL).
+    pub fn kill(&mut self, port: u16) -> Result<(), String> {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .ok_or_else(|| format!("no node on port {port}"))?;
+        if let Some(mut process) = node.process.take() {
+            process.kill();
+        }
+        Ok(())
+    }
+
+    /// Starts the node at `port` again, with its cluster config (it rejoins the cluster; a
+    /// primary that was failed over comes back as a replica).
+    pub fn restart(&mut self, port: u16) -> Result<(), String> {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .ok_or_else(|| format!("no node on port {port}"))?;
+        node.process = Some(RedisProcess::start(port, &node.args)?);
+        Ok(())
     }
 
     /// Where the cluster keeps its files.
@@ -391,4 +418,28 @@ fn primaries_seen_by(port: u16) -> Option<Vec<u16>> {
     ports.sort_unstable();
     ports.dedup();
     Some(ports)
+}
+
+/// The Redis Cluster slot of a key: CRC16 (XMODEM) of its hash tag, modulo 16384.
+pub fn slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tag = match bytes.iter().position(|b| *b == b'{') {
+        Some(open) => match bytes[open + 1..].iter().position(|b| *b == b'}') {
+            Some(len) if len > 0 => &bytes[open + 1..open + 1 + len],
+            _ => bytes,
+        },
+        None => bytes,
+    };
+    let mut crc: u16 = 0;
+    for byte in tag {
+        crc ^= u16::from(*byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
 }
