@@ -1,4 +1,5 @@
-//! G6 across processes: two engines in two OS processes share one Redis budget of `5 per 1s`,
+//! G6 across processes: two engines in two OS processes share one Redis budget of `5 per 1s`
+//! (on the test Redis, and again on a Redis Cluster this binary starts),
 //! and the API they call sees no more requests than that budget allows.
 //!
 //! This target has its own `main` (`harness = false`): run plainly it is the *parent*, which
@@ -36,6 +37,7 @@ use watukuy_store_redis::{RedisOptions, RedisStore};
 mod common;
 
 const NAME: &str = "g6_two_processes_share_one_redis_budget";
+const CLUSTER_NAME: &str = "g6_two_processes_share_one_redis_cluster_budget";
 const CHILD_ENV: &str = "WATUKUY_G6_CHILD";
 const URL_ENV: &str = common::URL_ENV;
 const PREFIX_ENV: &str = "WATUKUY_G6_PREFIX";
@@ -74,50 +76,68 @@ fn main() -> ExitCode {
         };
     }
     // Filters, `--list`, `--ignored` and `--include-ignored`, as libtest would handle them. The
-    // test needs Redis: while it is not configured it is ignored, with the reason
-    // (docs/testing.md).
-    let ignored: Option<&str> =
-        watukuy_testenv::ignored!(redis, or_cfg(feature = "testcontainers"));
+    // tests need Redis, or the redis-server program for the cluster: while it is not there they
+    // are ignored, with the reason (docs/testing.md).
+    let tests: [(&str, Option<&str>); 2] = [
+        (
+            NAME,
+            watukuy_testenv::ignored!(redis, or_cfg(feature = "testcontainers")),
+        ),
+        (CLUSTER_NAME, watukuy_testenv::ignored!(redis_server)),
+    ];
     let args: Vec<String> = std::env::args().skip(1).collect();
     let flag = |name: &str| args.iter().any(|a| a == name);
     let (only_ignored, include_ignored) = (flag("--ignored"), flag("--include-ignored"));
-    if flag("--list") {
-        if !only_ignored || ignored.is_some() {
-            println!("{NAME}: test");
-        }
-        return ExitCode::SUCCESS;
-    }
     let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
-    let selected = (filters.is_empty() || filters.iter().any(|f| NAME.contains(f.as_str())))
-        && (!only_ignored || ignored.is_some());
-    if !selected {
-        println!(
-            "\nrunning 0 tests\n\ntest result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 1 filtered out\n"
-        );
+    let selected: Vec<(&str, Option<&str>)> = tests
+        .iter()
+        .copied()
+        .filter(|(name, ignored)| {
+            (filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
+                && (!only_ignored || ignored.is_some())
+        })
+        .collect();
+    if flag("--list") {
+        for (name, _) in &selected {
+            println!("{name}: test");
+        }
         return ExitCode::SUCCESS;
     }
-    println!("\nrunning 1 test");
-    if let Some(reason) = ignored.filter(|_| !(only_ignored || include_ignored)) {
-        println!(
-            "test {NAME} ... ignored, {reason}\n\ntest result: ok. 0 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out\n"
-        );
-        return ExitCode::SUCCESS;
+    let filtered = tests.len() - selected.len();
+    println!("\nrunning {} tests", selected.len());
+    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
+    for (name, ignored) in selected {
+        if let Some(reason) = ignored.filter(|_| !(only_ignored || include_ignored)) {
+            println!("test {name} ... ignored, {reason}");
+            skipped += 1;
+            continue;
+        }
+        // A missing server (unset URL, no program), a failure or a skip all fail: a test that
+        // did not do its work never passes.
+        let result = if name == CLUSTER_NAME {
+            runtime.block_on(cluster_parent())
+        } else {
+            runtime.block_on(parent())
+        };
+        match result {
+            Ok(()) => {
+                println!("test {name} ... ok");
+                passed += 1;
+            }
+            Err(error) => {
+                println!("test {name} ... FAILED\n\n[redis] {name} {error}\n");
+                failed += 1;
+            }
+        }
     }
-    // A missing server (unset URL), a failure or a skip all fail: a test that did not do its
-    // work never passes.
-    match runtime.block_on(parent()) {
-        Ok(()) => {
-            println!(
-                "test {NAME} ... ok\n\ntest result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out\n"
-            );
-            ExitCode::SUCCESS
-        }
-        Err(error) => {
-            println!(
-                "test {NAME} ... FAILED\n\n[redis] {NAME} {error}\n\ntest result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\n"
-            );
-            ExitCode::FAILURE
-        }
+    let verdict = if failed == 0 { "ok" } else { "FAILED" };
+    println!(
+        "\ntest result: {verdict}. {passed} passed; {failed} failed; {skipped} ignored; 0 measured; {filtered} filtered out\n"
+    );
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 
@@ -418,6 +438,24 @@ async fn parent() -> Result<(), CaseError> {
     // The test server (or a container, with the `testcontainers` feature), kept for both runs.
     let server = common::server().await?;
     let url = server.url.clone();
+    check(&url).await
+}
+
+/// The same on a Redis Cluster of 3 primaries and 3 replicas this process starts (the children
+/// connect with its `redis+cluster://` URL).
+async fn cluster_parent() -> Result<(), CaseError> {
+    let cluster = tokio::task::spawn_blocking(|| common::servers::Cluster::start(3, 1, 2_000))
+        .await
+        .map_err(|e| CaseError::failed(format!("starting the cluster panicked: {e}")))?
+        .map_err(|e| CaseError::failed(format!("the test cluster: {e}")))?;
+    let result = check(&cluster.url()).await;
+    drop(cluster);
+    result
+}
+
+/// Both runs against the Redis at `url`: the shared budget holds, per-process budgets do not.
+async fn check(url: &str) -> Result<(), CaseError> {
+    let url = url.to_owned();
     let (shared, counts) = run(&url, "redis").await?;
     let expected = 2 * (ITEMS / PAGE_SIZE);
     if shared.len() < expected || counts.contains(&0) {
