@@ -6,7 +6,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 #[derive(Clone, Debug, Parser)]
 #[command(name = "watukuy", version, about, long_about = None)]
 #[command(after_help = "\
-Store URLs: sqlite:<path>, postgres://user[:password]@host[:port]/database, redis://host:port[/db].
+Store URLs: sqlite:<path>, postgres://user[:password]@host[:port]/database, redis://host:port[/db]
+(rediss://…?tls_ca_file=<path> over TLS; redis+cluster://host:port,host:port for Redis Cluster).
 Exit codes: 0 ok, 1 error (printed as `error (<CODE>): message`), 2 usage.")]
 pub struct Cli {
     /// The store URL (or set WATUKUY_STORE).

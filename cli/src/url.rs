@@ -1,4 +1,5 @@
-//! Store URLs: `sqlite:<path>`, `postgres://…` and `redis://…`, parsed and opened.
+//! Store URLs: `sqlite:<path>`, `postgres://…` and `redis://…` (`rediss://` over TLS,
+//! `redis+cluster://` and `rediss+cluster://` for Redis Cluster), parsed and opened.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -33,7 +34,9 @@ pub enum StoreUrl {
     Sqlite(PathBuf),
     /// A PostgreSQL database (`postgres://…` or `postgresql://…`, passed to the driver as is).
     Postgres(String),
-    /// A Redis server (`redis://…`, passed to the driver as is).
+    /// A Redis server or cluster (`redis://…`, `rediss://…` over TLS, `redis+cluster://h1:p1,h2:p2`
+    /// or `rediss+cluster://…` for Redis Cluster; TLS files as `?tls_ca_file=<path>`), passed to
+    /// the store as is.
     Redis(String),
 }
 
@@ -68,11 +71,13 @@ pub struct StoreOptions {
 }
 
 impl StoreUrl {
-    /// Parses a store URL. Anything but `sqlite:`, `postgres://`, `postgresql://` and
-    /// `redis://` is a `CONFIG` error (exit code 1) saying what is accepted.
+    /// Parses a store URL. Anything but `sqlite:`, `postgres://`, `postgresql://`, `redis://`,
+    /// `rediss://`, `redis+cluster://` and `rediss+cluster://` is a `CONFIG` error (exit code 1)
+    /// saying what is accepted.
     pub fn parse(url: &str) -> Result<Self, CliError> {
         let url = url.trim();
-        let accepted = "expected sqlite:<path>, postgres://user@host/database or redis://host:port";
+        let accepted = "expected sqlite:<path>, postgres://user@host/database, redis://host:port \
+                        (rediss:// for TLS) or redis+cluster://host:port,host:port";
         if let Some(rest) = url.strip_prefix("sqlite:") {
             let path = rest.strip_prefix("//").unwrap_or(rest);
             if path.is_empty() {
@@ -91,7 +96,9 @@ impl StoreUrl {
         let scheme = url.split_once("://").map(|(scheme, _)| scheme);
         match scheme {
             Some("postgres" | "postgresql") => Ok(StoreUrl::Postgres(url.to_owned())),
-            Some("redis") => Ok(StoreUrl::Redis(url.to_owned())),
+            Some("redis" | "rediss" | "redis+cluster" | "rediss+cluster") => {
+                Ok(StoreUrl::Redis(url.to_owned()))
+            }
             _ => Err(CliError::config(format!(
                 "unsupported store URL '{}'; {accepted}",
                 redact(url)
@@ -198,6 +205,22 @@ mod tests {
             StoreUrl::parse(" redis://127.0.0.1:6379/2 ").unwrap(),
             StoreUrl::Redis(u) if u == "redis://127.0.0.1:6379/2"
         ));
+        for url in [
+            "rediss://cache:6380/0?tls_ca_file=/etc/ca.pem",
+            "redis+cluster://10.0.0.1:7000,10.0.0.2:7000",
+            "rediss+cluster://:pw@10.0.0.1:7000",
+        ] {
+            assert!(
+                matches!(StoreUrl::parse(url).unwrap(), StoreUrl::Redis(u) if u == url),
+                "{url}"
+            );
+        }
+        assert_eq!(
+            StoreUrl::parse("rediss+cluster://:pw@h:1,h:2")
+                .unwrap()
+                .to_string(),
+            "rediss+cluster://:***@h:1,h:2"
+        );
     }
 
     #[test]

@@ -282,16 +282,15 @@ impl RedisStore {
                 .await
                 .map_err(|e| connect_error(&described, target.tls, e))?,
         );
-        let mut builder = ClusterClientBuilder::new(target.nodes.iter().map(String::as_str))
+        let builder = ClusterClientBuilder::new(target.nodes.iter().map(String::as_str))
             .connection_timeout(options.connect_timeout)
             .response_timeout(options.response_timeout)
             .retries(u32::try_from(options.reconnect_attempts).unwrap_or(u32::MAX));
         #[cfg(feature = "tls")]
-        if target.tls
-            && let Some(certs) = certificates(tls)
-        {
-            builder = builder.certs(certs);
-        }
+        let builder = match certificates(tls) {
+            Some(certs) if target.tls => builder.certs(certs),
+            _ => builder,
+        };
         let client = builder
             .build()
             .map_err(|e| Error::config("redis.url", format!("not a usable Redis Cluster: {e}")))?;
