@@ -406,10 +406,10 @@ pub fn parse_time(option: &str, text: &str) -> Result<i64, CliError> {
             .parse::<i64>()
             .map_err(|e| CliError::config(format!("{option} '{text}': {e}")));
     }
-    if text.bytes().filter(|b| *b == b'-').count() >= 2 || text.contains(':') {
-        if let Some(ms) = watukuy_core::cursor::parse_timestamp(text) {
-            return Ok(ms);
-        }
+    if (text.bytes().filter(|b| *b == b'-').count() >= 2 || text.contains(':'))
+        && let Some(ms) = watukuy_core::cursor::parse_timestamp(text)
+    {
+        return Ok(ms);
     }
     Err(CliError::config(format!(
         "{option} '{text}' is neither epoch milliseconds nor an RFC 3339 time (2026-01-01T00:00:00Z)"

@@ -1104,7 +1104,7 @@ fn encode_token(offset: usize) -> String {
 }
 
 fn decode_token(token: &str) -> Option<usize> {
-    if token.len() % 2 != 0 || !token.is_ascii() {
+    if !token.len().is_multiple_of(2) || !token.is_ascii() {
         return None;
     }
     let bytes = (0..token.len())

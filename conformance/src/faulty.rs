@@ -679,10 +679,10 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
     ) -> Result<Option<Lease>> {
         self.before(Op::AcquireLease)?;
         let result = self.inner.acquire_lease(key, owner, ttl_ms, now_ms).await;
-        if let (Some(audit), Ok(Some(lease))) = (&self.audit, &result) {
-            if let Some(superseded) = audit.acquired(key, lease, now_ms) {
-                self.probe(audit, key, &superseded, "a superseded").await;
-            }
+        if let (Some(audit), Ok(Some(lease))) = (&self.audit, &result)
+            && let Some(superseded) = audit.acquired(key, lease, now_ms)
+        {
+            self.probe(audit, key, &superseded, "a superseded").await;
         }
         self.after(Op::AcquireLease, result)
     }
@@ -705,10 +705,10 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
     async fn release_lease(&self, key: &PKey, lease: &Lease) -> Result<()> {
         self.before(Op::ReleaseLease)?;
         let result = self.inner.release_lease(key, lease).await;
-        if let (Some(audit), Ok(())) = (&self.audit, &result) {
-            if audit.released(key, lease) {
-                self.probe(audit, key, lease, "a released").await;
-            }
+        if let (Some(audit), Ok(())) = (&self.audit, &result)
+            && audit.released(key, lease)
+        {
+            self.probe(audit, key, lease, "a released").await;
         }
         self.after(Op::ReleaseLease, result)
     }

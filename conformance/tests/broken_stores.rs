@@ -101,13 +101,13 @@ impl Defect for Broken {
         lease: &Lease,
         batch: &CommitBatch,
     ) -> Result<()> {
-        if let Flaw::CommitNotAtomic = self.0 {
-            if let Some(current) = inner.get_lease(key).await? {
-                let snapshot = CommitBatch::default()
-                    .upserts(batch.upserts.clone())
-                    .deletes(batch.deletes.clone());
-                inner.commit_poll(key, &current, &snapshot).await?;
-            }
+        if let Flaw::CommitNotAtomic = self.0
+            && let Some(current) = inner.get_lease(key).await?
+        {
+            let snapshot = CommitBatch::default()
+                .upserts(batch.upserts.clone())
+                .deletes(batch.deletes.clone());
+            inner.commit_poll(key, &current, &snapshot).await?;
         }
         inner.commit_poll(key, lease, batch).await
     }

@@ -143,13 +143,13 @@ impl TimestampCursorBuilder {
             parse: self.parse,
             format: self.format,
         };
-        if let Some(initial) = &cursor.initial {
-            if cursor.parse_value(initial).is_none() {
-                return Err(Error::config(
-                    "cursor.initial",
-                    format!("{} is not a timestamp", shared::shorten(initial)),
-                ));
-            }
+        if let Some(initial) = &cursor.initial
+            && cursor.parse_value(initial).is_none()
+        {
+            return Err(Error::config(
+                "cursor.initial",
+                format!("{} is not a timestamp", shared::shorten(initial)),
+            ));
         }
         Ok(cursor)
     }
@@ -471,17 +471,17 @@ impl CursorStrategy for TimestampCursor {
     }
 
     fn from_raw(&self, raw: Option<&str>) -> Result<Cursor> {
-        if let Some(raw) = raw {
-            if self.parse_value(raw).is_none() {
-                return Err(Error::config(
-                    "cursor",
-                    format!(
-                        "{} is not a timestamp for `{}`",
-                        shared::shorten(raw),
-                        self.field
-                    ),
-                ));
-            }
+        if let Some(raw) = raw
+            && self.parse_value(raw).is_none()
+        {
+            return Err(Error::config(
+                "cursor",
+                format!(
+                    "{} is not a timestamp for `{}`",
+                    shared::shorten(raw),
+                    self.field
+                ),
+            ));
         }
         Ok(Cursor::Timestamp {
             value: raw.map(str::to_owned),

@@ -120,10 +120,10 @@ pub fn classify_network_error(error: &(dyn std::error::Error + 'static)) -> Hand
                 _ => HandlerErrorKind::Transient,
             };
         }
-        if let Some(watukuy) = e.downcast_ref::<Error>() {
-            if matches!(watukuy, Error::Http { .. }) {
-                return classify_error(watukuy, &TransientStatuses::default());
-            }
+        if let Some(watukuy) = e.downcast_ref::<Error>()
+            && matches!(watukuy, Error::Http { .. })
+        {
+            return classify_error(watukuy, &TransientStatuses::default());
         }
         current = e.source();
     }

@@ -251,13 +251,13 @@ impl DeliveryOptions {
                 "must be more than zero (use None for no timeout)",
             ));
         }
-        if let Redaction::Fields(fields) = &self.redaction {
-            if let Some(bad) = fields.iter().find(|f| !f.starts_with('/')) {
-                return Err(Error::config(
-                    "delivery.redact",
-                    format!("{bad:?} is not a JSON pointer (it must start with '/')"),
-                ));
-            }
+        if let Redaction::Fields(fields) = &self.redaction
+            && let Some(bad) = fields.iter().find(|f| !f.starts_with('/'))
+        {
+            return Err(Error::config(
+                "delivery.redact",
+                format!("{bad:?} is not a JSON pointer (it must start with '/')"),
+            ));
         }
         self.backoff.validate("delivery.retry.backoff")
     }

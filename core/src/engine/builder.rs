@@ -145,16 +145,16 @@ impl EngineBuilder {
         let mut pollers = BTreeMap::new();
         for poller in self.pollers {
             let def = Arc::clone(&poller.inner);
-            if let Some(budget) = &def.budget {
-                if !budgets.contains(budget) {
-                    return Err(Error::config(
-                        "budget",
-                        format!(
-                            "poller '{}' uses budget '{budget}', which the engine does not declare",
-                            def.name
-                        ),
-                    ));
-                }
+            if let Some(budget) = &def.budget
+                && !budgets.contains(budget)
+            {
+                return Err(Error::config(
+                    "budget",
+                    format!(
+                        "poller '{}' uses budget '{budget}', which the engine does not declare",
+                        def.name
+                    ),
+                ));
             }
             if def.log_retention.is_some() && !self.store.capabilities().log {
                 return Err(Error::config(

@@ -81,13 +81,13 @@ where
                 };
             }
         };
-        if let Some(check) = &check {
-            if let Err(issues) = check(&item) {
-                return Prepared::Invalid {
-                    issues,
-                    identity: raw_id(),
-                };
-            }
+        if let Some(check) = &check
+            && let Err(issues) = check(&item)
+        {
+            return Prepared::Invalid {
+                issues,
+                identity: raw_id(),
+            };
         }
         let value = match serde_json::to_value(&item) {
             Ok(value) => value,

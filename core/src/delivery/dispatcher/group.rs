@@ -23,12 +23,12 @@ impl Dispatcher {
                 outcome.aborted = cancel.is_cancelled();
                 return Ok(outcome);
             }
-            if let Some(at) = row.next_attempt_at {
-                if at > self.clock.now_ms() {
-                    outcome.blocked = true;
-                    outcome.next_retry_at = min_opt(outcome.next_retry_at, Some(at));
-                    return Ok(outcome);
-                }
+            if let Some(at) = row.next_attempt_at
+                && at > self.clock.now_ms()
+            {
+                outcome.blocked = true;
+                outcome.next_retry_at = min_opt(outcome.next_retry_at, Some(at));
+                return Ok(outcome);
             }
             let attempt = row.attempts.saturating_add(1);
             let started = self.clock.now_ms();
