@@ -1,6 +1,7 @@
 //! The lanes end to end on `MemoryStore` and the `FakeApi`, for what the conformance cases
 //! (`conformance/src/cases/lanes.rs`, run on every store) do not cover: a reconcile cut short by
-//! the full-scan page cap, the daemon not re-listing a capped reconcile in a hot loop, a backfill
+//! the full-scan page cap, the daemon not re-listing a capped reconcile in a hot loop, a reconcile
+//! listing with a token cursor or as a stream (and its cursor's config errors), a backfill
 //! without force or with a target, replay without a log, and the config errors of reconcile and
 //! backfill on a `snapshot_diff` poller. Everything runs on a manual clock (tokio's paused clock
 //! for the daemon) with fixed seeds: no real sleeps, no wall-clock assertions.
@@ -9,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use futures::StreamExt;
 use serde_json::{Value, json};
 use watukuy_conformance::cases::fixtures::T0;
 use watukuy_conformance::world::{POLLER, Recorder, StrategyKind, World};
@@ -298,6 +300,181 @@ async fn reconcile_on_a_snapshot_diff_poller_is_a_config_error() {
         .build()
         .unwrap_err();
     assert_eq!(option_of(error), "reconcile");
+}
+
+/// A reconcile fetch over the fake's `/token` listing that records what it was asked for and
+/// fails the request number `fail_at` (1-based, counted over every reconcile request) once.
+fn recording_token_fetch(world: &World, asked: &Asked, fail_at: usize) -> impl Fetch {
+    let (api, asked) = (world.api.clone(), Arc::clone(asked));
+    move |ctx: FetchContext| {
+        let api = api.clone();
+        let call = {
+            let mut asked = lock(&asked);
+            asked.push((ctx.lane, ctx.cursor.clone()));
+            asked.len()
+        };
+        async move {
+            if call == fail_at {
+                return Err(BoxError::from("the listing's second request failed"));
+            }
+            api.fetch_token(&ctx).await
+        }
+    }
+}
+
+/// The cursors the reconcile fetch was asked for, as `None` (first page) or the token.
+fn tokens(asked: &Asked) -> Vec<Option<String>> {
+    lock(asked)
+        .iter()
+        .map(|(lane, cursor)| match cursor {
+            Cursor::Token { value } if *lane == Lane::Reconcile => value.clone(),
+            other => panic!("a {lane:?} request with {other:?}"),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_reconcile_with_a_token_cursor_lists_from_the_first_token_every_time() {
+    // 5 items, 2 a page: a listing is 3 token pages. The live lane is `timestamp` (its own
+    // fetch), the reconcile lists `/token` with the `token` cursor.
+    let world = World::new(5, 2).unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let asked = Asked::default();
+    // The second listing's second request fails (request 3 + 2 = 5).
+    let poller = world
+        .poller(StrategyKind::Timestamp)
+        .delete_confirmation(watukuy_core::DeleteConfirmation::Immediate)
+        .reconcile(
+            Duration::from_secs(60),
+            recording_token_fetch(&world, &asked, 5),
+        )
+        .reconcile_cursor(watukuy_core::cursor::token(None))
+        .build()
+        .unwrap();
+    let (engine, recorder) = engine(&world, &store, poller);
+
+    let result = world.tick(&engine).await.unwrap();
+    assert_no_errors(&result);
+    assert_eq!(lanes_of(&result), [Lane::Live, Lane::Reconcile]);
+    let first = tokens(&asked);
+    assert_eq!(first.len(), 3, "{first:?}");
+    assert_eq!(first[0], None, "a listing starts from the first token");
+    assert!(first[1..].iter().all(Option::is_some), "{first:?}");
+
+    // item-002 (on the listing's first page) goes; the next listing fails at its second
+    // request: nothing may be reported deleted from a listing that did not end.
+    assert!(world.api.remove("item-002"));
+    world.advance(Duration::from_secs(61));
+    let result = world.tick(&engine).await.unwrap();
+    let reconcile = result
+        .polled
+        .iter()
+        .find(|p| p.lane == Lane::Reconcile)
+        .expect("the reconcile ran");
+    assert!(reconcile.error.is_some(), "{result:?}");
+    assert_eq!(tokens(&asked)[3], None);
+    assert!(
+        recorder
+            .events()
+            .iter()
+            .all(|e| e.event_type != EventType::Deleted),
+        "a delete from an interrupted listing"
+    );
+
+    // The lane backs off and runs again: from the first token, not from where it failed, and
+    // this complete listing reports the delete.
+    world.advance(Duration::from_secs(600));
+    let result = world.tick(&engine).await.unwrap();
+    assert_no_errors(&result);
+    let asked_now = tokens(&asked);
+    assert_eq!(asked_now[5], None, "{asked_now:?}");
+    assert_eq!(
+        asked_now.len(),
+        5 + 2,
+        "two pages of 4 items: {asked_now:?}"
+    );
+    let deleted: Vec<_> = recorder
+        .events()
+        .into_iter()
+        .filter(|e| e.event_type == EventType::Deleted)
+        .map(|e| (e.subject, e.lane))
+        .collect();
+    assert_eq!(deleted, [("item-002".to_owned(), Lane::Reconcile)]);
+}
+
+#[tokio::test]
+async fn a_reconcile_fetched_as_a_stream_lists_every_page() {
+    // 5 items, 2 a page; the stream pages `/page` itself from the context it was given.
+    let world = World::new(5, 2).unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let streams = Arc::new(Mutex::new(Vec::new()));
+    let (api, seen) = (world.api.clone(), Arc::clone(&streams));
+    let stream = move |ctx: FetchContext| {
+        lock(&seen).push((ctx.lane, ctx.page));
+        let api = api.clone();
+        futures::stream::unfold(Some(1_u64), move |page| {
+            let (api, ctx) = (api.clone(), ctx.clone());
+            async move {
+                let page = page?;
+                let mut ctx = ctx;
+                ctx.cursor = Cursor::Page { page };
+                let result = api.fetch_page(&ctx).await;
+                let next = match &result {
+                    Ok(p) if p.has_more == Some(true) => Some(page + 1),
+                    _ => None,
+                };
+                Some((result, next))
+            }
+        })
+        .boxed()
+    };
+    let poller = world
+        .poller(StrategyKind::Token)
+        .delete_confirmation(watukuy_core::DeleteConfirmation::Immediate)
+        .reconcile_stream(Duration::from_secs(60), stream)
+        .build()
+        .unwrap();
+    let (engine, recorder) = engine(&world, &store, poller);
+    world.tick(&engine).await.unwrap();
+    assert!(world.api.remove("item-004"));
+    world.advance(Duration::from_secs(61));
+    let result = world.tick(&engine).await.unwrap();
+    assert_no_errors(&result);
+    assert_eq!(
+        *lock(&streams),
+        [(Lane::Reconcile, 1), (Lane::Reconcile, 1)],
+        "one stream per listing, from its first page"
+    );
+    let events = recorder.events();
+    assert_eq!(
+        summary(&events[5..]),
+        [(EventType::Deleted, "item-004".to_owned(), Lane::Reconcile)]
+    );
+}
+
+#[tokio::test]
+async fn a_reconcile_cursor_is_checked_when_the_poller_is_built() {
+    let world = World::new(1, 10).unwrap();
+    let asked = Asked::default();
+    let lonely = world
+        .poller(StrategyKind::Token)
+        .reconcile_cursor(watukuy_core::cursor::token(None))
+        .build()
+        .unwrap_err();
+    assert_eq!(option_of(lonely), "reconcile_cursor");
+    let invalid = world
+        .poller(StrategyKind::Token)
+        .reconcile(
+            Duration::from_secs(60),
+            recording_page_fetch(&world, &asked),
+        )
+        .reconcile_cursor(watukuy_core::cursor::timestamp(""))
+        .build()
+        .unwrap_err();
+    assert!(
+        option_of(invalid).starts_with("reconcile_cursor"),
+        "the error names the reconcile's cursor"
+    );
 }
 
 // ----- backfill -----

@@ -33,10 +33,10 @@ where
                 "must be greater than zero",
             ));
         }
-        if let Some(source) = &self.source {
-            if source.trim().is_empty() {
-                return Err(Error::config("source", "must not be empty"));
-            }
+        if let Some(source) = &self.source
+            && source.trim().is_empty()
+        {
+            return Err(Error::config("source", "must not be empty"));
         }
         self.schedule.validate()?;
         self.circuit.validate()?;
@@ -45,7 +45,31 @@ where
             .cursor
             .ok_or_else(|| Error::config("cursor", "is required"))?
             .into_strategy()?;
-        if let Some(reconcile) = &self.reconcile {
+        let reconcile = match (self.reconcile, self.reconcile_cursor) {
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(Error::config(
+                    "reconcile_cursor",
+                    "has no reconcile lane: add one with `reconcile` or `reconcile_stream`",
+                ));
+            }
+            (Some((every, fetch)), cursor) => Some(Reconcile {
+                every,
+                fetch,
+                // The strategy's errors name `cursor.*`: here they are `reconcile_cursor.*`.
+                strategy: cursor
+                    .unwrap_or_else(|| crate::cursor::page(1).into())
+                    .into_strategy()
+                    .map_err(|error| match error {
+                        Error::Config { option, message } => Error::Config {
+                            option: format!("reconcile_{option}"),
+                            message,
+                        },
+                        other => other,
+                    })?,
+            }),
+        };
+        if let Some(reconcile) = &reconcile {
             if strategy.is_full_scan() {
                 return Err(Error::config(
                     "reconcile",
@@ -129,7 +153,7 @@ where
                 delete_confirmation: self.delete_confirmation,
                 overlap_delivery: self.overlap_delivery,
                 log_retention: self.log_retention,
-                reconcile: self.reconcile,
+                reconcile,
                 budget: self.budget,
                 budget_weight: self.budget_weight,
                 budget_cost: self.budget_cost,

@@ -31,7 +31,8 @@ pub struct PollerBuilder<T> {
     pub(super) delete_confirmation: DeleteConfirmation,
     pub(super) overlap_delivery: bool,
     pub(super) log_retention: Option<Duration>,
-    pub(super) reconcile: Option<Reconcile>,
+    pub(super) reconcile: Option<(Duration, FetchSource)>,
+    pub(super) reconcile_cursor: Option<CursorConfig>,
     pub(super) budget: Option<String>,
     pub(super) budget_weight: f64,
     pub(super) budget_cost: u64,
@@ -76,6 +77,7 @@ where
             overlap_delivery: false,
             log_retention: None,
             reconcile: None,
+            reconcile_cursor: None,
             budget: None,
             budget_weight: 1.0,
             budget_cost: 1,
@@ -253,15 +255,35 @@ where
         self
     }
 
-    /// Adds the reconcile lane: every `every`, a full listing through `fetch` (page by page, the
-    /// fetch context carrying a page cursor from 1) emits `deleted` for identities it did not
-    /// see. Redundant with (and rejected for) the `snapshot_diff` strategy.
+    /// Adds the reconcile lane: every `every`, a full listing through `fetch`, one page per
+    /// call, emits `deleted` for identities it did not see (confirmed as
+    /// [`delete_confirmation`](Self::delete_confirmation) says). The fetch context carries a
+    /// page cursor from 1 unless [`reconcile_cursor`](Self::reconcile_cursor) chooses another.
+    /// Every listing starts from its first page, and a listing that does not end (a failed
+    /// request, a crash, the page cap) deletes nothing. Redundant with (and rejected for) the
+    /// `snapshot_diff` strategy. See docs/deletes.md for the listing shapes that are safe.
     #[must_use]
     pub fn reconcile(mut self, every: Duration, fetch: impl Fetch) -> Self {
-        self.reconcile = Some(Reconcile {
-            every,
-            fetch: FetchSource::Pages(Arc::new(fetch)),
-        });
+        self.reconcile = Some((every, FetchSource::Pages(Arc::new(fetch))));
+        self
+    }
+
+    /// Adds the reconcile lane with a listing fetched as a stream of pages (see
+    /// [`fetch_stream`](Self::fetch_stream)); otherwise as [`reconcile`](Self::reconcile). The
+    /// stream receives the context of the listing's first page.
+    #[must_use]
+    pub fn reconcile_stream(mut self, every: Duration, fetch: impl FetchStream) -> Self {
+        self.reconcile = Some((every, FetchSource::Stream(Arc::new(fetch))));
+        self
+    }
+
+    /// How the reconcile listing pages (default `cursor::page(1)`): a `token` or `custom`
+    /// cursor for APIs with continuation tokens, or a keyset (`timestamp` with a tie-break, or
+    /// `custom`) for APIs that filter on a sorted field. Every listing starts from the cursor's
+    /// initial value. Validated when the poller is built.
+    #[must_use]
+    pub fn reconcile_cursor(mut self, cursor: impl Into<CursorConfig>) -> Self {
+        self.reconcile_cursor = Some(cursor.into());
         self
     }
 

@@ -103,12 +103,15 @@ pub(crate) enum FetchSource {
     Stream(Arc<dyn FetchStream>),
 }
 
-/// The reconcile lane: a periodic full listing through its own fetch, which finds deletes an
-/// incremental cursor cannot see.
+/// The reconcile lane: a periodic full listing through its own fetch and cursor, which finds
+/// deletes an incremental cursor cannot see.
 #[derive(Clone)]
 pub(crate) struct Reconcile {
     pub(crate) every: Duration,
     pub(crate) fetch: FetchSource,
+    /// How the listing pages (default: page numbers from 1); every listing starts from its
+    /// initial cursor.
+    pub(crate) strategy: SharedStrategy,
 }
 
 /// Lists a poller's partitions. Implemented for every `Fn() -> impl Future<Output =

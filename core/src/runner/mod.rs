@@ -303,7 +303,7 @@ impl Run<'_> {
         {
             let spec = LaneSpec {
                 lane: Lane::Reconcile,
-                strategy: crate::cursor::page(1).into_strategy(),
+                strategy: Arc::clone(&reconcile.strategy),
                 fetch: reconcile.fetch.clone(),
                 full_scan: true,
                 cap: def.full_scan_page_cap,
