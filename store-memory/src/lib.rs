@@ -73,6 +73,29 @@ impl MemoryStore {
         Self::default()
     }
 
+    /// [`Store::migrate`], callable without importing the trait. There is no schema: it does
+    /// nothing and always succeeds, so code written for a durable store runs unchanged here.
+    ///
+    /// ```
+    /// use watukuy_store_memory::MemoryStore; // no `use watukuy_core::Store`
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// store.migrate().await?;
+    /// store.close().await?;
+    /// # Ok::<(), watukuy_core::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn migrate(&self) -> Result<()> {
+        <Self as Store>::migrate(self).await
+    }
+
+    /// [`Store::close`], callable without importing the trait. Nothing is released: the data
+    /// lives as long as the store value and stays readable after `close`.
+    pub async fn close(&self) -> Result<()> {
+        <Self as Store>::close(self).await
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave a record half-written (every write checks
         // first and then applies infallible steps), so a poisoned lock is still consistent.

@@ -142,6 +142,25 @@ impl PostgresStore {
         Ok(Self { pool, options, sql })
     }
 
+    /// [`Store::migrate`], callable without importing the trait: creates the schema when
+    /// missing and applies every pending migration in one transaction under advisory locks, so
+    /// every instance may call it at start-up at once (they run one after the other and all
+    /// succeed). Until it has run, the store's calls fail with a `Schema` store error that says
+    /// to run it.
+    ///
+    /// Fails with an [`Error::Store`] when the database cannot be reached (transient) or refuses
+    /// the DDL (permissions, a schema newer than this version).
+    pub async fn migrate(&self) -> Result<()> {
+        <Self as Store>::migrate(self).await
+    }
+
+    /// [`Store::close`], callable without importing the trait: closes the pool when the store
+    /// was built with [`close_pool(true)`](PostgresOptions::close_pool) (a closed pool is not
+    /// reopened), and otherwise does nothing. Idempotent.
+    pub async fn close(&self) -> Result<()> {
+        <Self as Store>::close(self).await
+    }
+
     /// The options this store was built with.
     pub fn options(&self) -> &PostgresOptions {
         &self.options

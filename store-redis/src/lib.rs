@@ -342,6 +342,22 @@ impl RedisStore {
         self.conn.is_cluster()
     }
 
+    /// [`Store::migrate`], callable without importing the trait. Redis has no schema: this loads
+    /// every Lua script, which checks that the server runs them and warms its script cache.
+    /// Idempotent.
+    ///
+    /// Fails with an [`Error::Store`] when the server cannot be reached (transient) or refuses
+    /// the scripts.
+    pub async fn migrate(&self) -> Result<()> {
+        <Self as Store>::migrate(self).await
+    }
+
+    /// [`Store::close`], callable without importing the trait. It does nothing: the connection
+    /// closes with the last clone of the store.
+    pub async fn close(&self) -> Result<()> {
+        <Self as Store>::close(self).await
+    }
+
     /// The options this store was built with.
     pub fn options(&self) -> &RedisOptions {
         &self.options

@@ -71,6 +71,35 @@ impl SqliteStore {
         })
     }
 
+    /// [`Store::migrate`], callable without importing the trait: opens the database when it is
+    /// not open yet (creating the file and switching it to WAL) and applies every pending
+    /// migration. Idempotent; safe from several processes sharing the file.
+    ///
+    /// Fails with a [`Error::Store`] when the file cannot be opened or migrated (a directory
+    /// that does not exist, a file that is not a database, a schema newer than this version).
+    ///
+    /// ```
+    /// use watukuy_store_sqlite::{SqliteOptions, SqliteStore}; // no `use watukuy_core::Store`
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let store = SqliteStore::open(SqliteOptions::in_memory())?;
+    /// store.migrate().await?;
+    /// store.migrate().await?; // idempotent
+    /// store.close().await?;
+    /// # Ok::<(), watukuy_core::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn migrate(&self) -> Result<()> {
+        <Self as Store>::migrate(self).await
+    }
+
+    /// [`Store::close`], callable without importing the trait: closes the connections of a file
+    /// database once the calls in flight finish (the next call reopens it); a private in-memory
+    /// database is kept, so closing never changes what the store reads. Idempotent.
+    pub async fn close(&self) -> Result<()> {
+        <Self as Store>::close(self).await
+    }
+
     /// Where this store keeps its data.
     pub fn location(&self) -> &Location {
         &self.ctx.location

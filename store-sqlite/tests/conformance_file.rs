@@ -7,7 +7,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use watukuy_conformance::{CaseContext, CaseError, Fresh, Harness};
-use watukuy_core::Store;
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore, Synchronous};
 
 /// A fresh, migrated store on a new file in its own temporary directory per case. The directory

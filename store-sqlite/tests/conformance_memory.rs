@@ -3,7 +3,6 @@
 use std::sync::Arc;
 
 use watukuy_conformance::{CaseContext, CaseError, Fresh, Harness};
-use watukuy_core::Store;
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
 
 /// A fresh, migrated in-memory store per case (the database goes with the store).

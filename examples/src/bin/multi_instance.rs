@@ -22,7 +22,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
     BoxError, Clock, Engine, Event, FetchContext, HandlerContext, HandlerError, Page, Partition,
-    Poller, StopOptions, Store, SystemClock, cursor,
+    Poller, StopOptions, SystemClock, cursor,
 };
 use watukuy_store_postgres::{PgPool, PostgresOptions, PostgresStore};
 

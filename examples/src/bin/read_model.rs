@@ -20,7 +20,7 @@ use watukuy_conformance::{FakeApi, FakeApiOptions};
 use watukuy_core::delivery::ApplyOutcome;
 use watukuy_core::{
     Backoff, Clock, DeliveryOptions, Engine, Event, EventType, FetchContext, HandlerContext,
-    HandlerError, Poller, Store, SystemClock, TickOptions, cursor,
+    HandlerError, Poller, SystemClock, TickOptions, cursor,
 };
 use watukuy_store_postgres::{PgPool, PostgresOptions, PostgresStore, ProcessedEvents};
 
