@@ -212,7 +212,7 @@ pub enum Query {
     /// `GET /page`: 1-based pages by id, see [`FakeApi::list_page`].
     Page {
         /// The page, from 1.
-        page: u64,
+        page: u32,
         /// The page size (`None`: the fake's page size).
         limit: Option<usize>,
     },
@@ -675,7 +675,7 @@ impl FakeApi {
     /// `GET /page`: page `page` (1-based) of the items sorted by id, `limit` (default: the page
     /// size) a page, with `has_more` and the total number of `pages`. A page past the end is
     /// empty; page 0 or a zero limit is a 400.
-    pub async fn list_page(&self, page: u64, limit: Option<usize>) -> Result<Listing, BoxError> {
+    pub async fn list_page(&self, page: u32, limit: Option<usize>) -> Result<Listing, BoxError> {
         self.request(&Query::Page { page, limit }, &RequestOptions::default())
             .await
     }
@@ -905,7 +905,7 @@ impl FakeApi {
                 let pages = u64::try_from(items.len().div_ceil(limit)).unwrap_or(u64::MAX);
                 Ok(Listing {
                     items: items.values().skip(offset).take(limit).cloned().collect(),
-                    has_more: Some(*page < pages),
+                    has_more: Some(u64::from(*page) < pages),
                     pages: Some(pages),
                     ..Listing::default()
                 })
@@ -995,7 +995,7 @@ impl FakeApi {
             return Err(wrong_cursor("fetch_all", "snapshot", &ctx.cursor));
         }
         let query = Query::Page {
-            page: u64::from(ctx.page),
+            page: ctx.page,
             limit: Some(self.page_size()),
         };
         let listing = self.adapter_request(ctx, &query).await?;

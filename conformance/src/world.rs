@@ -198,7 +198,7 @@ impl Fetcher {
             Fetcher::All => api.fetch_all(ctx).await,
             Fetcher::Custom => {
                 let page = match &ctx.cursor {
-                    Cursor::Custom(json) => json.decode::<u64>()?,
+                    Cursor::Custom(json) => json.decode::<u32>()?,
                     other => return Err(format!("custom fetch got a {other:?} cursor").into()),
                 };
                 let listing = api.list_page(page, Some(api.page_size())).await?;

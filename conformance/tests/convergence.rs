@@ -546,7 +546,7 @@ async fn fetch_for(
         StrategyKind::SnapshotDiff => api.fetch_all(ctx).await,
         StrategyKind::Custom => {
             let page = match &ctx.cursor {
-                Cursor::Custom(json) => json.decode::<u64>()?,
+                Cursor::Custom(json) => json.decode::<u32>()?,
                 other => return Err(format!("custom fetch got a {other:?} cursor").into()),
             };
             let listing = api.list_page(page, Some(api.page_size())).await?;

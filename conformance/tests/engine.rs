@@ -68,7 +68,7 @@ async fn a_stream_of_pages_is_processed_page_by_page_until_it_ends() {
         .fetch_stream(move |_ctx: FetchContext| {
             let api = api.clone();
             // Three pages of 4, 4 and 2 items, then the stream ends (no has_more needed).
-            futures::stream::iter(1..=3_u64)
+            futures::stream::iter(1..=3_u32)
                 .then(move |page| {
                     let api = api.clone();
                     async move {

@@ -302,7 +302,7 @@ async fn page_listing_covers_everything_once() {
     let past = api.list_page(4, Some(10)).await.unwrap();
     assert!(past.items.is_empty());
     assert_eq!(past.has_more, Some(false));
-    let huge = api.list_page(u64::MAX, None).await.unwrap();
+    let huge = api.list_page(u32::MAX, None).await.unwrap();
     assert!(huge.items.is_empty());
     let default = api.list_page(1, None).await.unwrap();
     assert_eq!(default.items.len(), 25, "default limit is the page size");

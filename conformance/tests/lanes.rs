@@ -412,7 +412,7 @@ async fn a_reconcile_fetched_as_a_stream_lists_every_page() {
     let stream = move |ctx: FetchContext| {
         lock(&seen).push((ctx.lane, ctx.page));
         let api = api.clone();
-        futures::stream::unfold(Some(1_u64), move |page| {
+        futures::stream::unfold(Some(1_u32), move |page| {
             let (api, ctx) = (api.clone(), ctx.clone());
             async move {
                 let page = page?;

@@ -20,7 +20,9 @@ pub struct FetchContext {
     /// Where to read from (see [`Cursor`]); already adjusted for overlap on a cycle's first
     /// request.
     pub cursor: Cursor,
-    /// The 1-based index of this request within the cycle.
+    /// The 1-based index of this request within the cycle (1, 2, ...; at most the lane's page
+    /// cap). A `snapshot_diff` or reconcile fetch of a numbered listing passes it as the API's
+    /// page number; it has the type of [`Cursor::Page`]'s `page`, so neither needs a cast.
     pub page: u32,
     /// The partition, with its transient data.
     pub partition: Partition,

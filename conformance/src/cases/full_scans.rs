@@ -29,7 +29,7 @@ const PAGE_SIZE: usize = 4;
 /// A change the API makes right after it answered a page, before the next request.
 #[derive(Clone)]
 struct Shift {
-    after_page: u64,
+    after_page: u32,
     remove: &'static str,
     add: &'static str,
 }
@@ -82,13 +82,13 @@ enum Interrupt {
 struct Plan {
     shifts: Vec<Shift>,
     /// Interrupt the listing at this page, once.
-    interrupt: Option<(u64, Interrupt)>,
+    interrupt: Option<(u32, Interrupt)>,
     kills: Option<Arc<KillSwitch>>,
 }
 
 /// Lists page `page` of the API, interrupted when the plan says so, and then applies the shifts
 /// armed for after it.
-async fn shifting_page(api: &FakeApi, plan: &Mutex<Plan>, page: u64) -> Result<Page, BoxError> {
+async fn shifting_page(api: &FakeApi, plan: &Mutex<Plan>, page: u32) -> Result<Page, BoxError> {
     let interrupt = {
         let mut plan = plan.lock().unwrap_or_else(PoisonError::into_inner);
         match plan.interrupt {
@@ -137,7 +137,7 @@ fn poller(
             .cursor(cursor::snapshot_diff())
             .fetch(move |ctx: FetchContext| {
                 let (api, shifts) = (api.clone(), Arc::clone(&shifts));
-                async move { shifting_page(&api, &shifts, u64::from(ctx.page)).await }
+                async move { shifting_page(&api, &shifts, ctx.page).await }
             }),
         Scan::Reconcile => w.poller_named(name, StrategyKind::Token).reconcile(
             Duration::from_secs(60),
@@ -338,7 +338,7 @@ pub async fn a_shifting_listing_never_deletes_a_live_item(env: Env) -> CaseResul
 /// could hide such a delete.
 pub async fn an_interrupted_listing_never_deletes_a_live_item(env: Env) -> CaseResult {
     for scan in [Scan::SnapshotDiff, Scan::Reconcile] {
-        for k in 1..=2_u64 {
+        for k in 1..=2_u32 {
             for how in [Interrupt::Fail, Interrupt::Crash] {
                 let name = format!("interrupted-{scan:?}-{k}-{how:?}").to_lowercase();
                 let w = World::new(ITEMS, PAGE_SIZE)

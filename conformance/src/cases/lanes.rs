@@ -553,7 +553,7 @@ pub async fn reconcile_finds_deletes(env: Env) -> CaseResult {
         .build()?;
     let (engine, recorder) = engine(&w, &env, poller, None)?;
     let t0 = w.now();
-    let pages = |pages: &[u64]| -> Vec<(Lane, Cursor)> {
+    let pages = |pages: &[u32]| -> Vec<(Lane, Cursor)> {
         pages
             .iter()
             .map(|page| (Lane::Reconcile, Cursor::Page { page: *page }))

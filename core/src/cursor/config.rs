@@ -33,7 +33,7 @@ pub fn token(initial: Option<String>) -> TokenCursor {
 
 /// A `page` strategy starting at page `initial` (usually 1, the default; see
 /// [`PageCursor::default`]).
-pub fn page(initial: u64) -> PageCursor {
+pub fn page(initial: u32) -> PageCursor {
     PageCursor::new(initial)
 }
 

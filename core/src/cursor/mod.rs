@@ -26,8 +26,10 @@ pub enum Cursor {
     },
     /// `page`: a 1-based (by default) page number. Persisted as `{"page":n}`.
     Page {
-        /// The page to fetch.
-        page: u64,
+        /// The page to fetch: the number the API takes. The same type as
+        /// [`FetchContext::page`](crate::FetchContext::page), so either passes to an API's page
+        /// parameter without a cast.
+        page: u32,
     },
     /// `snapshot_diff`: no cursor; every cycle lists everything (use the page index of the
     /// fetch context). Persisted as `null`.

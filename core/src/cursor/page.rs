@@ -27,12 +27,12 @@ const NAME: &str = "page";
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PageCursor {
-    initial: u64,
+    initial: u32,
 }
 
 impl PageCursor {
     /// A page strategy starting at page `initial` (use 0 for 0-based APIs).
-    pub fn new(initial: u64) -> Self {
+    pub fn new(initial: u32) -> Self {
         Self { initial }
     }
 
@@ -64,12 +64,16 @@ impl CursorStrategy for PageCursor {
 
     fn deserialize(&self, text: &str) -> Result<Cursor> {
         let map = shared::object_with_keys(NAME, text, &["page"])?;
-        match map.get("page").and_then(Value::as_u64) {
+        match map
+            .get("page")
+            .and_then(Value::as_u64)
+            .and_then(|page| u32::try_from(page).ok())
+        {
             Some(page) => Ok(Cursor::Page { page }),
             None => Err(shared::corrupt(
                 NAME,
                 text,
-                "`page` must be a non-negative integer",
+                "`page` must be a non-negative integer up to 4294967295",
             )),
         }
     }
@@ -133,12 +137,12 @@ impl CursorStrategy for PageCursor {
             return Ok(self.initial());
         };
         let digits = !raw.is_empty() && raw.bytes().all(|b| b.is_ascii_digit());
-        match raw.parse::<u64>() {
+        match raw.parse::<u32>() {
             Ok(page) if digits => Ok(Cursor::Page { page }),
             _ => Err(Error::config(
                 "cursor",
                 format!(
-                    "a page cursor is a non-negative integer, got {}",
+                    "a page cursor is a non-negative integer up to 4294967295, got {}",
                     shared::shorten(raw)
                 ),
             )),
@@ -156,7 +160,7 @@ mod tests {
     use crate::error::ErrorCode;
     use serde_json::json;
 
-    fn page(page: u64) -> Cursor {
+    fn page(page: u32) -> Cursor {
         Cursor::Page { page }
     }
 
@@ -205,7 +209,7 @@ mod tests {
                 }
             );
         }
-        let err = step(&strategy, &page(u64::MAX), Some(true)).unwrap_err();
+        let err = step(&strategy, &page(u32::MAX), Some(true)).unwrap_err();
         assert_eq!(err.code(), ErrorCode::Config);
         let err = step(&strategy, &Cursor::Token { value: None }, Some(true)).unwrap_err();
         assert_eq!(err.code(), ErrorCode::Config);
@@ -233,7 +237,16 @@ mod tests {
         assert_eq!(strategy.from_raw(Some("0")).unwrap(), page(0));
         assert_eq!(strategy.from_raw(Some("42")).unwrap(), page(42));
         assert_eq!(strategy.from_raw(Some("007")).unwrap(), page(7));
-        for bad in ["", "-1", "+1", "1.5", "abc", " 1", "99999999999999999999"] {
+        for bad in [
+            "",
+            "-1",
+            "+1",
+            "1.5",
+            "abc",
+            " 1",
+            "4294967296",
+            "99999999999999999999",
+        ] {
             let err = strategy.from_raw(Some(bad)).unwrap_err();
             assert_eq!(err.code(), ErrorCode::Config, "{bad:?}");
             assert!(err.to_string().contains("non-negative integer"), "{err}");
@@ -246,7 +259,7 @@ mod tests {
         for (cursor, text) in [
             (page(0), r#"{"page":0}"#),
             (page(1), r#"{"page":1}"#),
-            (page(u64::MAX), r#"{"page":18446744073709551615}"#),
+            (page(u32::MAX), r#"{"page":4294967295}"#),
         ] {
             assert_eq!(strategy.serialize(&cursor), text);
             assert_eq!(strategy.deserialize(text).unwrap(), cursor);
@@ -260,6 +273,7 @@ mod tests {
             r#"{"page":1.5}"#,
             r#"{"page":"1"}"#,
             r#"{"page":null}"#,
+            r#"{"page":4294967296}"#,
             r#"{"page":1,"value":null}"#,
         ] {
             let err = strategy.deserialize(text).unwrap_err();
