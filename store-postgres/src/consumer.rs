@@ -35,14 +35,14 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use sqlx::{Executor, PgConnection, PgPool, Postgres, Transaction};
-use watukuy_core::delivery::{ApplyError, ApplyOutcome};
+use sqlx::{Executor, PgConnection, PgPool, Postgres, Row, Transaction};
+use watukuy_core::delivery::{ApplyError, ApplyOutcome, reapplies};
 use watukuy_core::{Clock, Error, Event, Result, StoreErrorKind, SystemClock};
 
 use crate::error::classify;
 
 /// The newest version of the processed-events table this crate creates.
-pub const PROCESSED_EVENTS_VERSION: i32 = 1;
+pub const PROCESSED_EVENTS_VERSION: i32 = 2;
 
 /// The default table name.
 pub const DEFAULT_PROCESSED_EVENTS_TABLE: &str = "watukuy_processed_events";
@@ -56,14 +56,22 @@ struct Migration {
     template: &'static str,
 }
 
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "processed_events",
-    template: include_str!("../sql/consumer/0001_processed_events.sql"),
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "processed_events",
+        template: include_str!("../sql/consumer/0001_processed_events.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "subjects",
+        template: include_str!("../sql/consumer/0002_subjects.sql"),
+    },
+];
 
 const VERSION_TABLE: &str = include_str!("../sql/consumer/schema_version.sql");
 const INSERT_MARKER: &str = include_str!("../sql/consumer/insert_marker.sql");
+const RECLAIM: &str = include_str!("../sql/consumer/reclaim.sql");
 const PRUNE: &str = include_str!("../sql/consumer/prune.sql");
 const IS_PROCESSED: &str = include_str!("../sql/consumer/is_processed.sql");
 
@@ -71,7 +79,9 @@ const IS_PROCESSED: &str = include_str!("../sql/consumer/is_processed.sql");
 /// one its read model lives in; it need not be the store's).
 ///
 /// Columns: `event_id` (primary key), `poller`, `partition`, `lane`, `type`, `applied_at`
-/// (epoch ms from the configured [`Clock`]). Create it with [`migrate`](Self::migrate) (versioned,
+/// (epoch ms from the configured [`Clock`]); beside it, `<table>_subjects` keeps the last event
+/// applied per subject, so an id that comes back as a new change (a re-create after a delete)
+/// is applied again (see [`claim`](Self::claim)). Create them with [`migrate`](Self::migrate) (versioned,
 /// under advisory locks, safe to run from every instance at once) or take the text from
 /// [`ddl`](Self::ddl) for your own migration tool.
 #[derive(Clone)]
@@ -80,6 +90,7 @@ pub struct ProcessedEvents {
     table: String,
     clock: Arc<dyn Clock>,
     insert: String,
+    reclaim: String,
     prune: String,
     is_processed: String,
 }
@@ -118,6 +129,7 @@ impl ProcessedEvents {
         let render = |t: &str| render(t, &schema, &table);
         Self {
             insert: render(INSERT_MARKER),
+            reclaim: render(RECLAIM),
             prune: render(PRUNE),
             is_processed: render(IS_PROCESSED),
             schema,
@@ -237,18 +249,49 @@ impl ProcessedEvents {
     /// exists exactly when they do. A concurrent claim of the same id waits for the first
     /// transaction to end (default `READ COMMITTED` isolation; under `REPEATABLE READ` or
     /// `SERIALIZABLE` it fails with a transient serialization error instead, to retry).
+    ///
+    /// An id with a marker is a duplicate while it is still its subject's last applied event:
+    /// a redelivery. When another event of the same subject was applied since, the id came back
+    /// as a new change — a re-create after a delete with the same content, an item changed back
+    /// to an earlier content — and is claimed again (see
+    /// [`reapplies`](watukuy_core::delivery::reapplies)); that costs a second statement. Markers
+    /// written before the subjects table existed count as duplicates.
     pub async fn claim(&self, conn: &mut PgConnection, event: &Event) -> Result<bool> {
-        let inserted = sqlx::query(&self.insert)
-            .bind(&event.id)
-            .bind(&event.poller)
-            .bind(&event.partition)
-            .bind(event.lane.as_str())
-            .bind(event.event_type.as_str())
-            .bind(self.clock.now_ms())
-            .fetch_optional(&mut *conn)
+        let now = self.clock.now_ms();
+        let bind = |sql| {
+            sqlx::query(sql)
+                .bind(&event.id)
+                .bind(&event.poller)
+                .bind(&event.partition)
+                .bind(event.lane.as_str())
+                .bind(event.event_type.as_str())
+                .bind(now)
+                .bind(&event.subject)
+        };
+        let row = bind(&self.insert)
+            .fetch_one(&mut *conn)
             .await
             .map_err(classify)?;
-        Ok(inserted.is_some())
+        let read = || -> std::result::Result<_, sqlx::Error> {
+            Ok((
+                row.try_get::<bool, _>(0)?,
+                row.try_get::<Option<String>, _>(1)?,
+                row.try_get::<Option<String>, _>(2)?,
+            ))
+        };
+        let (inserted, last_id, last_type) = read().map_err(classify)?;
+        if inserted {
+            return Ok(true);
+        }
+        let last = last_id.as_deref().zip(last_type.as_deref());
+        if !reapplies(event, last) {
+            return Ok(false);
+        }
+        bind(&self.reclaim)
+            .execute(&mut *conn)
+            .await
+            .map_err(classify)?;
+        Ok(true)
     }
 
     /// Applies `event` at most once: in ONE transaction, inserts the marker and, when it was
@@ -319,12 +362,12 @@ impl ProcessedEvents {
     /// you still expect (retries and parked events you may retry, and the poller's log
     /// retention if you replay into the same read model).
     pub async fn prune(&self, pool: &PgPool, older_than: i64) -> Result<u64> {
-        let done = sqlx::query(&self.prune)
+        let pruned: i64 = sqlx::query_scalar(&self.prune)
             .bind(older_than)
-            .execute(pool)
+            .fetch_one(pool)
             .await
             .map_err(classify)?;
-        Ok(done.rows_affected())
+        Ok(u64::try_from(pruned).unwrap_or(0))
     }
 
     /// Deletes markers older than `ttl` on the configured clock; returns how many.

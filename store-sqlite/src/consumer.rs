@@ -35,14 +35,14 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
-use watukuy_core::delivery::{ApplyError, ApplyOutcome};
+use watukuy_core::delivery::{ApplyError, ApplyOutcome, reapplies};
 use watukuy_core::{Clock, Error, Event, Result, StoreErrorKind, SystemClock};
 
 use crate::error::classify;
 use crate::options::Location;
 
 /// The newest version of the processed-events table this crate creates.
-pub const PROCESSED_EVENTS_VERSION: i64 = 1;
+pub const PROCESSED_EVENTS_VERSION: i64 = 2;
 
 /// The default table name.
 pub const DEFAULT_PROCESSED_EVENTS_TABLE: &str = "watukuy_processed_events";
@@ -52,10 +52,16 @@ struct Migration {
     sql: &'static str,
 }
 
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    sql: include_str!("../sql/consumer/0001_processed_events.sql"),
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        sql: include_str!("../sql/consumer/0001_processed_events.sql"),
+    },
+    Migration {
+        version: 2,
+        sql: include_str!("../sql/consumer/0002_subjects.sql"),
+    },
+];
 
 const VERSION_TABLE: &str = include_str!("../sql/consumer/schema_version.sql");
 
@@ -63,7 +69,9 @@ const VERSION_TABLE: &str = include_str!("../sql/consumer/schema_version.sql");
 /// one its read model lives in; it need not be the store's).
 ///
 /// Columns: `event_id` (primary key), `poller`, `partition`, `lane`, `type`, `applied_at`
-/// (epoch ms from the configured [`Clock`]). Create it with [`migrate`](Self::migrate)
+/// (epoch ms from the configured [`Clock`]); beside it, `<table>_subjects` keeps the last event
+/// applied per subject, so an id that comes back as a new change (a re-create after a delete)
+/// is applied again (see [`claim`](Self::claim)). Create them with [`migrate`](Self::migrate)
 /// (versioned, in one immediate transaction, so concurrent migrations serialize) or take the
 /// text from [`ddl`](Self::ddl).
 #[derive(Clone)]
@@ -181,30 +189,80 @@ impl ProcessedEvents {
         })
     }
 
-    /// Claims `event` inside a transaction you run: inserts its marker and returns `true`, or
-    /// returns `false` when the event was already applied. Commit your projection's writes in
-    /// the same transaction, so the marker exists exactly when they do. Start that transaction
-    /// with `TransactionBehavior::Immediate`, so two connections claiming at once serialize on
-    /// the write lock instead of failing to upgrade a read lock.
+    /// Claims `event` inside a transaction you run: records it and returns `true` when it is
+    /// a change not yet applied, or returns `false` when it was already applied. Commit your
+    /// projection's writes in the same transaction, so the record exists exactly when they do.
+    /// Start that transaction with `TransactionBehavior::Immediate`, so two connections
+    /// claiming at once serialize on the write lock instead of failing to upgrade a read lock.
+    ///
+    /// An id with a marker is a duplicate while it is still its subject's last applied event:
+    /// a redelivery. When another event of the same subject was applied since, the id came back
+    /// as a new change — a re-create after a delete with the same content, an item changed back
+    /// to an earlier content — and is claimed again (see
+    /// [`reapplies`](watukuy_core::delivery::reapplies)). Markers written before
+    /// the subjects table existed count as duplicates.
     pub fn claim(&self, tx: &Transaction<'_>, event: &Event) -> Result<bool> {
-        let inserted = tx
-            .prepare_cached(&format!(
-                "INSERT INTO {} (event_id, poller, \"partition\", lane, \"type\", applied_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (event_id) DO NOTHING",
-                self.table
-            ))
-            .and_then(|mut statement| {
-                statement.execute(params![
+        let now = self.clock.now_ms();
+        let run = || -> rusqlite::Result<bool> {
+            let inserted =
+                tx.prepare_cached(&format!(
+                    "INSERT INTO {} (event_id, poller, \"partition\", lane, \"type\", applied_at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (event_id) DO NOTHING",
+                    self.table
+                ))?
+                .execute(params![
                     event.id,
                     event.poller,
                     event.partition,
                     event.lane.as_str(),
                     event.event_type.as_str(),
-                    self.clock.now_ms()
-                ])
-            })
-            .map_err(|e| classify(e, &location_of(tx)))?;
-        Ok(inserted == 1)
+                    now
+                ])? == 1;
+            if !inserted {
+                let last: Option<(String, String)> = tx
+                    .prepare_cached(&format!(
+                        "SELECT event_id, \"type\" FROM {}_subjects \
+                         WHERE poller = ?1 AND \"partition\" = ?2 AND subject = ?3",
+                        self.table
+                    ))?
+                    .query_row(params![event.poller, event.partition, event.subject], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })
+                    .optional()?;
+                let last = last.as_ref().map(|(id, kind)| (id.as_str(), kind.as_str()));
+                if !reapplies(event, last) {
+                    return Ok(false);
+                }
+                tx.prepare_cached(&format!(
+                    "UPDATE {} SET lane = ?2, \"type\" = ?3, applied_at = ?4 WHERE event_id = ?1",
+                    self.table
+                ))?
+                .execute(params![
+                    event.id,
+                    event.lane.as_str(),
+                    event.event_type.as_str(),
+                    now
+                ])?;
+            }
+            tx.prepare_cached(&format!(
+                "INSERT INTO {}_subjects \
+                 (poller, \"partition\", subject, event_id, \"type\", applied_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (poller, \"partition\", subject) \
+                 DO UPDATE SET event_id = excluded.event_id, \"type\" = excluded.\"type\", \
+                 applied_at = excluded.applied_at",
+                self.table
+            ))?
+            .execute(params![
+                event.poller,
+                event.partition,
+                event.subject,
+                event.id,
+                event.event_type.as_str(),
+                now
+            ])?;
+            Ok(true)
+        };
+        run().map_err(|e| classify(e, &location_of(tx)))
     }
 
     /// Applies `event` at most once on `conn` (blocking): in ONE immediate transaction, inserts
@@ -284,12 +342,19 @@ impl ProcessedEvents {
     /// still expect (retries, parked events you may retry, and the poller's log retention if
     /// you replay into the same read model).
     pub fn prune(&self, conn: &Connection, older_than: i64) -> Result<u64> {
-        conn.execute(
-            &format!("DELETE FROM {} WHERE applied_at < ?1", self.table),
-            [older_than],
-        )
-        .map(|n| u64::try_from(n).unwrap_or(u64::MAX))
-        .map_err(|e| classify(e, &location_of(conn)))
+        let run = || -> rusqlite::Result<usize> {
+            conn.execute(
+                &format!("DELETE FROM {}_subjects WHERE applied_at < ?1", self.table),
+                [older_than],
+            )?;
+            conn.execute(
+                &format!("DELETE FROM {} WHERE applied_at < ?1", self.table),
+                [older_than],
+            )
+        };
+        run()
+            .map(|n| u64::try_from(n).unwrap_or(u64::MAX))
+            .map_err(|e| classify(e, &location_of(conn)))
     }
 
     /// Deletes markers older than `ttl` on the configured clock; returns how many. Blocking.

@@ -25,6 +25,6 @@ pub use options::{
     PoisonAction, Redaction,
 };
 pub use reliable::{
-    ApplyError, ApplyOutcome, LiveOnly, SideEffectGate, idempotency_key, scoped_idempotency_key,
-    side_effect_gate,
+    ApplyError, ApplyOutcome, LiveOnly, SideEffectGate, idempotency_key, reapplies,
+    scoped_idempotency_key, side_effect_gate,
 };

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use super::consumer::{DeliveryOutcome, Handler, HandlerContext, HandlerError, HandlerResult};
 use crate::diff::sha256_hex;
 use crate::error::Error;
-use crate::event::Event;
+use crate::event::{Event, EventType};
 use crate::model::Lane;
 
 /// What an idempotent apply (`apply_once` in the SQL stores) did.
@@ -200,6 +200,46 @@ impl<H: Handler> Handler for LiveOnly<H> {
     }
 }
 
+/// Whether an event whose id an idempotent consumer already recorded is a new change to apply
+/// again, given the last event the consumer applied for the same subject (`(id, type)`, the
+/// type as [`EventType::as_str`] writes it; `None` when it keeps no such record).
+///
+/// Event ids are stable per identity, version-or-hash and type (byte-identical to the
+/// reference), so an id can come back as a new change: a delete and a re-create with the same
+/// content give the re-create the original `created` id (and a second delete the first one's
+/// `deleted` id); an item changed back to an earlier content gets that content's `updated` id
+/// again. A redelivery, on the other hand, always finds its own id as the subject's last
+/// applied event: the dispatcher delivers a subject's next event only after this one was
+/// acknowledged. So:
+///
+/// - the subject's last applied event is this id, or unknown: a duplicate;
+/// - otherwise, on the live, reconcile and backfill lanes: a new change;
+/// - on the replay lane, which replays history a read model may already hold, only a state
+///   change is applied again: a `created` after the subject's `deleted`, a `deleted` after
+///   anything else; a repeated `updated` id is a duplicate. A read model rebuilt from the log
+///   ends as the live one; one that already held the history may see a re-created and deleted
+///   item created and deleted again.
+///
+/// The SQL stores' `apply_once` uses it; a consumer of your own that deduplicates by event id
+/// should keep the last applied event per subject and ask it too.
+pub fn reapplies(event: &Event, last: Option<(&str, &str)>) -> bool {
+    let Some((last_id, last_type)) = last else {
+        return false;
+    };
+    if last_id == event.id {
+        return false;
+    }
+    if event.lane != Lane::Replay {
+        return true;
+    }
+    let last_deleted = last_type == EventType::Deleted.as_str();
+    match event.event_type {
+        EventType::Created => last_deleted,
+        EventType::Deleted => !last_deleted,
+        EventType::Updated => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,5 +340,32 @@ mod tests {
         let outcome: ApplyOutcome<()> = ApplyOutcome::Deduplicated;
         assert!(outcome.report(&ctx).is_deduplicated());
         assert_eq!(ctx.outcome(), DeliveryOutcome::Deduplicated);
+    }
+
+    #[test]
+    fn a_known_id_is_reapplied_only_after_another_event_of_its_subject() {
+        let mut created = event(Lane::Live);
+        created.event_type = EventType::Created;
+        let id = created.id.clone();
+        assert!(!reapplies(&created, None), "no record: a duplicate");
+        assert!(
+            !reapplies(&created, Some((&id, "created"))),
+            "still the subject's last event: a redelivery"
+        );
+        assert!(reapplies(&created, Some(("the-delete", "deleted"))));
+        assert!(reapplies(&created, Some(("an-update", "updated"))));
+
+        let mut replayed = created.clone();
+        replayed.lane = Lane::Replay;
+        assert!(reapplies(&replayed, Some(("the-delete", "deleted"))));
+        assert!(
+            !reapplies(&replayed, Some(("an-update", "updated"))),
+            "a replayed create of a live item changes nothing"
+        );
+        replayed.event_type = EventType::Deleted;
+        assert!(reapplies(&replayed, Some(("the-re-create", "created"))));
+        assert!(!reapplies(&replayed, Some(("another-delete", "deleted"))));
+        replayed.event_type = EventType::Updated;
+        assert!(!reapplies(&replayed, Some(("a-later-update", "updated"))));
     }
 }
