@@ -345,6 +345,44 @@ async fn trigger_keeps_an_open_circuit_open_and_the_forced_run_is_a_probe() {
 
 // ----- pause / resume -----
 
+/// `Engine::caught_up`: false before the first poll, while a cycle was cut short by
+/// `max_pages_per_cycle`, and while events wait in the outbox; true once everything seen is
+/// delivered, and still true after the API changed (not seen yet) until a poll sees it.
+#[tokio::test]
+async fn caught_up_says_whether_everything_seen_is_delivered() {
+    // 5 items, 2 a page, 2 pages a cycle: the first cycle is cut short.
+    let world = World::new(5, 2).unwrap();
+    let poller = world
+        .poller(StrategyKind::Timestamp)
+        .max_pages_per_cycle(2)
+        .build()
+        .unwrap();
+    let engine = world.engine(memory(), "node-a", poller, 1).unwrap();
+    assert!(!engine.caught_up().await.unwrap(), "never polled");
+
+    // No consumer: the first cycle's events stay pending.
+    world.tick(&engine).await.unwrap();
+    assert!(!engine.caught_up().await.unwrap(), "truncated, and pending");
+    let recorder = Recorder::default();
+    engine.on(POLLER, recorder.handler()).unwrap();
+    world.tick(&engine).await.unwrap();
+    assert_eq!(recorder.ids().len(), 5);
+    assert!(engine.caught_up().await.unwrap());
+
+    world
+        .api
+        .update("item-001", json!({ "value": 10 }))
+        .unwrap();
+    assert!(
+        engine.caught_up().await.unwrap(),
+        "a change not polled yet is not seen"
+    );
+    world.advance(Duration::from_secs(600));
+    world.tick(&engine).await.unwrap();
+    assert_eq!(recorder.ids().len(), 6);
+    assert!(engine.caught_up().await.unwrap());
+}
+
 #[tokio::test]
 async fn pause_skips_the_key_and_keeps_its_outbox_until_resume() {
     let world = World::new(3, 10).unwrap();
