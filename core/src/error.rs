@@ -22,6 +22,8 @@ pub enum ErrorCode {
     Store,
     /// An HTTP call failed.
     Http,
+    /// A poller's fetch failed with an error of its own (not an HTTP error).
+    Fetch,
     /// Items failed validation and the poller is set to fail on invalid input.
     Validation,
     /// Replay requested on a poller without a log.
@@ -46,6 +48,7 @@ impl ErrorCode {
             ErrorCode::LeaseLost => "LEASE_LOST",
             ErrorCode::Store => "STORE",
             ErrorCode::Http => "HTTP",
+            ErrorCode::Fetch => "FETCH",
             ErrorCode::Validation => "VALIDATION",
             ErrorCode::ReplayUnavailable => "REPLAY_UNAVAILABLE",
             ErrorCode::BudgetTimeout => "BUDGET_TIMEOUT",
@@ -132,6 +135,21 @@ pub enum Error {
         /// The `Retry-After` delay, if sent.
         retry_after_ms: Option<i64>,
     },
+    /// A poller's fetch returned an error that is not a watukuy [`Error`]: a `String` or `&str`
+    /// (`Err("upstream is down".into())`), an `io::Error`, a client library's error. The engine
+    /// wraps it with [`Error::fetch`]; the cycle fails and backs off like any fetch failure.
+    /// (A fetch that returns an [`Error`], such as the `Error::Http` of `watukuy-http`, is
+    /// reported as that error.)
+    #[error("fetch failed: {message}")]
+    Fetch {
+        /// The fetch's error message, followed by the messages of its causes (`: ` between them).
+        message: String,
+        /// Retrying may succeed; `true` for every error the engine wraps (a fetch error is
+        /// transient unless it says otherwise, see [`Error::is_transient`]).
+        transient: bool,
+        /// The error the fetch returned, to downcast to its own type.
+        error: Option<BoxError>,
+    },
     /// Items failed validation (poller set to `on_invalid: fail`).
     #[error("validation failed: {}", issues.iter().map(|i| i.message.as_str()).collect::<Vec<_>>().join("; "))]
     Validation {
@@ -186,6 +204,7 @@ impl Error {
             Error::LeaseLost { .. } => ErrorCode::LeaseLost,
             Error::Store { .. } => ErrorCode::Store,
             Error::Http { .. } => ErrorCode::Http,
+            Error::Fetch { .. } => ErrorCode::Fetch,
             Error::Validation { .. } => ErrorCode::Validation,
             Error::ReplayUnavailable { .. } => ErrorCode::ReplayUnavailable,
             Error::BudgetTimeout { .. } => ErrorCode::BudgetTimeout,
@@ -197,10 +216,11 @@ impl Error {
     }
 
     /// True when retrying the same operation may succeed: transient store failures,
-    /// HTTP 408/429/5xx and failures without a response, budget timeouts.
+    /// HTTP 408/429/5xx and failures without a response, budget timeouts, and a fetch's own
+    /// errors (unless built with `transient: false`).
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Store { transient, .. } => *transient,
+            Error::Store { transient, .. } | Error::Fetch { transient, .. } => *transient,
             Error::Http { status, .. } => status.is_none_or(|s| s == 408 || s == 429 || s >= 500),
             Error::BudgetTimeout { .. } => true,
             _ => false,
@@ -221,6 +241,38 @@ impl Error {
             poller: key.poller.clone(),
             partition: key.partition.clone(),
             epoch,
+        }
+    }
+
+    /// A fetch's own error (see [`Error::Fetch`]), transient: the message is the error's text
+    /// followed by its causes, and the error is kept to downcast.
+    ///
+    /// ```
+    /// use watukuy_core::{BoxError, Error, ErrorCode};
+    ///
+    /// let returned: BoxError = "the ERP answered garbage".into();
+    /// let error = Error::fetch(returned);
+    /// assert_eq!(error.code(), ErrorCode::Fetch);
+    /// assert!(error.is_transient());
+    /// assert_eq!(error.to_string(), "fetch failed: the ERP answered garbage");
+    /// ```
+    pub fn fetch(error: impl Into<BoxError>) -> Self {
+        let error = error.into();
+        let mut message = error.to_string();
+        let mut cause = error.source();
+        while let Some(c) = cause {
+            let text = c.to_string();
+            // Many errors repeat their cause in their own text; say each part once.
+            if !message.ends_with(&text) {
+                message.push_str(": ");
+                message.push_str(&text);
+            }
+            cause = c.source();
+        }
+        Error::Fetch {
+            message,
+            transient: true,
+            error: Some(error),
         }
     }
 
@@ -266,6 +318,7 @@ impl Error {
             Error::LeaseLost { .. } => "LeaseLostError",
             Error::Store { .. } => "StoreError",
             Error::Http { .. } => "HttpError",
+            Error::Fetch { .. } => "FetchError",
             Error::Validation { .. } => "ValidationError",
             Error::ReplayUnavailable { .. } => "ReplayUnavailableError",
             Error::BudgetTimeout { .. } => "BudgetTimeoutError",
@@ -310,6 +363,44 @@ mod tests {
         assert!(Error::store(StoreErrorKind::Busy, true, "locked").is_transient());
         assert!(!Error::store(StoreErrorKind::Corrupt, false, "bad row").is_transient());
         assert!(!Error::config("x", "y").is_transient());
+    }
+
+    #[test]
+    fn a_fetch_error_carries_the_message_and_its_causes_and_is_transient() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("the ERP refused the listing")]
+        struct Refused(#[source] std::io::Error);
+
+        let err = Error::fetch(Refused(std::io::Error::other("connection reset")));
+        assert_eq!(err.code(), ErrorCode::Fetch);
+        assert!(err.is_transient());
+        assert_eq!(
+            err.to_string(),
+            "fetch failed: the ERP refused the listing: connection reset"
+        );
+        let Error::Fetch {
+            error: Some(inner), ..
+        } = &err
+        else {
+            panic!("not a fetch error: {err:?}");
+        };
+        assert!(
+            inner.downcast_ref::<Refused>().is_some(),
+            "kept to downcast"
+        );
+        let ser = err.to_serialized();
+        assert_eq!(ser.name, "FetchError");
+        assert_eq!(ser.code.as_deref(), Some("FETCH"));
+        assert_eq!(ser.status, None);
+
+        let plain = Error::fetch("nope");
+        assert_eq!(plain.to_string(), "fetch failed: nope");
+        let permanent = Error::Fetch {
+            message: "bad request".into(),
+            transient: false,
+            error: None,
+        };
+        assert!(!permanent.is_transient());
     }
 
     #[test]

@@ -257,14 +257,10 @@ pub(super) fn fetch_failure(error: BoxError) -> CycleError {
     let error = match error.downcast::<Error>() {
         Ok(error) => *error,
         Err(other) => {
+            // A String, &str or a client library's error: the fetch's own failure, never an
+            // HTTP error (it may not have made a request at all).
             return CycleError::Failed {
-                error: Error::Http {
-                    method: "FETCH".into(),
-                    url: String::new(),
-                    status: None,
-                    message: Some(other.to_string()),
-                    retry_after_ms: None,
-                },
+                error: Error::fetch(other),
                 phase: Phase::Fetch,
                 throttle: None,
             };
