@@ -126,6 +126,13 @@ impl HookLog {
 
 #[async_trait]
 impl Hooks for HookLog {
+    async fn on_page_quarantined(&self, ctx: &HookContext, page: u32, items: usize) {
+        self.push(
+            "page_quarantined",
+            ctx,
+            format!("page {page}: {items} items"),
+        );
+    }
     async fn on_lease_acquired(&self, ctx: &HookContext, lease: &Lease) {
         self.push("lease_acquired", ctx, lease.owner.clone());
     }
@@ -1607,6 +1614,46 @@ async fn hooks_follow_the_lifecycle_order_over_several_pages() {
     assert_eq!(hooks.details("poll_end"), ["items 5"]);
 }
 
+/// A page whose every item fails validation is not silent: `on_page_quarantined` fires for it
+/// (not for a page with one valid item), the cycle's summary counts the quarantined items, and
+/// `inspect` shows them; the items are parked as `invalid`.
+#[tokio::test]
+async fn a_page_whose_every_item_is_quarantined_is_reported() {
+    // 4 items, 2 a page; every item fails but item-003, so page 1 is all quarantined and page 2
+    // is not.
+    let world = World::new(4, 2).unwrap();
+    let hooks = Arc::new(HookLog::default());
+    let poller = world
+        .poller(StrategyKind::Timestamp)
+        .check(|item: &Value| {
+            if item["id"] == "item-003" {
+                Ok(())
+            } else {
+                Err(vec![ValidationIssue {
+                    message: "wrong type".into(),
+                    path: None,
+                }])
+            }
+        })
+        .build()
+        .unwrap();
+    let engine = world
+        .engine_builder(memory(), "node-a", poller, 1)
+        .hooks(hooks.clone())
+        .build()
+        .unwrap();
+    world.tick(&engine).await.unwrap();
+    assert_eq!(hooks.details("page_quarantined"), ["page 1: 2 items"]);
+    let key = only(&engine).await;
+    let last = key.last_poll.expect("a poll");
+    assert_eq!((last.items, last.quarantined), (4, 3), "{last:?}");
+    let parked = engine
+        .list_parked(POLLER, None, ParkedQuery::default())
+        .await
+        .unwrap();
+    assert_eq!(parked.len(), 3);
+}
+
 #[tokio::test]
 async fn on_error_reports_the_fetch_phase_and_on_invalid_a_quarantined_item() {
     let world = World::new(3, 10).unwrap();
@@ -1647,10 +1694,10 @@ async fn on_error_reports_the_fetch_phase_and_on_invalid_a_quarantined_item() {
     hooks.clear();
     world.advance(Duration::from_secs(60));
     world.tick(&engine).await.unwrap();
+    // The engine takes the key's lease again, but it held the key last: no `lease_acquired`.
     assert_eq!(
         hooks.names(),
         [
-            "lease_acquired",
             "poll_start",
             "fetch",
             "commit",

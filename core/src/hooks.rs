@@ -106,6 +106,11 @@ pub trait Hooks: Send + Sync + 'static {
     async fn on_parked(&self, ctx: &HookContext, row: &ParkedRow) {}
     /// An item failed validation and was quarantined.
     async fn on_invalid(&self, ctx: &HookContext, item: &Json, issues: &[ValidationIssue]) {}
+    /// Every item of page `page` (`items` of them) failed validation and was quarantined, while
+    /// the cursor moved past the page: usually a wrong item type (numeric ids into a `String`
+    /// field) rather than bad data. Also logged at `warn`, counted in the cycle's summary
+    /// (`PollSummary::quarantined`) and by `MetricsHooks` (`watukuy.pages.quarantined`).
+    async fn on_page_quarantined(&self, ctx: &HookContext, page: u32, items: usize) {}
     /// A cycle failed in `phase`.
     async fn on_error(&self, ctx: &HookContext, error: &SerializedError, phase: Phase) {}
     /// The key's lease was lost (`epoch` is the rejected one).
@@ -197,6 +202,11 @@ impl Hooks for ComposedHooks {
     async fn on_invalid(&self, ctx: &HookContext, item: &Json, issues: &[ValidationIssue]) {
         for h in &self.0 {
             h.on_invalid(ctx, item, issues).await;
+        }
+    }
+    async fn on_page_quarantined(&self, ctx: &HookContext, page: u32, items: usize) {
+        for h in &self.0 {
+            h.on_page_quarantined(ctx, page, items).await;
         }
     }
     async fn on_error(&self, ctx: &HookContext, error: &SerializedError, phase: Phase) {

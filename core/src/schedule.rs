@@ -686,6 +686,7 @@ mod tests {
             events: EventCounts::default(),
             not_modified: false,
             truncated: false,
+            quarantined: 0,
         }
     }
 
@@ -1806,6 +1807,7 @@ mod tests {
                 events: crate::model::EventCounts::default(),
                 not_modified: false,
                 truncated: false,
+                quarantined: 0,
             },
         };
         let change = after_success(&halt.state, &options, &circuit, &success, 1_005, 0.5);

@@ -54,6 +54,7 @@ fn full_schedule() -> ScheduleState {
             },
             not_modified: true,
             truncated: true,
+            quarantined: 0,
         }),
         last_error: Some(SerializedError {
             name: "HttpError".to_owned(),

@@ -78,6 +78,10 @@ pub struct PollSummary {
     pub not_modified: bool,
     /// The cycle stopped before the listing ended (page cap or deadline).
     pub truncated: bool,
+    /// Items that failed validation and were quarantined (`on_invalid: quarantine`); 0 in
+    /// summaries written before the field existed.
+    #[serde(default)]
+    pub quarantined: u64,
 }
 
 /// The persisted schedule of a key (see the scheduler).

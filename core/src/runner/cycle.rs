@@ -107,6 +107,7 @@ impl Run<'_> {
             events: cycle.counts,
             not_modified: cycle.saw_not_modified && cycle.items == 0,
             truncated: cycle.truncated,
+            quarantined: cycle.quarantined,
         };
         let mut result = PollResult {
             poller: self.key.poller.clone(),
@@ -334,6 +335,8 @@ pub(super) struct Cycle {
     pub(super) cursor: Option<Cursor>,
     pub(super) pages: u64,
     pub(super) items: u64,
+    /// Items quarantined by the pages committed so far.
+    pub(super) quarantined: u64,
     pub(super) counts: EventCounts,
     pub(super) delivered: u64,
     pub(super) next_retry_at: Option<i64>,
@@ -360,6 +363,7 @@ impl Cycle {
             cursor: None,
             pages: 0,
             items: 0,
+            quarantined: 0,
             counts: EventCounts::default(),
             delivered: 0,
             next_retry_at: None,

@@ -90,9 +90,29 @@ impl Run<'_> {
                 }
             });
         }
+        let fetched = page.items.len() + page.rejected.len();
         let mut processed = self.process(cycle, scan, cursor, page).await?;
         processed.validators = staged;
+        let quarantined = processed.quarantined.len();
         let events = self.commit(cycle, processed).await?;
+        cycle.quarantined += quarantined as u64;
+        if quarantined > 0 && quarantined == fetched {
+            // Silent otherwise: the cursor moved past items that all went to quarantine, which
+            // is usually a wrong item type rather than bad data.
+            tracing::warn!(
+                key = %self.key,
+                lane = cycle.spec.lane.as_str(),
+                page = page_index,
+                items = quarantined,
+                "every item of the page failed validation and was quarantined while the cursor \
+                 moved on: check the item type (e.g. numeric ids into a String field); the \
+                 parked rows of kind `invalid` hold them"
+            );
+            self.shared
+                .hooks
+                .on_page_quarantined(&cycle.hook, page_index, quarantined)
+                .await;
+        }
         if let Some(next) = cycle.cursor.clone() {
             *cursor = next;
         }

@@ -101,6 +101,10 @@ impl Hooks for MetricsHooks {
         counter!("watukuy.items.invalid", &labels!(ctx)).increment(1);
     }
 
+    async fn on_page_quarantined(&self, ctx: &HookContext, _page: u32, _items: usize) {
+        counter!("watukuy.pages.quarantined", &labels!(ctx)).increment(1);
+    }
+
     async fn on_error(&self, ctx: &HookContext, _error: &SerializedError, phase: Phase) {
         let mut labels = labels!(ctx).to_vec();
         labels.push(("watukuy.phase", phase.as_str().to_owned()));
@@ -213,6 +217,7 @@ mod tests {
             events: crate::model::EventCounts::default(),
             not_modified: false,
             truncated: false,
+            quarantined: 0,
         }
     }
 

@@ -19,6 +19,7 @@
 //! | `watukuy.events.retried` | counter | | every failed attempt that will be retried |
 //! | `watukuy.events.parked` | counter | `watukuy.kind` (`poison`, `invalid`) | every parked row |
 //! | `watukuy.items.invalid` | counter | | every quarantined item |
+//! | `watukuy.pages.quarantined` | counter | | every page whose items were all quarantined |
 //! | `watukuy.errors` | counter | `watukuy.phase` | every reported error |
 //! | `watukuy.lease.lost` | counter | | every lost lease |
 //! | `watukuy.circuit.opened` | counter | | every time a circuit opens |
