@@ -239,6 +239,16 @@ fn attention(report: &Report) -> Vec<String> {
                 cut(&e.message, 100)
             ));
         }
+        if let Some(poll) = s.last_poll.as_ref().filter(|poll| poll.quarantined > 0) {
+            notes.push(format!(
+                "{key}: the last {} cycle quarantined {} of {} items as invalid; when it is all \
+                 of them, suspect the item type (e.g. numeric ids into a String field) \
+                 (runbook: parked > 0)",
+                poll.lane.as_str(),
+                poll.quarantined,
+                poll.items
+            ));
+        }
         if p.parked > 0 {
             notes.push(format!(
                 "{key}: {} parked; `watukuy parked ls --poller {}{}` (runbook: parked > 0)",
