@@ -81,7 +81,11 @@ pub struct CommitInfo {
 #[async_trait]
 #[allow(unused_variables)]
 pub trait Hooks: Send + Sync + 'static {
-    /// The key's lease was acquired (once per key run).
+    /// This engine took the key's lease anew: the key's first run since the engine started,
+    /// the first after another instance (or an operation such as a replay) held the key, or the
+    /// first after a lost lease. Not on every run: a run takes the lease and releases it when it
+    /// ends, and a run of a key this engine held last (nobody took it in between; its epoch is
+    /// the next one) keeps its lease without this hook. `lease.epoch` is the new epoch.
     async fn on_lease_acquired(&self, ctx: &HookContext, lease: &Lease) {}
     /// A lane cycle started.
     async fn on_poll_start(&self, ctx: &HookContext, started_at: i64) {}

@@ -200,6 +200,7 @@ impl EngineBuilder {
             renew_every_ms: renew_ms,
             budgets: Arc::new(budgets),
             trace: self.trace,
+            held: runner::HeldLeases::default(),
         };
         Ok(Engine {
             inner: Arc::new(Inner {

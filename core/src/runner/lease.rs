@@ -1,6 +1,39 @@
 //! The lease keeper: renews a run's lease in the background and on demand.
 
+use std::collections::HashMap;
+
 use super::*;
+
+/// The epoch of this engine's last lease on each key it ran, to tell a lease taken anew from
+/// the next run of a key it already held.
+///
+/// A run releases its lease when it ends, and every acquisition takes the key's next epoch
+/// (Store contract `acquire_lease` 1, 3 and 4, `release_lease` 1: the counter is kept and moves
+/// by one per acquisition, whoever takes it). So a lease whose epoch follows this engine's last
+/// one on the key means nobody took the key in between: the engine still holds it, run after
+/// run. Any other epoch (the key's first run since the engine started, another instance or an
+/// operation such as a replay took the key in between) is a new acquisition, and so is the
+/// first one after a lost lease (forgotten by [`lost`](Self::lost)).
+#[derive(Debug, Default)]
+pub(crate) struct HeldLeases(Mutex<HashMap<PKey, i64>>);
+
+impl HeldLeases {
+    /// Records `lease` as this engine's lease on `key`; true when it is newly acquired (see the
+    /// type's documentation), false when it continues the engine's last lease on the key.
+    pub(super) fn acquired(&self, key: &PKey, lease: &Lease) -> bool {
+        let mut held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let previous = held.insert(key.clone(), lease.epoch);
+        previous.is_none_or(|epoch| epoch.checked_add(1) != Some(lease.epoch))
+    }
+
+    /// Forgets `key`: its lease was lost, so the next one is a new acquisition.
+    pub(super) fn lost(&self, key: &PKey) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key);
+    }
+}
 
 /// Renews a lease every `renew_every` in the background and on demand.
 pub(super) struct LeaseKeeper {

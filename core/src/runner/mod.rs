@@ -38,6 +38,7 @@ mod page;
 mod plan;
 
 use cycle::{Cycle, LaneSpec, PageStep, Processed, fetch_failure};
+pub(crate) use lease::HeldLeases;
 use lease::LeaseKeeper;
 pub(crate) use plan::{EventSource, plan, plan_deletes, prepare_item};
 
@@ -52,6 +53,8 @@ pub(crate) struct Shared {
     pub(crate) renew_every_ms: i64,
     pub(crate) budgets: Arc<crate::budget::BudgetManager>,
     pub(crate) trace: Arc<dyn crate::telemetry::TraceContext>,
+    /// This engine's last lease on each key: `on_lease_acquired` fires for a new one only.
+    pub(crate) held: HeldLeases,
 }
 
 /// A poller as the engine runs it.
@@ -191,7 +194,10 @@ pub(crate) async fn run_key(
         lane: Lane::Live,
         instance_id: shared.instance_id.clone(),
     };
-    shared.hooks.on_lease_acquired(&hook, &lease).await;
+    // Once per lease taken anew, not on every run of a key this engine keeps re-taking.
+    if shared.held.acquired(&key, &lease) {
+        shared.hooks.on_lease_acquired(&hook, &lease).await;
+    }
     let cancel = options.cancel.child_token();
     let keeper = LeaseKeeper::start(shared, &key, &lease, &cancel);
     let run = Run {
@@ -391,6 +397,7 @@ impl Run<'_> {
 
     async fn on_lease_lost(&self, epoch: i64) -> KeyOutcome {
         self.keeper.lost.cancel();
+        self.shared.held.lost(&self.key);
         self.shared.hooks.on_lease_lost(&self.hook, epoch).await;
         tracing::warn!(key = %self.key, epoch, "lease lost; the run's work is dropped");
         KeyOutcome::LeaseLost
