@@ -74,6 +74,12 @@ const BACKENDS: &[Backend] = &[
                  (docs/testing.md)",
     },
     Backend {
+        name: "mysql",
+        needs: Needs::Url("WATUKUY_TEST_MYSQL_URL"),
+        reason: "needs MySQL or MariaDB: set \
+                 WATUKUY_TEST_MYSQL_URL=mysql://root@127.0.0.1:3306/test (docs/testing.md)",
+    },
+    Backend {
         name: "nats",
         needs: Needs::Url("WATUKUY_TEST_NATS_URL"),
         reason: "needs NATS with JetStream: set WATUKUY_TEST_NATS_URL=nats://127.0.0.1:4222 \

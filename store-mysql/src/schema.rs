@@ -1,0 +1,218 @@
+//! Versioned migrations, applied under a server-wide named lock (`GET_LOCK`) so that instances
+//! starting together never run the same step twice.
+//!
+//! MySQL and MariaDB commit every DDL statement on its own (no transactional DDL), so each step
+//! is written to be re-runnable (`CREATE TABLE IF NOT EXISTS`) and the version row is written
+//! after the step: a process killed in the middle of a step leaves a schema the next `migrate`
+//! finishes.
+
+use sqlx::MySqlConnection;
+use watukuy_core::{Error, Result, StoreErrorKind};
+
+use crate::error::OrStore;
+use crate::sql::Tables;
+
+/// The newest schema version this crate writes and reads.
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// The statements of migration `version` (1-based) for the tables named by `t`.
+fn steps(version: i32, t: &Tables) -> Vec<String> {
+    // Byte-wise comparison everywhere: ids, identities and keys are VARBINARY (no collation, no
+    // trailing-space padding); JSON is LONGBLOB (the text exactly as given: MySQL's JSON type
+    // reorders keys and MariaDB's is LONGTEXT with a check). Engine and row format are explicit
+    // so the 3072-byte index limit holds on old defaults too.
+    const TAIL: &str = "ENGINE=InnoDB ROW_FORMAT=DYNAMIC";
+    match version {
+        1 => vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {keys} (
+                    poller VARBINARY(255) NOT NULL,
+                    part VARBINARY(255) NOT NULL,
+                    holder VARBINARY(255) NULL,
+                    epoch BIGINT NOT NULL,
+                    expires_at BIGINT NOT NULL,
+                    listed TINYINT NOT NULL,
+                    state_json LONGBLOB NULL,
+                    PRIMARY KEY (poller, part)
+                ) {TAIL}",
+                keys = t.keys
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {items} (
+                    poller VARBINARY(255) NOT NULL,
+                    part VARBINARY(255) NOT NULL,
+                    identity VARBINARY(1024) NOT NULL,
+                    item_version LONGBLOB NULL,
+                    item_hash LONGBLOB NOT NULL,
+                    schema_version INT UNSIGNED NOT NULL,
+                    payload LONGBLOB NULL,
+                    seen_at BIGINT NOT NULL,
+                    PRIMARY KEY (poller, part, identity)
+                ) {TAIL}",
+                items = t.items
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {outbox} (
+                    poller VARBINARY(255) NOT NULL,
+                    part VARBINARY(255) NOT NULL,
+                    event_id VARBINARY(255) NOT NULL,
+                    seq BIGINT NOT NULL,
+                    event_json LONGBLOB NOT NULL,
+                    delivered TINYINT NOT NULL,
+                    attempts INT UNSIGNED NOT NULL,
+                    next_attempt_at BIGINT NULL,
+                    last_error LONGBLOB NULL,
+                    created_at BIGINT NOT NULL,
+                    PRIMARY KEY (poller, part, event_id),
+                    KEY pending (poller, part, delivered, seq)
+                ) {TAIL}",
+                outbox = t.outbox
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {parked} (
+                    poller VARBINARY(255) NOT NULL,
+                    part VARBINARY(255) NOT NULL,
+                    id VARBINARY(255) NOT NULL,
+                    kind VARBINARY(16) NOT NULL,
+                    event_json LONGBLOB NULL,
+                    item LONGBLOB NULL,
+                    error_json LONGBLOB NOT NULL,
+                    attempts INT UNSIGNED NOT NULL,
+                    parked_at BIGINT NOT NULL,
+                    hold_key LONGBLOB NULL,
+                    PRIMARY KEY (poller, part, id),
+                    KEY by_time (poller, part, parked_at, id)
+                ) {TAIL}",
+                parked = t.parked
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {validators} (
+                    poller VARBINARY(255) NOT NULL,
+                    part VARBINARY(255) NOT NULL,
+                    url_hash VARBINARY(255) NOT NULL,
+                    etag LONGBLOB NULL,
+                    last_modified LONGBLOB NULL,
+                    stored_at BIGINT NOT NULL,
+                    PRIMARY KEY (poller, part, url_hash)
+                ) {TAIL}",
+                validators = t.validators
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {log} (
+                    poller VARBINARY(255) NOT NULL,
+                    part VARBINARY(255) NOT NULL,
+                    seq BIGINT NOT NULL,
+                    event_json LONGBLOB NOT NULL,
+                    created_at BIGINT NOT NULL,
+                    PRIMARY KEY (poller, part, seq),
+                    KEY by_time (poller, part, created_at)
+                ) {TAIL}",
+                log = t.log
+            ),
+        ],
+        _ => Vec::new(),
+    }
+}
+
+/// Brings the schema to [`SCHEMA_VERSION`] on `conn`, holding the named lock throughout.
+pub(crate) async fn migrate(
+    conn: &mut MySqlConnection,
+    t: &Tables,
+    lock_timeout_secs: u32,
+) -> Result<()> {
+    let database: Option<String> = sqlx::query_scalar("SELECT DATABASE()")
+        .fetch_one(&mut *conn)
+        .await
+        .store("migrate: read the current database")?;
+    let Some(database) = database else {
+        return Err(Error::config(
+            "url",
+            "the MySQL URL names no database (mysql://user@host/<database>)",
+        ));
+    };
+    // Lock names are server-wide and at most 64 characters: the database and the prefix, hashed.
+    let lock = format!("{database}/{}", t.prefix);
+    let got: Option<i64> =
+        sqlx::query_scalar("SELECT GET_LOCK(CONCAT('watukuy-migrate:', SHA1(?)), ?)")
+            .bind(&lock)
+            .bind(lock_timeout_secs)
+            .fetch_one(&mut *conn)
+            .await
+            .store("migrate: take the migration lock")?;
+    match got {
+        Some(1) => {}
+        Some(_) => {
+            return Err(Error::store(
+                StoreErrorKind::Busy,
+                true,
+                format!(
+                    "migrate: another process held the migration lock of {lock} for more than \
+                     {lock_timeout_secs} s"
+                ),
+            ));
+        }
+        None => {
+            return Err(Error::store(
+                StoreErrorKind::Other,
+                false,
+                format!("migrate: GET_LOCK failed for the migration lock of {lock}"),
+            ));
+        }
+    }
+    let outcome = apply(conn, t).await;
+    let released = sqlx::query("SELECT RELEASE_LOCK(CONCAT('watukuy-migrate:', SHA1(?)))")
+        .bind(&lock)
+        .execute(&mut *conn)
+        .await
+        .store("migrate: release the migration lock");
+    outcome?;
+    released.map(|_| ())
+}
+
+async fn apply(conn: &mut MySqlConnection, t: &Tables) -> Result<()> {
+    sqlx::query(&format!(
+        "CREATE TABLE IF NOT EXISTS {} (id TINYINT NOT NULL PRIMARY KEY, version INT NOT NULL) \
+         ENGINE=InnoDB",
+        t.schema_version
+    ))
+    .execute(&mut *conn)
+    .await
+    .store("migrate: create the schema version table")?;
+    let current: Option<i32> = sqlx::query_scalar(&format!(
+        "SELECT version FROM {} WHERE id = 1",
+        t.schema_version
+    ))
+    .fetch_optional(&mut *conn)
+    .await
+    .store("migrate: read the schema version")?;
+    let current = current.unwrap_or(0);
+    if current > SCHEMA_VERSION {
+        return Err(Error::store(
+            StoreErrorKind::Schema,
+            false,
+            format!(
+                "migrate: the tables `{}*` are at schema version {current}, newer than the {} \
+                 this watukuy-store-mysql knows: upgrade it",
+                t.prefix, SCHEMA_VERSION
+            ),
+        ));
+    }
+    for version in current + 1..=SCHEMA_VERSION {
+        for statement in steps(version, t) {
+            sqlx::query(&statement)
+                .execute(&mut *conn)
+                .await
+                .store(&format!("migrate: step {version}"))?;
+        }
+        sqlx::query(&format!(
+            "INSERT INTO {} (id, version) VALUES (1, ?) ON DUPLICATE KEY UPDATE version = ?",
+            t.schema_version
+        ))
+        .bind(version)
+        .bind(version)
+        .execute(&mut *conn)
+        .await
+        .store(&format!("migrate: record schema version {version}"))?;
+    }
+    Ok(())
+}

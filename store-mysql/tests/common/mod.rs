@@ -1,0 +1,196 @@
+//! The MySQL test harness shared by the test files: where the server is, a fresh database of
+//! its own per test or case (dropped when it passes), and failures as `CaseError`s.
+//!
+//! The server is `WATUKUY_TEST_MYSQL_URL` (CI: the local MariaDB). While it is unset the tests
+//! are ignored (`#[watukuy_testenv::requires(mysql)]`, see docs/testing.md), and one run anyway
+//! fails.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sqlx::MySqlPool;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use watukuy_conformance::{CaseContext, CaseError, Fresh, Harness, backend_url};
+use watukuy_store_mysql::{MySqlOptions, MySqlStore};
+
+/// The variable naming the test server.
+pub const URL_ENV: &str = "WATUKUY_TEST_MYSQL_URL";
+
+/// A failed test with `message`.
+pub fn fail(message: impl Into<String>) -> CaseError {
+    CaseError::failed(message)
+}
+
+/// Any error as a failed test: `.or_fail()?`, or `.or_fail_with("what")?` with `what: ` first.
+pub trait OrFail<T> {
+    /// The error's message as the failure.
+    fn or_fail(self) -> Result<T, CaseError>;
+    /// `what: <the error's message>` as the failure.
+    fn or_fail_with(self, what: impl std::fmt::Display) -> Result<T, CaseError>;
+}
+
+impl<T, E: std::fmt::Display> OrFail<T> for Result<T, E> {
+    fn or_fail(self) -> Result<T, CaseError> {
+        self.map_err(|e| fail(e.to_string()))
+    }
+
+    fn or_fail_with(self, what: impl std::fmt::Display) -> Result<T, CaseError> {
+        self.map_err(|e| fail(format!("{what}: {e}")))
+    }
+}
+
+/// A database name unique to this process and call (`wk_<pid>_<n>_<what>`), at most 64 bytes.
+/// No randomness: the process id and a counter.
+fn unique_name(what: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut name = format!("wk_{}_{n}_{what}", std::process::id());
+    name.retain(|c| c.is_ascii_alphanumeric() || c == '_');
+    name.truncate(64);
+    name
+}
+
+/// A fresh, empty database of a test's own on the test server, with a pool on it. A passing
+/// test drops it ([`with_database`] does); a failing one leaves it to be inspected.
+#[derive(Clone, Debug)]
+pub struct Database {
+    /// Its name.
+    pub name: String,
+    /// A pool on it.
+    pub pool: MySqlPool,
+    /// The server's URL with this database in its path.
+    pub url: String,
+    /// A pool on the server's URL as given (for `CREATE` / `DROP DATABASE`).
+    admin: MySqlPool,
+}
+
+impl Database {
+    /// A fresh database named after `what`, with a pool of `max_connections`.
+    pub async fn new(what: &str, max_connections: u32) -> Result<Self, CaseError> {
+        let server = backend_url("mysql", URL_ENV)?;
+        let options = MySqlConnectOptions::from_str(&server).or_fail_with(URL_ENV)?;
+        let admin = MySqlPoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone())
+            .await
+            .or_fail_with(format!("cannot connect to {URL_ENV}"))?;
+        let name = unique_name(what);
+        for sql in [
+            format!("DROP DATABASE IF EXISTS `{name}`"),
+            format!("CREATE DATABASE `{name}`"),
+        ] {
+            sqlx::query(&sql).execute(&admin).await.or_fail_with(&sql)?;
+        }
+        let pool = MySqlPoolOptions::new()
+            .max_connections(max_connections)
+            .connect_with(options.database(&name))
+            .await
+            .or_fail_with(format!("cannot connect to database {name}"))?;
+        let url = url_with_database(&server, &name);
+        Ok(Self {
+            name,
+            pool,
+            url,
+            admin,
+        })
+    }
+
+    /// A store on this database, not migrated.
+    pub fn unmigrated(&self, options: MySqlOptions) -> Result<MySqlStore, CaseError> {
+        Ok(MySqlStore::from_pool(self.pool.clone(), options)?)
+    }
+
+    /// A migrated store on this database.
+    pub async fn store(&self, options: MySqlOptions) -> Result<MySqlStore, CaseError> {
+        let store = self.unmigrated(options)?;
+        watukuy_core::Store::migrate(&store).await?;
+        Ok(store)
+    }
+
+    /// Drops the database and closes the pools.
+    pub async fn remove(&self) -> Result<(), CaseError> {
+        self.pool.close().await;
+        let sql = format!("DROP DATABASE IF EXISTS `{}`", self.name);
+        sqlx::query(&sql)
+            .execute(&self.admin)
+            .await
+            .or_fail_with(&sql)?;
+        self.admin.close().await;
+        Ok(())
+    }
+}
+
+/// `url` with its path (the database) replaced by `database`.
+fn url_with_database(url: &str, database: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let authority_end = base
+        .find("://")
+        .map(|i| i + 3)
+        .and_then(|start| base[start..].find('/').map(|j| start + j))
+        .unwrap_or(base.len());
+    let mut out = format!("{}/{database}", &base[..authority_end]);
+    if let Some(query) = query {
+        out.push('?');
+        out.push_str(query);
+    }
+    out
+}
+
+/// Hands every conformance case a migrated store in its own database, dropped when it passes.
+pub struct MySqlHarness;
+
+#[async_trait::async_trait]
+impl Harness for MySqlHarness {
+    fn name(&self) -> String {
+        "mysql".to_owned()
+    }
+
+    async fn fresh(&self, ctx: CaseContext) -> Result<Fresh, CaseError> {
+        let database = Database::new(&format!("{}_{}", ctx.module, ctx.name), 4).await?;
+        let store = database.store(MySqlOptions::default()).await?;
+        Ok(Fresh::new(Arc::new(store)).with_cleanup(async move {
+            if let Err(e) = database.remove().await {
+                eprintln!("[mysql] after a passing case: {e}");
+            }
+        }))
+    }
+}
+
+/// Runs a test body in a fresh [`Database`] named after `what`; a failing or skipping body, or
+/// a missing server, fails the test. A passing body's database is dropped.
+pub async fn with_database<F, Fut>(what: &str, max_connections: u32, body: F)
+where
+    F: FnOnce(Database) -> Fut,
+    Fut: std::future::Future<Output = Result<(), CaseError>>,
+{
+    let outcome = async {
+        let database = Database::new(what, max_connections).await?;
+        body(database.clone()).await?;
+        database.remove().await
+    }
+    .await;
+    if let Err(error) = outcome {
+        panic!("[mysql] {what} {error}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn urls_get_the_database() {
+        assert_eq!(
+            super::url_with_database("mysql://root@127.0.0.1:3306/test", "x"),
+            "mysql://root@127.0.0.1:3306/x"
+        );
+        assert_eq!(
+            super::url_with_database("mysql://root@h?ssl-mode=REQUIRED", "x"),
+            "mysql://root@h/x?ssl-mode=REQUIRED"
+        );
+    }
+}
