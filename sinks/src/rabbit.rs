@@ -177,11 +177,10 @@ impl RabbitSink {
     /// new channel in confirm mode (on a new connection if the old one is gone).
     async fn channel(&self) -> Result<Channel, lapin::Error> {
         let mut link = self.link.lock().await;
-        if let Some(current) = link.as_ref() {
-            if current.channel.status().connected() && current.connection.status().connected() {
+        if let Some(current) = link.as_ref()
+            && current.channel.status().connected() && current.connection.status().connected() {
                 return Ok(current.channel.clone());
             }
-        }
         let connection = match link.take() {
             Some(old) if old.connection.status().connected() => old.connection,
             _ => Connection::connect(&self.uri, self.properties.clone()).await?,
