@@ -3,5 +3,7 @@
 //! - [`custom_store`]: the template for writing your own store — a wrapper that delegates every
 //!   [`Store`](watukuy_core::Store) method, tested with `watukuy_conformance::store_tests!` in
 //!   `tests/custom_store.rs`.
+//! - [`shutdown`]: stopping cleanly on Ctrl-C or SIGTERM, shared by every long-running example.
 
 pub mod custom_store;
+pub mod shutdown;

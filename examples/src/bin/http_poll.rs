@@ -15,7 +15,9 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use watukuy_core::schedule::ScheduleOptions;
-use watukuy_core::{Clock, Engine, FetchContext, Poller, SystemClock, TickOptions, cursor};
+use watukuy_core::{
+    Clock, Engine, FetchContext, Poller, StopOptions, SystemClock, TickOptions, cursor,
+};
 use watukuy_http::HttpClient;
 use watukuy_sinks::{WebhookOptions, WebhookSecret, WebhookSink, verify_webhook_signature};
 use watukuy_store_memory::MemoryStore;
@@ -178,45 +180,57 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
 
-    println!("1. first poll: three orders, each forwarded to the webhook");
-    engine.tick(TickOptions::default()).await?;
-    show("inspect").await?;
+    // The scenario runs until it ends, or until Ctrl-C / SIGTERM; either way the engine is
+    // stopped cleanly (a running delivery finishes).
+    let scenario = async {
+        println!("1. first poll: three orders, each forwarded to the webhook");
+        engine.tick(TickOptions::default()).await?;
+        show("inspect").await?;
 
-    println!("2. nothing changed: the API answers 304, an idle cycle (and no deletes)");
-    engine.trigger("orders", None).await?;
-    engine.tick(TickOptions::default()).await?;
-    show("inspect").await?;
+        println!("2. nothing changed: the API answers 304, an idle cycle (and no deletes)");
+        engine.trigger("orders", None).await?;
+        engine.tick(TickOptions::default()).await?;
+        show("inspect").await?;
 
-    println!("3. order-2 is paid, order-3 is gone, and the API throttles the next request");
-    {
-        let mut api = api
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        api.orders = vec![
-            serde_json::json!({ "id": "order-1", "status": "open" }),
-            serde_json::json!({ "id": "order-2", "status": "paid" }),
-        ];
-        api.version = 2;
-        api.throttle_next = true;
-        api.remaining = 2;
-    }
-    engine.trigger("orders", None).await?;
-    let result = engine.tick(TickOptions::default()).await?;
-    for polled in &result.polled {
-        if let Some(error) = &polled.error {
-            println!("  cycle failed: {}", error.message);
+        println!("3. order-2 is paid, order-3 is gone, and the API throttles the next request");
+        {
+            let mut api = api
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            api.orders = vec![
+                serde_json::json!({ "id": "order-1", "status": "open" }),
+                serde_json::json!({ "id": "order-2", "status": "paid" }),
+            ];
+            api.version = 2;
+            api.throttle_next = true;
+            api.remaining = 2;
         }
-    }
-    show("inspect").await?;
-    let early = engine.tick(TickOptions::default()).await?;
-    println!(
-        "  an immediate tick polls nothing: {} key(s) not due",
-        early.skipped_not_due
-    );
+        engine.trigger("orders", None).await?;
+        let result = engine.tick(TickOptions::default()).await?;
+        for polled in &result.polled {
+            if let Some(error) = &polled.error {
+                println!("  cycle failed: {}", error.message);
+            }
+        }
+        show("inspect").await?;
+        let early = engine.tick(TickOptions::default()).await?;
+        println!(
+            "  an immediate tick polls nothing: {} key(s) not due",
+            early.skipped_not_due
+        );
 
-    println!("4. after Retry-After the poll goes through; few requests left stretch the next wait");
-    SystemClock.sleep(Duration::from_millis(1_000)).await;
-    engine.tick(TickOptions::default()).await?;
-    show("inspect").await?;
+        println!(
+            "4. after Retry-After the poll goes through; few requests left stretch the next wait"
+        );
+        SystemClock.sleep(Duration::from_millis(1_000)).await;
+        engine.tick(TickOptions::default()).await?;
+        show("inspect").await?;
+        Ok::<(), Box<dyn std::error::Error>>(())
+    };
+    tokio::select! {
+        done = scenario => done?,
+        signal = watukuy_examples::shutdown::signal() => println!("{}: stopping", signal?),
+    }
+    engine.stop(StopOptions::default()).await?;
     Ok(())
 }

@@ -120,7 +120,10 @@ async fn child(name: &str, url: &str, schema: &str) -> Result<(), Box<dyn std::e
         }
     })?;
     engine.start().await?;
-    SystemClock.sleep(Duration::from_secs(12)).await;
+    tokio::select! {
+        () = SystemClock.sleep(Duration::from_secs(12)) => {}
+        signal = watukuy_examples::shutdown::signal() => println!("[{name}] {}: stopping", signal?),
+    }
     engine.stop(StopOptions::default()).await?;
     println!("[{name}] stopped cleanly");
     Ok(())

@@ -1,6 +1,7 @@
 //! Quickstart: poll a (local) HTTP ERP into a SQLite file and print every change as an event.
 //!
-//! Run it with `cargo run -p watukuy-examples --bin quickstart` (stop it with Ctrl-C, or pass
+//! Run it with `cargo run -p watukuy-examples --bin quickstart` (stop it with Ctrl-C or SIGTERM,
+//! which let what is running finish, or pass
 //! `--for <seconds>` / set `WATUKUY_QUICKSTART_FOR=<seconds>` to stop by itself). Its store is
 //! `./quickstart.sqlite` in the working folder: it stays when the quickstart stops, so the
 //! command line can show what happened (the quickstart prints the command:
@@ -391,7 +392,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("a new database: {DATABASE}");
     }
     println!("polling {base}/orders into {DATABASE}");
-    println!("(Ctrl-C stops the engine cleanly)");
+    println!("(Ctrl-C or SIGTERM stops the engine cleanly)");
     println!("see what it wrote, now or after it stops:");
     println!("  {CLI_COMMAND}");
     engine.start().await?;
@@ -433,10 +434,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     tokio::select! {
         () = status => {}
-        signal = tokio::signal::ctrl_c() => {
-            signal?;
-            println!("Ctrl-C: stopping");
-        }
+        signal = watukuy_examples::shutdown::signal() => println!("{}: stopping", signal?),
         () = deadline => println!("time is up: stopping"),
     }
     engine.stop(StopOptions::default()).await?;
