@@ -24,6 +24,18 @@ pub fn fail(message: impl Into<String>) -> CaseError {
     CaseError::failed(message)
 }
 
+/// Fails the test with a formatted message unless the condition holds.
+#[allow(unused_macros)]
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err($crate::common::fail(format!($($msg)+)));
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use ensure;
+
 /// Any error as a failed test: `.or_fail()?`, or `.or_fail_with("what")?` with `what: ` first.
 pub trait OrFail<T> {
     /// The error's message as the failure.
