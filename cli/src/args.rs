@@ -6,7 +6,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 #[derive(Clone, Debug, Parser)]
 #[command(name = "watukuy", version, about, long_about = None)]
 #[command(after_help = "\
-Store URLs: sqlite:<path>, postgres://user[:password]@host[:port]/database, redis://host:port[/db]
+Store URLs: sqlite:<path>, postgres://user[:password]@host[:port]/database, mysql://user[:password]@host[:port]/database, redis://host:port[/db]
 (rediss://…?tls_ca_file=<path> over TLS; redis+cluster://host:port,host:port for Redis Cluster).
 Exit codes: 0 ok, 1 error (printed as `error (<CODE>): message`), 2 usage.")]
 pub struct Cli {
@@ -22,7 +22,7 @@ pub struct Cli {
     /// PostgreSQL: the schema holding watukuy's tables (default `public`).
     #[arg(long, global = true)]
     pub schema: Option<String>,
-    /// The table prefix (SQLite, PostgreSQL; default `watukuy_`) or key prefix (Redis; default
+    /// The table prefix (SQLite, PostgreSQL, MySQL; default `watukuy_`) or key prefix (Redis; default
     /// `watukuy:`) the application's store uses.
     #[arg(long, global = true)]
     pub prefix: Option<String>,

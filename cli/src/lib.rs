@@ -193,7 +193,7 @@ where
 pub async fn execute(cli: &Cli, options: RunOptions) -> Result<Output, CliError> {
     let Some(url) = cli.store.as_deref() else {
         return Err(CliError::usage(
-            "no store: pass --store <URL> or set WATUKUY_STORE (sqlite:<path>, postgres://…, redis://…)",
+            "no store: pass --store <URL> or set WATUKUY_STORE (sqlite:<path>, postgres://…, mysql://…, redis://…)",
         ));
     };
     let url = StoreUrl::parse(url)?;

@@ -1,10 +1,11 @@
-//! Store URLs: `sqlite:<path>`, `postgres://…` and `redis://…` (`rediss://` over TLS,
-//! `redis+cluster://` and `rediss+cluster://` for Redis Cluster), parsed and opened.
+//! Store URLs: `sqlite:<path>`, `postgres://…`, `mysql://…` and `redis://…` (`rediss://` over
+//! TLS, `redis+cluster://` and `rediss+cluster://` for Redis Cluster), parsed and opened.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use watukuy_core::Store;
+use watukuy_store_mysql::{MySqlOptions, MySqlStore};
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};
 use watukuy_store_redis::{RedisOptions, RedisStore};
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
@@ -26,7 +27,9 @@ use crate::CliError;
 /// );
 /// let pg = StoreUrl::parse("postgres://app:secret@db.internal/app").unwrap();
 /// assert_eq!(pg.to_string(), "postgres://app:***@db.internal/app");
-/// assert!(StoreUrl::parse("mysql://db/app").is_err());
+/// let my = StoreUrl::parse("mysql://app:secret@db.internal:3306/app").unwrap();
+/// assert_eq!(my.to_string(), "mysql://app:***@db.internal:3306/app");
+/// assert!(StoreUrl::parse("mongodb://db/app").is_err());
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub enum StoreUrl {
@@ -34,6 +37,9 @@ pub enum StoreUrl {
     Sqlite(PathBuf),
     /// A PostgreSQL database (`postgres://…` or `postgresql://…`, passed to the driver as is).
     Postgres(String),
+    /// A MySQL or MariaDB database (`mysql://user:password@host:port/database`, with the
+    /// driver's parameters such as `?ssl-mode=REQUIRED`), passed to the driver as is.
+    MySql(String),
     /// A Redis server or cluster (`redis://…`, `rediss://…` over TLS, `redis+cluster://h1:p1,h2:p2`
     /// or `rediss+cluster://…` for Redis Cluster; TLS files as `?tls_ca_file=<path>`), passed to
     /// the store as is.
@@ -52,7 +58,9 @@ impl std::fmt::Display for StoreUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StoreUrl::Sqlite(path) => write!(f, "sqlite:{}", path.display()),
-            StoreUrl::Postgres(url) | StoreUrl::Redis(url) => f.write_str(&redact(url)),
+            StoreUrl::Postgres(url) | StoreUrl::MySql(url) | StoreUrl::Redis(url) => {
+                f.write_str(&redact(url))
+            }
         }
     }
 }
@@ -62,7 +70,7 @@ impl std::fmt::Display for StoreUrl {
 pub struct StoreOptions {
     /// PostgreSQL only: the schema holding the tables (default `public`).
     pub schema: Option<String>,
-    /// SQLite and PostgreSQL: the table prefix (default `watukuy_`); Redis: the key prefix
+    /// SQLite, PostgreSQL and MySQL: the table prefix (default `watukuy_`); Redis: the key prefix
     /// (default `watukuy:`).
     pub prefix: Option<String>,
     /// PostgreSQL only: the URL is a pooler in transaction mode
@@ -71,13 +79,15 @@ pub struct StoreOptions {
 }
 
 impl StoreUrl {
-    /// Parses a store URL. Anything but `sqlite:`, `postgres://`, `postgresql://`, `redis://`,
+    /// Parses a store URL. Anything but `sqlite:`, `postgres://`, `postgresql://`, `mysql://`,
+    /// `redis://`,
     /// `rediss://`, `redis+cluster://` and `rediss+cluster://` is a `CONFIG` error (exit code 1)
     /// saying what is accepted.
     pub fn parse(url: &str) -> Result<Self, CliError> {
         let url = url.trim();
-        let accepted = "expected sqlite:<path>, postgres://user@host/database, redis://host:port \
-                        (rediss:// for TLS) or redis+cluster://host:port,host:port";
+        let accepted = "expected sqlite:<path>, postgres://user@host/database, \
+                        mysql://user@host/database, redis://host:port (rediss:// for TLS) or \
+                        redis+cluster://host:port,host:port";
         if let Some(rest) = url.strip_prefix("sqlite:") {
             let path = rest.strip_prefix("//").unwrap_or(rest);
             if path.is_empty() {
@@ -96,6 +106,7 @@ impl StoreUrl {
         let scheme = url.split_once("://").map(|(scheme, _)| scheme);
         match scheme {
             Some("postgres" | "postgresql") => Ok(StoreUrl::Postgres(url.to_owned())),
+            Some("mysql") => Ok(StoreUrl::MySql(url.to_owned())),
             Some("redis" | "rediss" | "redis+cluster" | "rediss+cluster") => {
                 Ok(StoreUrl::Redis(url.to_owned()))
             }
@@ -150,6 +161,19 @@ impl StoreUrl {
                 pg = pg.transaction_pooling(options.transaction_pooling);
                 Ok(Arc::new(PostgresStore::connect(url, pg).await?))
             }
+            StoreUrl::MySql(url) => {
+                if options.schema.is_some() {
+                    return Err(wrong("schema", "MySQL"));
+                }
+                if options.transaction_pooling {
+                    return Err(wrong("transaction-pooling", "MySQL"));
+                }
+                let mut my = MySqlOptions::default().max_connections(2);
+                if let Some(prefix) = &options.prefix {
+                    my = my.table_prefix(prefix.clone());
+                }
+                Ok(Arc::new(MySqlStore::connect(url, my).await?))
+            }
             StoreUrl::Redis(url) => {
                 if options.schema.is_some() {
                     return Err(wrong("schema", "Redis"));
@@ -202,6 +226,10 @@ mod tests {
             StoreUrl::Postgres(_)
         ));
         assert!(matches!(
+            StoreUrl::parse("mysql://root@127.0.0.1:3306/test").unwrap(),
+            StoreUrl::MySql(u) if u == "mysql://root@127.0.0.1:3306/test"
+        ));
+        assert!(matches!(
             StoreUrl::parse(" redis://127.0.0.1:6379/2 ").unwrap(),
             StoreUrl::Redis(u) if u == "redis://127.0.0.1:6379/2"
         ));
@@ -229,7 +257,7 @@ mod tests {
             "",
             "sqlite:",
             "sqlite::memory:",
-            "mysql://h/db",
+            "mongodb://h/db",
             "watukuy.db",
             "http://x",
         ] {
@@ -248,7 +276,10 @@ mod tests {
         assert_eq!(redact("postgres://u:p@ss@h/db"), "postgres://u:***@h/db");
         assert_eq!(redact("postgres://u@h/db?x=1"), "postgres://u@h/db?x=1");
         assert_eq!(redact("postgres://h/db"), "postgres://h/db");
-        let error = StoreUrl::parse("mysql://root:hunter2@h/db").unwrap_err();
+        let error = StoreUrl::parse("mongodb://root:hunter2@h/db").unwrap_err();
         assert!(!error.message.contains("hunter2"), "{}", error.message);
+        let mysql = StoreUrl::parse("mysql://root:hunter2@h/db").unwrap();
+        assert_eq!(mysql.to_string(), "mysql://root:***@h/db");
+        assert!(!format!("{mysql:?}").contains("hunter2"));
     }
 }

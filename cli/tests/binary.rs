@@ -93,8 +93,8 @@ fn bad_store_urls_exit_1_with_a_clear_message() {
     std::fs::write(&not_a_db, "these are not the tables you are looking for").unwrap();
     let cases: Vec<(Vec<String>, &str)> = vec![
         (
-            args(&["--store", "mysql://root:hunter2@db/app", "inspect"]),
-            "error (CONFIG): unsupported store URL 'mysql://root:***@db/app'",
+            args(&["--store", "mongodb://root:hunter2@db/app", "inspect"]),
+            "error (CONFIG): unsupported store URL 'mongodb://root:***@db/app'",
         ),
         (
             args(&["--store", "watukuy.db", "inspect"]),

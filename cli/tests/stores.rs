@@ -1,8 +1,9 @@
-//! The command line against real stores (SQLite, PostgreSQL, Redis): an engine writes, the
-//! command line reads and operates, the store and the engine see the result.
+//! The command line against real stores (SQLite, PostgreSQL, MySQL, Redis): an engine writes,
+//! the command line reads and operates, the store and the engine see the result.
 //!
-//! PostgreSQL and Redis come from `WATUKUY_TEST_POSTGRES_URL` / `WATUKUY_TEST_REDIS_URL`; while
-//! one is unset, its tests are ignored with the reason (docs/testing.md).
+//! PostgreSQL, MySQL and Redis come from `WATUKUY_TEST_POSTGRES_URL` / `WATUKUY_TEST_MYSQL_URL` /
+//! `WATUKUY_TEST_REDIS_URL`; while one is unset, its tests are ignored with the reason
+//! (docs/testing.md).
 
 mod common;
 
@@ -547,6 +548,16 @@ macro_rules! on_every_store {
                 #[tokio::test]
                 async fn $name() {
                     on(Kind::Postgres, stringify!($name), super::$name).await;
+                }
+            )*
+        }
+        mod mysql {
+            use super::*;
+            $(
+                #[watukuy_testenv::requires(mysql)]
+                #[tokio::test]
+                async fn $name() {
+                    on(Kind::MySql, stringify!($name), super::$name).await;
                 }
             )*
         }

@@ -1,5 +1,5 @@
-//! Where the tests' stores are: a SQLite temp file, a fresh PostgreSQL schema, a fresh Redis key
-//! prefix; and an engine that writes into them.
+//! Where the tests' stores are: a SQLite temp file, a fresh PostgreSQL schema, a fresh MySQL
+//! table prefix, a fresh Redis key prefix; and an engine that writes into them.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -19,6 +19,7 @@ use watukuy_core::{
 pub enum Kind {
     Sqlite,
     Postgres,
+    MySql,
     Redis,
 }
 
@@ -69,6 +70,22 @@ impl Backend {
                 ];
                 (url, options, args, None)
             }
+            Kind::MySql => {
+                let url = backend_url("mysql", "WATUKUY_TEST_MYSQL_URL")?;
+                let mut prefix = format!("{}_", unique(what));
+                prefix.truncate(48);
+                let options = StoreOptions {
+                    prefix: Some(prefix.clone()),
+                    ..StoreOptions::default()
+                };
+                let args = vec![
+                    "--store".to_owned(),
+                    url.clone(),
+                    "--prefix".to_owned(),
+                    prefix,
+                ];
+                (url, options, args, None)
+            }
             Kind::Redis => {
                 let url = backend_url("redis", "WATUKUY_TEST_REDIS_URL")?;
                 let prefix = format!("{}:", unique(what));
@@ -115,6 +132,25 @@ impl Backend {
                         .execute(&pool)
                         .await;
                     pool.close().await;
+                }
+            }
+            Kind::MySql => {
+                let _ = self.store.close().await;
+                let prefix = self.args.last().cloned().unwrap_or_default();
+                if let Ok(store) = watukuy_store_mysql::MySqlStore::connect(
+                    &self.url,
+                    watukuy_store_mysql::MySqlOptions::default()
+                        .table_prefix(prefix)
+                        .max_connections(1),
+                )
+                .await
+                {
+                    for table in store.table_names() {
+                        let _ = sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
+                            .execute(store.pool())
+                            .await;
+                    }
+                    let _ = store.close().await;
                 }
             }
             Kind::Redis => {
