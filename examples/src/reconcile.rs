@@ -1,0 +1,539 @@
+//! The `reconcile` example's code: a local HTTP catalog whose listing changes while it is polled,
+//! and a poller with two lanes over it — a live `timestamp` lane that reads what changed, and a
+//! reconcile lane that lists everything, page by page, to find what was deleted (the live lane
+//! cannot see a delete: a deleted item is simply no longer returned).
+//!
+//! - `GET /items?since=<ts>&after=<id>&limit=<n>`: the live lane's keyset, by `(updatedAt, id)`.
+//! - `GET /items/all?after=<id>&limit=<n>`: the full listing for the reconcile lane, ordered by
+//!   `id`, paged by keyset (`after` = the last id of the previous page), which a delete between
+//!   two page requests cannot make skip an item. So the poller reports a missing item deleted as
+//!   soon as one complete listing misses it (`DeleteConfirmation::Immediate`); see
+//!   `docs/deletes.md`.
+//!
+//! [`scenario`] runs a fixed script on a manual clock, driving the engine with `tick()` (no
+//! sleeps, so it is quick and deterministic), and returns what a consumer saw; the `reconcile`
+//! binary runs it with `--scenario`, or runs the engine as a daemon over a catalog that keeps
+//! changing until Ctrl-C or SIGTERM.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Query, State};
+use futures::TryStreamExt;
+use watukuy_core::clock::format_rfc3339_ms;
+use watukuy_core::cursor::{self, Cursor};
+use watukuy_core::schedule::ScheduleOptions;
+use watukuy_core::{
+    BoxError, Clock, DeleteConfirmation, Engine, Event, EventType, FetchContext, HandlerContext,
+    HandlerError, Lane, ManualClock, PKey, Page, Poller, Store, TickOptions,
+};
+use watukuy_http::HttpClient;
+use watukuy_store_memory::MemoryStore;
+
+/// The poller's name.
+pub const POLLER: &str = "catalog";
+
+/// Items per page of both listings (small, so a full listing has several pages).
+pub const PAGE_SIZE: usize = 3;
+
+/// How often the reconcile lane lists everything.
+pub const RECONCILE_EVERY: Duration = Duration::from_secs(10);
+
+/// One catalog item, as the API returns it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Item {
+    /// The identity.
+    pub id: String,
+    /// A name that changes on updates.
+    pub name: String,
+    /// The price in cents.
+    pub price: u32,
+    /// When it last changed (RFC 3339, milliseconds, UTC: fixed width, so it sorts as text).
+    pub updated_at: String,
+}
+
+/// A change to the catalog.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Adds an item with this id and price.
+    Add(&'static str, u32),
+    /// Renames an item and changes its price.
+    Update(&'static str, u32),
+    /// Deletes an item.
+    Delete(&'static str),
+}
+
+/// The catalog behind the HTTP server.
+pub struct Catalog {
+    clock: Arc<dyn Clock>,
+    state: Mutex<CatalogState>,
+}
+
+#[derive(Default)]
+struct CatalogState {
+    items: BTreeMap<String, Item>,
+    last_write_ms: i64,
+    /// Every id ever deleted.
+    deleted: BTreeSet<String>,
+    /// Changes applied right after the full listing's next page of this number is served: the
+    /// listing changes while the reconcile lane reads it.
+    during_listing: Option<(usize, Vec<Change>)>,
+    /// The page of the full listing served last (a request without `after` is page 1).
+    listing_page: usize,
+}
+
+impl Catalog {
+    /// A catalog stamping writes with `clock`, holding `initial` (id, price) items.
+    pub fn new(clock: Arc<dyn Clock>, initial: &[(&'static str, u32)]) -> Arc<Self> {
+        let catalog = Arc::new(Self {
+            clock,
+            state: Mutex::default(),
+        });
+        for (id, price) in initial {
+            catalog.apply(&Change::Add(id, *price));
+        }
+        catalog
+    }
+
+    fn lock(&self) -> MutexGuard<'_, CatalogState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Applies a change and describes it.
+    pub fn apply(&self, change: &Change) -> String {
+        let mut state = self.lock();
+        apply(&mut state, self.clock.now_ms(), change)
+    }
+
+    /// Applies `changes` right after the next full listing serves its page `after_page`.
+    pub fn during_next_listing(&self, after_page: usize, changes: Vec<Change>) {
+        self.lock().during_listing = Some((after_page, changes));
+    }
+
+    /// The items now, by id.
+    pub fn items(&self) -> BTreeMap<String, Item> {
+        self.lock().items.clone()
+    }
+
+    /// Every id deleted so far.
+    pub fn deleted(&self) -> BTreeSet<String> {
+        self.lock().deleted.clone()
+    }
+}
+
+fn apply(state: &mut CatalogState, now_ms: i64, change: &Change) -> String {
+    let now = now_ms.max(state.last_write_ms);
+    state.last_write_ms = now;
+    let stamp = format_rfc3339_ms(now);
+    match change {
+        Change::Add(id, price) => {
+            state.items.insert(
+                (*id).to_owned(),
+                Item {
+                    id: (*id).to_owned(),
+                    name: format!("{id} v1"),
+                    price: *price,
+                    updated_at: stamp,
+                },
+            );
+            format!("{id} added (price {price})")
+        }
+        Change::Update(id, price) => match state.items.get_mut(*id) {
+            Some(item) => {
+                let version = item
+                    .name
+                    .rsplit('v')
+                    .next()
+                    .and_then(|v| v.parse::<u32>().ok());
+                item.name = format!("{id} v{}", version.unwrap_or(1) + 1);
+                item.price = *price;
+                item.updated_at = stamp;
+                format!("{id} updated (price {price})")
+            }
+            None => format!("{id} not updated: it does not exist"),
+        },
+        Change::Delete(id) => {
+            if state.items.remove(*id).is_some() {
+                state.deleted.insert((*id).to_owned());
+                format!("{id} deleted")
+            } else {
+                format!("{id} not deleted: it does not exist")
+            }
+        }
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct SinceQuery {
+    since: Option<String>,
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+#[derive(serde::Deserialize)]
+struct AllQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+/// A page of the full listing: the items and the id to continue after (`None`: the end).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Listing {
+    items: Vec<Item>,
+    next: Option<String>,
+}
+
+/// `GET /items`: items with `(updatedAt, id) > (since, after)` (or `updatedAt >= since` without
+/// `after`), oldest first.
+async fn changed_since(
+    State(catalog): State<Arc<Catalog>>,
+    Query(q): Query<SinceQuery>,
+) -> Json<Vec<Item>> {
+    let state = catalog.lock();
+    let mut page: Vec<Item> = state
+        .items
+        .values()
+        .filter(|i| match (&q.since, &q.after) {
+            (None, _) => true,
+            (Some(since), None) => i.updated_at.as_str() >= since.as_str(),
+            (Some(since), Some(after)) => {
+                (i.updated_at.as_str(), i.id.as_str()) > (since.as_str(), after.as_str())
+            }
+        })
+        .cloned()
+        .collect();
+    page.sort_by(|a, b| (&a.updated_at, &a.id).cmp(&(&b.updated_at, &b.id)));
+    page.truncate(q.limit.unwrap_or(PAGE_SIZE));
+    Json(page)
+}
+
+/// `GET /items/all`: items with `id > after`, by id; `next` is the last id when more follow.
+async fn listing(State(catalog): State<Arc<Catalog>>, Query(q): Query<AllQuery>) -> Json<Listing> {
+    let limit = q.limit.unwrap_or(PAGE_SIZE);
+    let mut state = catalog.lock();
+    let items: Vec<Item> = state
+        .items
+        .values()
+        .filter(|i| q.after.as_deref().is_none_or(|after| i.id.as_str() > after))
+        .take(limit + 1)
+        .cloned()
+        .collect();
+    let more = items.len() > limit;
+    let items: Vec<Item> = items.into_iter().take(limit).collect();
+    let next = if more {
+        items.last().map(|i| i.id.clone())
+    } else {
+        None
+    };
+    // Which page of the listing this is: 1 without `after`, counted from there.
+    state.listing_page = if q.after.is_none() {
+        1
+    } else {
+        state.listing_page + 1
+    };
+    let page = state.listing_page;
+    if let Some((at, _)) = &state.during_listing
+        && *at == page
+        && let Some((_, changes)) = state.during_listing.take()
+    {
+        let now = catalog.clock.now_ms();
+        for change in &changes {
+            let said = apply(&mut state, now, change);
+            println!("  api: {said} (while the full listing is read, after its page {page})");
+        }
+    }
+    Json(Listing { items, next })
+}
+
+/// Serves `catalog` on 127.0.0.1 (a free port) and returns its base URL.
+pub async fn serve(catalog: Arc<Catalog>) -> std::io::Result<String> {
+    let app = axum::Router::new()
+        .route("/items", axum::routing::get(changed_since))
+        .route("/items/all", axum::routing::get(listing))
+        .with_state(catalog);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(format!("http://{addr}"))
+}
+
+/// The poller: a live `timestamp` lane over `/items` and a reconcile lane over `/items/all`
+/// (a `token` cursor carrying the last id), checking every `reconcile_every`.
+pub fn poller(base: &str, reconcile_every: Duration) -> Result<Poller, BoxError> {
+    let http = HttpClient::new()?;
+    let (live_http, live_url) = (http.clone(), format!("{base}/items"));
+    let (all_http, all_url) = (http, format!("{base}/items/all"));
+    Ok(Poller::builder::<Item>(POLLER)
+        .identity(|item: &Item| item.id.clone())
+        .version(|item: &Item| item.updated_at.clone())
+        // The lag holds back writes of the current millisecond: a later write with the same
+        // timestamp and a smaller id cannot be skipped.
+        .cursor(
+            cursor::timestamp("updatedAt")
+                .tie_break("id")
+                .lag(Duration::from_millis(1)),
+        )
+        .schedule(
+            ScheduleOptions::default()
+                .min(Duration::from_secs(1))
+                .max(Duration::from_secs(2))
+                .jitter(0.0),
+        )
+        .fetch(move |ctx: FetchContext| {
+            let (http, url) = (live_http.clone(), live_url.clone());
+            async move {
+                let Cursor::Timestamp { value, tie_break } = &ctx.cursor else {
+                    return Err(format!("the live lane got a {:?} cursor", ctx.cursor).into());
+                };
+                let page = http
+                    .get(&ctx, url)
+                    .query("since", value.clone())
+                    .query("after", tie_break.clone())
+                    .query("limit", PAGE_SIZE)
+                    .send()
+                    .await?
+                    .items_page()?;
+                let full = page.items.len() == PAGE_SIZE;
+                Ok::<Page, BoxError>(page.has_more(full))
+            }
+        })
+        // The reconcile lane: the whole listing by id, continued with the last id (a keyset),
+        // from the first page on every listing.
+        .reconcile(reconcile_every, move |ctx: FetchContext| {
+            let (http, url) = (all_http.clone(), all_url.clone());
+            async move {
+                let Cursor::Token { value } = &ctx.cursor else {
+                    return Err(format!("the reconcile lane got a {:?} cursor", ctx.cursor).into());
+                };
+                let listing: Listing = http
+                    .get(&ctx, url)
+                    .query("after", value.clone())
+                    .query("limit", PAGE_SIZE)
+                    .send()
+                    .await?
+                    .json()?;
+                let mut page = Page::from_items(&listing.items)?.has_more(listing.next.is_some());
+                if let Some(next) = listing.next {
+                    page = page.cursor(next);
+                }
+                Ok::<Page, BoxError>(page)
+            }
+        })
+        .reconcile_cursor(cursor::token(None))
+        // A keyset by id cannot shift under the listing: a missing item is deleted for sure.
+        .delete_confirmation(DeleteConfirmation::Immediate)
+        .build()?)
+}
+
+/// One delivered event, as a consumer saw it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Seen {
+    /// Created, updated or deleted.
+    pub event_type: EventType,
+    /// The item's id.
+    pub subject: String,
+    /// The lane that found the change (deletes come from the reconcile lane).
+    pub lane: Lane,
+    /// The item (`None` for a delete).
+    pub item: Option<Item>,
+}
+
+/// What the consumer of the events keeps: the items, rebuilt from the events alone.
+#[derive(Default)]
+pub struct Consumer {
+    seen: Mutex<Vec<Seen>>,
+    model: Mutex<BTreeMap<String, Item>>,
+}
+
+impl Consumer {
+    /// Applies one event to the read model and prints it.
+    pub fn apply(&self, event: &Event) -> Result<(), HandlerError> {
+        let item: Option<Item> = event.data_as()?;
+        {
+            let mut model = self.model.lock().unwrap_or_else(PoisonError::into_inner);
+            match (&event.event_type, &item) {
+                (EventType::Deleted, _) | (_, None) => model.remove(&event.subject),
+                (_, Some(item)) => model.insert(event.subject.clone(), item.clone()),
+            };
+        }
+        println!(
+            "  {:<7} {} ({} lane){}",
+            event.event_type.as_str(),
+            event.subject,
+            event.lane.as_str(),
+            item.as_ref()
+                .map(|i| format!(": {} price {}", i.name, i.price))
+                .unwrap_or_default()
+        );
+        self.seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Seen {
+                event_type: event.event_type,
+                subject: event.subject.clone(),
+                lane: event.lane,
+                item,
+            });
+        Ok(())
+    }
+
+    /// Every event delivered so far, in delivery order.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The read model.
+    pub fn model(&self) -> BTreeMap<String, Item> {
+        self.model
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// The engine over a fresh `MemoryStore`, delivering to `consumer`.
+pub fn engine(
+    poller: Poller,
+    clock: Arc<dyn Clock>,
+    store: Arc<MemoryStore>,
+    consumer: &Arc<Consumer>,
+) -> Result<Engine, BoxError> {
+    let engine = Engine::builder(store).poller(poller).clock(clock).build()?;
+    let consumer = Arc::clone(consumer);
+    engine.on(POLLER, move |event: Event, _ctx: HandlerContext| {
+        let consumer = Arc::clone(&consumer);
+        async move { consumer.apply(&event) }
+    })?;
+    Ok(engine)
+}
+
+/// The identities in the engine's snapshot of the poller's items.
+pub async fn snapshot(store: &MemoryStore) -> Result<BTreeSet<String>, BoxError> {
+    let key = PKey::new(POLLER, "");
+    let batches: Vec<Vec<String>> = store.stream_identities(&key, 1_000).try_collect().await?;
+    Ok(batches.into_iter().flatten().collect())
+}
+
+/// What [`scenario`] ends with.
+#[derive(Debug)]
+pub struct Report {
+    /// Every event the consumer got, in delivery order.
+    pub seen: Vec<Seen>,
+    /// The consumer's read model at the end.
+    pub model: BTreeMap<String, Item>,
+    /// The API's listing at the end.
+    pub listing: BTreeMap<String, Item>,
+    /// Every id the API deleted.
+    pub deleted: BTreeSet<String>,
+    /// The identities in the engine's snapshot at the end.
+    pub snapshot: BTreeSet<String>,
+    /// The ticks it took after the last change until the consumer matched the API.
+    pub settle_ticks: u32,
+}
+
+impl Report {
+    /// True when the consumer's read model and the engine's snapshot equal the API's listing.
+    pub fn converged(&self) -> bool {
+        self.model == self.listing && self.snapshot.iter().eq(self.listing.keys())
+    }
+}
+
+/// The fixed script: changes between ticks, and changes while a full listing is read.
+fn script() -> Vec<Vec<Change>> {
+    use Change::{Add, Delete, Update};
+    vec![
+        vec![Add("item-07", 700)],
+        vec![Update("item-02", 250), Delete("item-03")],
+        vec![],
+        vec![Add("item-08", 800), Delete("item-05")],
+        vec![Update("item-07", 710)],
+        vec![Delete("item-07")],
+        vec![],
+        vec![Add("item-09", 900), Update("item-04", 450)],
+        vec![Delete("item-01")],
+        vec![],
+        vec![Update("item-04", 460)],
+        vec![],
+    ]
+}
+
+/// Runs the fixed scenario on a manual clock: six items, then a change every second (adds,
+/// updates, deletes, an item added and deleted again), one more set of changes made while a full
+/// listing is being read, then ticks until the consumer's read model equals the API's listing
+/// (at most 10 more reconcile periods). Prints the API's changes and every event.
+pub async fn scenario() -> Result<Report, BoxError> {
+    let clock = ManualClock::new(1_767_225_600_000); // 2026-01-01T00:00:00Z
+    let shared_clock: Arc<dyn Clock> = Arc::new(clock.clone());
+    let catalog = Catalog::new(
+        Arc::clone(&shared_clock),
+        &[
+            ("item-01", 100),
+            ("item-02", 200),
+            ("item-03", 300),
+            ("item-04", 400),
+            ("item-05", 500),
+            ("item-06", 600),
+        ],
+    );
+    let base = serve(Arc::clone(&catalog)).await?;
+    let store = Arc::new(MemoryStore::new());
+    let consumer = Arc::new(Consumer::default());
+    let engine = engine(
+        poller(&base, RECONCILE_EVERY)?,
+        Arc::clone(&shared_clock),
+        Arc::clone(&store),
+        &consumer,
+    )?;
+    store.migrate().await?;
+
+    let tick = || async {
+        clock.advance(Duration::from_secs(1));
+        engine.tick(TickOptions::default()).await.map(|_| ())
+    };
+    println!("the API starts with 6 items; a change every second:");
+    tick().await?;
+    for (step, changes) in script().into_iter().enumerate() {
+        for change in &changes {
+            println!("  api: {}", catalog.apply(change));
+        }
+        if step == 6 {
+            // The listing changes under the next reconcile: after its first page (item-02,
+            // item-04, item-06), item-02 (listed already) and item-08 (not listed yet) are
+            // deleted, and item-10 is added after the rest. item-08 is reported deleted by this
+            // listing, item-02 by the next one, item-10 created by this one.
+            catalog.during_next_listing(
+                1,
+                vec![
+                    Change::Delete("item-02"),
+                    Change::Delete("item-08"),
+                    Change::Add("item-10", 1_000),
+                ],
+            );
+        }
+        tick().await?;
+    }
+    println!("no more changes: ticking until the consumer matches the API");
+    let mut settle_ticks = 0;
+    let limit = u32::try_from(RECONCILE_EVERY.as_secs() * 10).unwrap_or(100);
+    loop {
+        let report = Report {
+            seen: consumer.seen(),
+            model: consumer.model(),
+            listing: catalog.items(),
+            deleted: catalog.deleted(),
+            snapshot: snapshot(&store).await?,
+            settle_ticks,
+        };
+        if report.converged() || settle_ticks >= limit {
+            return Ok(report);
+        }
+        tick().await?;
+        settle_ticks += 1;
+    }
+}
