@@ -475,6 +475,21 @@ async fn a_reconcile_cursor_is_checked_when_the_poller_is_built() {
         option_of(invalid).starts_with("reconcile_cursor"),
         "the error names the reconcile's cursor"
     );
+    // A keyset that holds recent items back would leave them out of the listing.
+    let lagging = world
+        .poller(StrategyKind::Token)
+        .reconcile(
+            Duration::from_secs(60),
+            recording_page_fetch(&world, &asked),
+        )
+        .reconcile_cursor(
+            watukuy_core::cursor::timestamp("updatedAt")
+                .tie_break("id")
+                .lag(Duration::from_secs(5)),
+        )
+        .build()
+        .unwrap_err();
+    assert_eq!(option_of(lagging), "reconcile_cursor");
 }
 
 // ----- backfill -----

@@ -104,6 +104,14 @@ pub trait CursorStrategy: Send + Sync + 'static {
     /// True when every cycle lists everything (so deletes can be detected).
     fn is_full_scan(&self) -> bool;
 
+    /// Whether `advance` may leave items of a page out (`keep: false`) or end a cycle before
+    /// the listing ends on its own: the `timestamp` strategy with `lag` or `skip_seen`. Default
+    /// `false`. A full listing (the reconcile lane) refuses such a strategy: an item it leaves
+    /// out would look deleted.
+    fn skips_items(&self) -> bool {
+        false
+    }
+
     /// Whether the fetch may send conditional requests (`If-None-Match` / `If-Modified-Since`
     /// from the validators committed with earlier pages) for this strategy. Default `false`: the
     /// fetch context then carries no validators. A `304 Not Modified` has no body, so it is only
@@ -142,7 +150,7 @@ pub use custom::{CustomAdvance, CustomCursor, CustomStep, CustomStrategy, FnCust
 pub use page::PageCursor;
 pub use snapshot_diff::SnapshotDiffCursor;
 pub use time::{format_timestamp, parse_timestamp};
-pub use timestamp::{FormatFn, ParseFn, TimestampCursor, TimestampCursorBuilder};
+pub use timestamp::{FormatFn, ParseFn, TieBreakOrder, TimestampCursor, TimestampCursorBuilder};
 pub use token::TokenCursor;
 
 /// How far behind `now_ms` a persisted live cursor is, read without the poller's code (the

@@ -62,19 +62,6 @@ pub(crate) fn cmp_utf16(a: &str, b: &str) -> Ordering {
     a.encode_utf16().cmp(b.encode_utf16())
 }
 
-/// The larger of two optional strings in UTF-16 order (`None` is below every string).
-pub(crate) fn max_utf16(a: Option<String>, b: Option<String>) -> Option<String> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(if cmp_utf16(&b, &a) == Ordering::Greater {
-            b
-        } else {
-            a
-        }),
-        (a, None) => a,
-        (None, b) => b,
-    }
-}
-
 /// A string (or `null`) as JSON text; infallible.
 fn json_string(value: Option<&str>) -> String {
     value.map_or_else(
@@ -220,13 +207,6 @@ mod tests {
         assert_eq!("\u{FF5E}".cmp("\u{1F600}"), Ordering::Less);
         assert_eq!(cmp_utf16("9", "10"), Ordering::Greater);
         assert_eq!(cmp_utf16("a", "ab"), Ordering::Less);
-        assert_eq!(
-            max_utf16(Some("\u{1F600}".into()), Some("\u{FF5E}".into())).as_deref(),
-            Some("\u{FF5E}")
-        );
-        assert_eq!(max_utf16(None, Some("a".into())).as_deref(), Some("a"));
-        assert_eq!(max_utf16(Some("a".into()), None).as_deref(), Some("a"));
-        assert_eq!(max_utf16(None, None), None);
     }
 
     #[test]

@@ -2,11 +2,12 @@
 //! tie-break field, a `lag` that holds back the newest items and an `overlap` that re-reads a
 //! window on the first request of every cycle.
 
+use std::cmp::Ordering;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::shared::{self, max_utf16, read_field};
+use super::shared::{self, read_field};
 use super::time::{format_timestamp, parse_timestamp};
 use super::{Advance, AdvanceInput, Cursor, CursorStrategy, SharedStrategy};
 use crate::clock::duration_ms;
@@ -40,6 +41,8 @@ pub type FormatFn = Arc<dyn Fn(i64, &str) -> String + Send + Sync>;
 pub struct TimestampCursorBuilder {
     field: String,
     tie_break: Option<String>,
+    tie_break_order: TieBreakOrder,
+    skip_seen: bool,
     initial: Option<String>,
     lag: Duration,
     overlap: Duration,
@@ -54,6 +57,8 @@ impl TimestampCursorBuilder {
         Self {
             field: field.into(),
             tie_break: None,
+            tie_break_order: TieBreakOrder::Text,
+            skip_seen: false,
             initial: None,
             lag: Duration::ZERO,
             overlap: Duration::ZERO,
@@ -63,10 +68,33 @@ impl TimestampCursorBuilder {
     }
 
     /// A second field (dot path, typically the id) that orders items sharing the same timestamp.
-    /// Values compare as strings (UTF-16 code units, like JavaScript): `"9"` sorts after `"10"`.
+    /// Values compare as strings (UTF-16 code units, like JavaScript): `"9"` sorts after `"10"`;
+    /// for numeric ids choose [`TieBreakOrder::Numeric`] with
+    /// [`tie_break_order`](Self::tie_break_order).
     #[must_use]
     pub fn tie_break(mut self, field: impl Into<String>) -> Self {
         self.tie_break = Some(field.into());
+        self
+    }
+
+    /// How tie-break values compare (default [`TieBreakOrder::Text`], the reference's order).
+    /// Use the order the API sorts by: a cursor that believes `"9"` is the largest id seen while
+    /// the API lists `10` after `9` would ask for nothing past `9`.
+    #[must_use]
+    pub fn tie_break_order(mut self, order: TieBreakOrder) -> Self {
+        self.tie_break_order = order;
+        self
+    }
+
+    /// For APIs that can only filter `field >= value` (not `field > value`, nor the tie-break):
+    /// items at exactly the watermark whose tie-break is not past the cursor's were committed by
+    /// an earlier page, and are dropped from the page before validation and diffing (default
+    /// `false`). A page of nothing but such items ends the cycle instead of asking for the same
+    /// page again. Needs a tie-break; cannot be combined with `overlap`, which re-reads on
+    /// purpose.
+    #[must_use]
+    pub fn skip_seen(mut self, skip: bool) -> Self {
+        self.skip_seen = skip;
         self
     }
 
@@ -134,9 +162,23 @@ impl TimestampCursorBuilder {
         if let Some(tie_break) = &self.tie_break {
             shared::check_path("cursor.tie_break", tie_break)?;
         }
+        if self.skip_seen && self.tie_break.is_none() {
+            return Err(Error::config(
+                "cursor.skip_seen",
+                "needs a tie-break field (`tie_break`) to tell seen items from new ones",
+            ));
+        }
+        if self.skip_seen && !self.overlap.is_zero() {
+            return Err(Error::config(
+                "cursor.skip_seen",
+                "cannot be combined with `overlap`, which re-reads items on purpose",
+            ));
+        }
         let cursor = TimestampCursor {
             field: self.field,
             tie_break: self.tie_break,
+            tie_break_order: self.tie_break_order,
+            skip_seen: self.skip_seen,
             initial: self.initial,
             lag_ms: duration_ms(self.lag),
             overlap_ms: duration_ms(self.overlap),
@@ -205,6 +247,8 @@ impl fmt::Debug for TimestampCursorBuilder {
 pub struct TimestampCursor {
     field: String,
     tie_break: Option<String>,
+    tie_break_order: TieBreakOrder,
+    skip_seen: bool,
     initial: Option<String>,
     lag_ms: i64,
     overlap_ms: i64,
@@ -295,6 +339,93 @@ impl fmt::Debug for TimestampCursor {
 
 /// The newest kept item of a page: its timestamp, the server's string and the largest
 /// tie-break at that timestamp.
+/// How a [`TimestampCursor`] compares tie-break values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TieBreakOrder {
+    /// As strings, by UTF-16 code units (JavaScript's order, the reference's): `"9" > "10"`.
+    #[default]
+    Text,
+    /// As integers of any length (`-?[0-9]+`, leading zeros ignored): `"9" < "10"`. Values that
+    /// are not integers sort after every integer, among themselves as [`Text`](Self::Text).
+    Numeric,
+}
+
+impl TieBreakOrder {
+    /// Compares two tie-break values in this order.
+    pub fn cmp(self, a: &str, b: &str) -> Ordering {
+        match self {
+            TieBreakOrder::Text => shared::cmp_utf16(a, b),
+            TieBreakOrder::Numeric => match (integer(a), integer(b)) {
+                (Some(a), Some(b)) => a.cmp(&b),
+                (Some(_), None) => Ordering::Less,
+                (None, Some(_)) => Ordering::Greater,
+                (None, None) => shared::cmp_utf16(a, b),
+            },
+        }
+    }
+
+    /// The larger of two optional values (a value beats none).
+    fn max(self, a: Option<String>, b: Option<String>) -> Option<String> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(if self.cmp(&b, &a) == Ordering::Greater {
+                b
+            } else {
+                a
+            }),
+            (a, None) => a,
+            (None, b) => b,
+        }
+    }
+}
+
+/// An integer of any length as a sortable key: `(sign, digits without leading zeros)`, where
+/// larger magnitudes of negative numbers sort first.
+#[derive(PartialEq, Eq)]
+struct Integer<'a> {
+    negative: bool,
+    digits: &'a str,
+}
+
+impl Ord for Integer<'_> {
+    fn cmp(&self, other: &Self) -> Ordering {
+        let magnitude = self
+            .digits
+            .len()
+            .cmp(&other.digits.len())
+            .then_with(|| self.digits.cmp(other.digits));
+        match (self.negative, other.negative) {
+            (false, false) => magnitude,
+            (true, true) => magnitude.reverse(),
+            (false, true) => Ordering::Greater,
+            (true, false) => Ordering::Less,
+        }
+    }
+}
+
+impl PartialOrd for Integer<'_> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// `text` as an integer, if it is one.
+fn integer(text: &str) -> Option<Integer<'_>> {
+    let (negative, digits) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let digits = digits.trim_start_matches('0');
+    Some(Integer {
+        // -0 is 0.
+        negative: negative && !digits.is_empty(),
+        digits,
+    })
+}
+
 struct PageMax {
     ms: i64,
     raw: String,
@@ -373,6 +504,14 @@ impl CursorStrategy for TimestampCursor {
         let cutoff = input.now_ms.saturating_sub(self.lag_ms);
         let mut keep = Vec::with_capacity(input.items.len());
         let mut best: Option<PageMax> = None;
+        // `skip_seen`: the watermark and tie-break already committed.
+        let seen = match (value.as_deref(), tie_break.as_deref()) {
+            (Some(value), Some(tie)) if self.skip_seen => {
+                self.parse_value(value).map(|ms| (ms, tie))
+            }
+            _ => None,
+        };
+        let (mut held_back, mut skipped) = (false, 0_usize);
         for item in input.items {
             let parsed = read_field(item, &self.field)
                 .and_then(|raw| self.parse_value(&raw).map(|ms| (ms, raw)));
@@ -383,15 +522,26 @@ impl CursorStrategy for TimestampCursor {
             };
             if ms > cutoff {
                 keep.push(false);
+                held_back = true;
                 continue;
             }
-            keep.push(true);
             let tie = self
                 .tie_break
                 .as_deref()
                 .and_then(|field| read_field(item, field));
+            if let (Some((seen_ms, seen_tie)), Some(tie)) = (seen, tie.as_deref())
+                && ms == seen_ms
+                && self.tie_break_order.cmp(tie, seen_tie) != Ordering::Greater
+            {
+                keep.push(false);
+                skipped += 1;
+                continue;
+            }
+            keep.push(true);
             match &mut best {
-                Some(max) if ms == max.ms => max.tie_break = max_utf16(max.tie_break.take(), tie),
+                Some(max) if ms == max.ms => {
+                    max.tie_break = self.tie_break_order.max(max.tie_break.take(), tie);
+                }
                 Some(max) if ms < max.ms => {}
                 _ => {
                     best = Some(PageMax {
@@ -419,7 +569,7 @@ impl CursorStrategy for TimestampCursor {
                 } else if max.ms == current_ms && self.tie_break.is_some() {
                     Cursor::Timestamp {
                         value: Some(current.clone()),
-                        tie_break: max_utf16(tie_break.clone(), max.tie_break),
+                        tie_break: self.tie_break_order.max(tie_break.clone(), max.tie_break),
                     }
                 } else {
                     cursor.clone()
@@ -429,10 +579,12 @@ impl CursorStrategy for TimestampCursor {
         // A held-back item is fetched again next cycle, and the listing is ordered by the field,
         // so whatever follows is newer still: the cycle ends here. Going on would ask for the
         // same held-back items again (a full page of them would repeat up to the page cap).
-        let held_back = keep.contains(&false);
+        // A page of nothing but seen items would be asked for again too: the API cannot list
+        // past them.
+        let only_seen = skipped > 0 && skipped == input.items.len();
         Ok(Advance {
             cursor: next,
-            done: done || held_back,
+            done: done || held_back || only_seen,
             keep,
         })
     }
@@ -492,6 +644,10 @@ impl CursorStrategy for TimestampCursor {
     fn is_full_scan(&self) -> bool {
         false
     }
+
+    fn skips_items(&self) -> bool {
+        self.lag_ms > 0 || self.skip_seen
+    }
 }
 
 #[cfg(test)]
@@ -516,6 +672,14 @@ mod tests {
             page_cursor: None,
             has_more: None,
             now_ms,
+        }
+    }
+
+    /// A page with `has_more`, long after its items' times.
+    fn page(items: &[Value], has_more: Option<bool>) -> AdvanceInput<'_> {
+        AdvanceInput {
+            has_more,
+            ..input(items, T0 + 86_400_000)
         }
     }
 
@@ -1039,6 +1203,107 @@ mod tests {
             let err = strategy.deserialize(text).unwrap_err();
             assert_eq!(err.code(), ErrorCode::Store, "{text}");
             assert!(err.to_string().contains("timestamp cursor"), "{err}");
+        }
+    }
+
+    #[test]
+    fn tie_break_orders_compare_as_documented() {
+        let text = TieBreakOrder::Text;
+        assert_eq!(
+            text.max(Some("\u{1F600}".into()), Some("\u{FF5E}".into()))
+                .as_deref(),
+            Some("\u{FF5E}"),
+            "UTF-16 code units, as JavaScript"
+        );
+        assert_eq!(text.max(None, Some("a".into())).as_deref(), Some("a"));
+        assert_eq!(text.max(Some("a".into()), None).as_deref(), Some("a"));
+        assert_eq!(text.max(None, None), None);
+        assert_eq!(text.cmp("9", "10"), Ordering::Greater);
+
+        let numeric = TieBreakOrder::Numeric;
+        assert_eq!(numeric.cmp("9", "10"), Ordering::Less);
+        assert_eq!(numeric.cmp("010", "10"), Ordering::Equal);
+        assert_eq!(numeric.cmp("-0", "0"), Ordering::Equal);
+        assert_eq!(numeric.cmp("-20", "-3"), Ordering::Less);
+        assert_eq!(numeric.cmp("-1", "0"), Ordering::Less);
+        assert_eq!(
+            numeric.cmp("123456789012345678901234567890", "99999999999999999999"),
+            Ordering::Greater,
+            "any length"
+        );
+        assert_eq!(
+            numeric.cmp("abc", "99"),
+            Ordering::Greater,
+            "text after numbers"
+        );
+        assert_eq!(numeric.cmp("b", "a"), Ordering::Greater);
+        assert_eq!(numeric.cmp("", "0"), Ordering::Greater);
+        assert_eq!(
+            numeric.max(Some("9".into()), Some("10".into())).as_deref(),
+            Some("10")
+        );
+    }
+
+    #[test]
+    fn numeric_tie_breaks_keep_the_largest_id_at_the_watermark() {
+        let strategy = TimestampCursor::builder("t")
+            .tie_break("id")
+            .tie_break_order(TieBreakOrder::Numeric)
+            .build()
+            .unwrap();
+        let items = [
+            json!({"t": "2026-01-01T00:00:00Z", "id": "9"}),
+            json!({"t": "2026-01-01T00:00:00Z", "id": "10"}),
+        ];
+        let step = strategy
+            .advance(&strategy.initial(), page(&items, Some(false)))
+            .unwrap();
+        assert_eq!(step.cursor, ts(Some("2026-01-01T00:00:00Z"), Some("10")));
+    }
+
+    #[test]
+    fn skip_seen_drops_what_the_cursor_already_passed_and_ends_a_page_of_nothing_else() {
+        let strategy = TimestampCursor::builder("t")
+            .tie_break("id")
+            .tie_break_order(TieBreakOrder::Numeric)
+            .skip_seen(true)
+            .build()
+            .unwrap();
+        let cursor = ts(Some("2026-01-01T00:00:00Z"), Some("10"));
+        // The API filters `t >= watermark` only: the first two were committed before.
+        let items = [
+            json!({"t": "2026-01-01T00:00:00Z", "id": "9"}),
+            json!({"t": "2026-01-01T00:00:00Z", "id": "10"}),
+            json!({"t": "2026-01-01T00:00:00Z", "id": "11"}),
+            json!({"t": "2026-01-01T00:00:01Z", "id": "1"}),
+        ];
+        let step = strategy.advance(&cursor, page(&items, Some(true))).unwrap();
+        assert_eq!(step.keep, [false, false, true, true]);
+        assert_eq!(step.cursor, ts(Some("2026-01-01T00:00:01Z"), Some("1")));
+        assert!(!step.done, "more pages follow");
+
+        let stuck = strategy
+            .advance(&cursor, page(&items[..2], Some(true)))
+            .unwrap();
+        assert_eq!(stuck.keep, [false, false]);
+        assert_eq!(stuck.cursor, cursor);
+        assert!(stuck.done, "the same page would come back: the cycle ends");
+
+        for (builder, why) in [
+            (TimestampCursor::builder("t").skip_seen(true), "a tie-break"),
+            (
+                TimestampCursor::builder("t")
+                    .tie_break("id")
+                    .skip_seen(true)
+                    .overlap(Duration::from_secs(1)),
+                "overlap",
+            ),
+        ] {
+            let error = builder.build().unwrap_err();
+            assert!(
+                error.to_string().contains("`cursor.skip_seen`"),
+                "{why}: {error}"
+            );
         }
     }
 }

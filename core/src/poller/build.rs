@@ -70,6 +70,16 @@ where
             }),
         };
         if let Some(reconcile) = &reconcile {
+            if reconcile.strategy.skips_items() {
+                return Err(Error::config(
+                    "reconcile_cursor",
+                    format!(
+                        "the `{}` cursor leaves items out of a page (`lag` or `skip_seen`): in a \
+                         full listing they would look deleted",
+                        reconcile.strategy.name()
+                    ),
+                ));
+            }
             if strategy.is_full_scan() {
                 return Err(Error::config(
                     "reconcile",
