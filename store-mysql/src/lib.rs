@@ -7,7 +7,6 @@
 //! column type.
 //!
 //! ```no_run
-//! use watukuy_core::Store;
 //! use watukuy_store_mysql::{MySqlOptions, MySqlStore};
 //!
 //! # async fn run() -> watukuy_core::Result<()> {
@@ -178,6 +177,28 @@ impl MySqlStore {
         })
     }
 
+    /// Creates or upgrades the tables (the `Store` method, callable without importing the
+    /// trait): safe when many instances run it at once.
+    pub async fn migrate(&self) -> Result<()> {
+        watukuy_core::Store::migrate(self).await
+    }
+
+    /// Closes the pool (the `Store` method, callable without importing the trait); later calls
+    /// fail with a permanent store error.
+    pub async fn close(&self) -> Result<()> {
+        watukuy_core::Store::close(self).await
+    }
+
+    /// The idempotent DDL `migrate` applies for `options`' table prefix (every version's
+    /// statements, in order), for teams that apply schemas with their own tooling; they must
+    /// also write the version row: `INSERT INTO <prefix>schema_version (id, version) VALUES (1,
+    /// SCHEMA_VERSION)`, into a table `CREATE TABLE <prefix>schema_version (id TINYINT NOT
+    /// NULL PRIMARY KEY, version INT NOT NULL)`.
+    pub fn ddl(options: &MySqlOptions) -> Result<Vec<String>> {
+        options.validate()?;
+        Ok(schema::ddl(&Tables::new(&options.table_prefix)))
+    }
+
     /// The pool, for queries of your own next to the store's.
     pub fn pool(&self) -> &MySqlPool {
         &self.pool
@@ -223,5 +244,16 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("max_connections"));
         assert!(MySqlOptions::default().validate().is_ok());
+    }
+
+    #[test]
+    fn ddl_names_the_prefixed_tables() {
+        let ddl = MySqlStore::ddl(&MySqlOptions::default().table_prefix("app_")).unwrap();
+        assert_eq!(ddl.len(), 6);
+        assert!(
+            ddl.iter()
+                .all(|s| s.starts_with("CREATE TABLE IF NOT EXISTS `app_"))
+        );
+        assert!(MySqlStore::ddl(&MySqlOptions::default().table_prefix("a-b")).is_err());
     }
 }

@@ -114,6 +114,11 @@ fn steps(version: i32, t: &Tables) -> Vec<String> {
     }
 }
 
+/// Every version's statements, in order.
+pub(crate) fn ddl(t: &Tables) -> Vec<String> {
+    (1..=SCHEMA_VERSION).flat_map(|v| steps(v, t)).collect()
+}
+
 /// Brings the schema to [`SCHEMA_VERSION`] on `conn`, holding the named lock throughout.
 pub(crate) async fn migrate(
     conn: &mut MySqlConnection,
