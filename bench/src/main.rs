@@ -68,7 +68,7 @@ struct Args {
         long = "store",
         value_enum,
         value_delimiter = ',',
-        default_value = "memory,sqlite,postgres,redis"
+        default_value = "memory,sqlite,postgres,redis,mysql"
     )]
     stores: Vec<Backend>,
     /// Events per run (the memory mode's pending events).
@@ -121,6 +121,13 @@ struct Args {
         default_value = "redis://127.0.0.1:6379"
     )]
     redis_url: String,
+    /// MySQL / MariaDB URL.
+    #[arg(
+        long,
+        env = "WATUKUY_BENCH_MYSQL_URL",
+        default_value = "mysql://root@127.0.0.1:3306/test"
+    )]
+    mysql_url: String,
     /// Directory of the SQLite files.
     #[arg(long, default_value_t = std::env::temp_dir().display().to_string())]
     dir: String,
@@ -150,6 +157,7 @@ impl Args {
         Targets {
             postgres: self.postgres_url.clone(),
             redis: self.redis_url.clone(),
+            mysql: self.mysql_url.clone(),
             dir: PathBuf::from(&self.dir),
             concurrency,
             sqlite_synchronous: self.sqlite_synchronous,
@@ -183,6 +191,7 @@ async fn limit(backend: Backend, args: &Args) -> Result<Option<Limit>, BoxError>
             }
             Backend::Postgres => probe::postgres(&t.postgres, n, b, per_event).await?,
             Backend::Redis => probe::redis_probe(&t.redis, n, b, per_event).await?,
+            Backend::MySql => probe::mysql(&t.mysql, n, b, per_event).await?,
         };
         if per_event {
             out.per_event = r;

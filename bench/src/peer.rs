@@ -112,7 +112,7 @@ pub(crate) async fn run(backend: Store, t: &Targets, p: &Params) -> Result<Optio
         notify: Arc::new(tokio::sync::Notify::new()),
     };
     let r = match backend {
-        Store::Memory => return Ok(None),
+        Store::Memory | Store::MySql => return Ok(None),
         Store::Postgres => {
             // apalis' migrations create the `apalis` schema; sqlx's bookkeeping table goes to a
             // schema of ours through the search path, never to the shared `public`.

@@ -100,6 +100,77 @@ pub(crate) async fn postgres(
     Ok(rate(count(n), elapsed))
 }
 
+/// The MySQL / MariaDB cycle: multi-row inserts in transactions of `batch`, the payload as
+/// bytes in a LONGBLOB (the store keeps JSON the same way), `IN (…)` for the batched delete.
+pub(crate) async fn mysql(url: &str, n: i64, batch: i64, per_event: bool) -> Result<f64, BoxError> {
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(4)
+        .connect(url)
+        .await?;
+    sqlx::query("drop table if exists watukuy_bench_probe_outbox")
+        .execute(&pool)
+        .await?;
+    sqlx::query("create table watukuy_bench_probe_outbox (seq bigint primary key, event_id varbinary(64) not null unique, item_key varbinary(64) not null, event longblob not null, status tinyint not null default 0, key pending (status, seq)) engine=InnoDB")
+        .execute(&pool)
+        .await?;
+    let marks = |k: usize, row: &str| vec![row; k].join(",");
+    let t = Stopwatch::start();
+    for start in (0..n).step_by(usize::try_from(batch)?) {
+        let seqs: Vec<i64> = (start..(start + batch).min(n)).collect();
+        let sql = format!(
+            "insert into watukuy_bench_probe_outbox (seq, event_id, item_key, event) values {}",
+            marks(seqs.len(), "(?,?,?,?)")
+        );
+        let mut q = sqlx::query(&sql);
+        for i in &seqs {
+            q = q
+                .bind(*i)
+                .bind(format!("e{i}"))
+                .bind(format!("item-{}", i % 1000))
+                .bind(payload(*i).into_bytes());
+        }
+        let mut tx = pool.begin().await?;
+        q.execute(&mut *tx).await?;
+        tx.commit().await?;
+    }
+    loop {
+        let rows: Vec<(i64, Vec<u8>, Vec<u8>)> = sqlx::query_as("select seq, event_id, event from watukuy_bench_probe_outbox where status = 0 order by seq limit ?")
+            .bind(batch)
+            .fetch_all(&pool)
+            .await?;
+        if rows.is_empty() {
+            break;
+        }
+        for r in &rows {
+            let _v: serde_json::Value = serde_json::from_slice(&r.2)?;
+        }
+        if per_event {
+            for r in &rows {
+                sqlx::query("delete from watukuy_bench_probe_outbox where event_id = ?")
+                    .bind(&r.1)
+                    .execute(&pool)
+                    .await?;
+            }
+        } else {
+            let sql = format!(
+                "delete from watukuy_bench_probe_outbox where event_id in ({})",
+                marks(rows.len(), "?")
+            );
+            let mut q = sqlx::query(&sql);
+            for r in &rows {
+                q = q.bind(&r.1);
+            }
+            q.execute(&pool).await?;
+        }
+    }
+    let elapsed = t.elapsed();
+    sqlx::query("drop table if exists watukuy_bench_probe_outbox")
+        .execute(&pool)
+        .await?;
+    pool.close().await;
+    Ok(rate(count(n), elapsed))
+}
+
 /// The SQLite cycle (WAL, `synchronous=normal`), on a file in `dir`.
 pub(crate) fn sqlite(dir: &Path, n: i64, batch: i64, per_event: bool) -> Result<f64, BoxError> {
     let path = dir.join("watukuy-bench-probe.db");

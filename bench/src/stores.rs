@@ -5,12 +5,15 @@ use std::sync::Arc;
 
 use watukuy_core::{BoxError, Store};
 use watukuy_store_memory::MemoryStore;
+use watukuy_store_mysql::{MySqlOptions, MySqlStore};
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};
 use watukuy_store_redis::{RedisOptions, RedisStore};
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore, Synchronous};
 
 /// The Postgres schema every benchmark table lives in (dropped before each run).
 pub(crate) const PG_SCHEMA: &str = "watukuy_bench";
+/// The MySQL table prefix of every benchmark table (dropped before each run).
+pub(crate) const MYSQL_PREFIX: &str = "watukuy_bench_";
 /// The Redis key prefix of every benchmark key (purged before each run).
 pub(crate) const REDIS_PREFIX: &str = "watukuy-bench:";
 
@@ -25,6 +28,9 @@ pub(crate) enum Backend {
     Postgres,
     /// `watukuy-store-redis`.
     Redis,
+    /// `watukuy-store-mysql` (MySQL or MariaDB).
+    #[value(name = "mysql")]
+    MySql,
 }
 
 impl Backend {
@@ -35,6 +41,7 @@ impl Backend {
             Backend::Sqlite => "sqlite",
             Backend::Postgres => "postgres",
             Backend::Redis => "redis",
+            Backend::MySql => "mysql",
         }
     }
 }
@@ -46,6 +53,8 @@ pub(crate) struct Targets {
     pub(crate) postgres: String,
     /// Redis URL.
     pub(crate) redis: String,
+    /// MySQL / MariaDB URL.
+    pub(crate) mysql: String,
     /// The directory SQLite files go to.
     pub(crate) dir: PathBuf,
     /// The dispatcher's concurrency, to size the Postgres pool.
@@ -99,6 +108,20 @@ pub(crate) async fn fresh(backend: Backend, t: &Targets) -> Result<Arc<dyn Store
                 .schema(PG_SCHEMA)
                 .max_connections(pool);
             Arc::new(PostgresStore::connect(&t.postgres, options).await?)
+        }
+        Backend::MySql => {
+            // As many connections as Postgres gets, for the same reason.
+            let pool = u32::try_from(t.concurrency.saturating_add(2).clamp(10, 40)).unwrap_or(10);
+            let options = MySqlOptions::default()
+                .table_prefix(MYSQL_PREFIX)
+                .max_connections(pool);
+            let store = MySqlStore::connect(&t.mysql, options).await?;
+            for table in store.table_names() {
+                sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
+                    .execute(store.pool())
+                    .await?;
+            }
+            Arc::new(store)
         }
         Backend::Redis => {
             let store =
