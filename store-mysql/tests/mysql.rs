@@ -392,3 +392,16 @@ async fn foreign_rows_are_corrupt_errors() {
     })
     .await;
 }
+
+/// The harness puts each test's database into the server's URL, parameters kept.
+#[test]
+fn the_harness_puts_the_database_into_the_url() {
+    assert_eq!(
+        common::url_with_database("mysql://root@127.0.0.1:3306/test", "x"),
+        "mysql://root@127.0.0.1:3306/x"
+    );
+    assert_eq!(
+        common::url_with_database("mysql://root@h?ssl-mode=REQUIRED", "x"),
+        "mysql://root@h/x?ssl-mode=REQUIRED"
+    );
+}

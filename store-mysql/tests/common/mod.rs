@@ -136,7 +136,7 @@ impl Database {
 }
 
 /// `url` with its path (the database) replaced by `database`.
-fn url_with_database(url: &str, database: &str) -> String {
+pub fn url_with_database(url: &str, database: &str) -> String {
     let (base, query) = match url.split_once('?') {
         Some((base, query)) => (base, Some(query)),
         None => (url, None),
@@ -189,20 +189,5 @@ where
     .await;
     if let Err(error) = outcome {
         panic!("[mysql] {what} {error}");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn urls_get_the_database() {
-        assert_eq!(
-            super::url_with_database("mysql://root@127.0.0.1:3306/test", "x"),
-            "mysql://root@127.0.0.1:3306/x"
-        );
-        assert_eq!(
-            super::url_with_database("mysql://root@h?ssl-mode=REQUIRED", "x"),
-            "mysql://root@h/x?ssl-mode=REQUIRED"
-        );
     }
 }
