@@ -178,9 +178,11 @@ impl RabbitSink {
     async fn channel(&self) -> Result<Channel, lapin::Error> {
         let mut link = self.link.lock().await;
         if let Some(current) = link.as_ref()
-            && current.channel.status().connected() && current.connection.status().connected() {
-                return Ok(current.channel.clone());
-            }
+            && current.channel.status().connected()
+            && current.connection.status().connected()
+        {
+            return Ok(current.channel.clone());
+        }
         let connection = match link.take() {
             Some(old) if old.connection.status().connected() => old.connection,
             _ => Connection::connect(&self.uri, self.properties.clone()).await?,

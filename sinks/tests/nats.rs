@@ -180,9 +180,10 @@ impl ChildServer {
             let mut ready = Some(ready_tx);
             while let Ok(Some(line)) = lines.next_line().await {
                 if line.contains("Server is ready")
-                    && let Some(tx) = ready.take() {
-                        let _ = tx.send(());
-                    }
+                    && let Some(tx) = ready.take()
+                {
+                    let _ = tx.send(());
+                }
                 lines_log.lock().unwrap().push(line);
             }
         });
