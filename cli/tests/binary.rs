@@ -73,6 +73,37 @@ async fn sqlite() {
     on(Kind::Sqlite, "binary", binary_on).await;
 }
 
+/// A cycle whose every item failed validation shows in `inspect`'s "needs attention" notes.
+#[tokio::test]
+async fn inspect_points_at_a_cycle_that_quarantined_its_items() {
+    on(Kind::Sqlite, "quarantined", |b: Arc<Backend>| async move {
+        let world = World::new(3, 10).unwrap();
+        let poller = world
+            .poller(watukuy_conformance::world::StrategyKind::Timestamp)
+            .check(|_: &serde_json::Value| {
+                Err(vec![watukuy_core::ValidationIssue {
+                    message: "a number where a string was expected".into(),
+                    path: None,
+                }])
+            })
+            .build()
+            .unwrap();
+        let engine = world
+            .engine(Arc::clone(&b.store), "node-a", poller, 7)
+            .unwrap();
+        world.tick(&engine).await.unwrap();
+
+        let out = watukuy(&b.argv(&["inspect"]));
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let report = text(&out.stdout);
+        assert!(
+            report.contains("the last live cycle quarantined 3 of 3 items as invalid"),
+            "{report}"
+        );
+    })
+    .await;
+}
+
 #[watukuy_testenv::requires(postgres)]
 #[tokio::test]
 async fn postgres() {
