@@ -415,56 +415,98 @@ async fn markers_are_pruned_by_age() {
     assert!(!processed.is_processed(&conn, "old-0").unwrap());
 }
 
-/// Where the replay test's handler projects: the read model table and its marker table.
+/// Where the engine's handler projects: the read model table and its marker table.
 #[derive(Clone)]
 struct Target {
     table: &'static str,
     processed: ProcessedEvents,
 }
 
+/// An engine (snapshot_diff poller with a log, SQLite store) over `items` items, whose handler
+/// records every event it sees and projects it with `apply_once` into the consumer database at
+/// `path` (read model `rm`, markers `processed`, see [`setup`]).
+struct Projected {
+    world: World,
+    engine: watukuy_core::Engine,
+    conn: Arc<Mutex<Connection>>,
+    target: Arc<Mutex<Target>>,
+    seen: Arc<Mutex<Vec<Event>>>,
+}
+
+impl Projected {
+    async fn new(dir: &Path, path: &Path, items: usize) -> Self {
+        let processed = setup(path);
+        let store =
+            Arc::new(SqliteStore::open(SqliteOptions::file(dir.join("store.sqlite"))).unwrap());
+        let world = World::new(items, 10).unwrap();
+        let poller = world
+            .poller(StrategyKind::SnapshotDiff)
+            .log(Duration::from_secs(86_400))
+            .build()
+            .unwrap();
+        let engine = world.engine(store, NODE_A, poller, 7).unwrap();
+        engine.migrate().await.unwrap();
+        let conn = shared(connect(path));
+        let target = Arc::new(Mutex::new(Target {
+            table: "rm",
+            processed,
+        }));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        engine
+            .on(POLLER, {
+                let (conn, target, seen) = (conn.clone(), target.clone(), seen.clone());
+                move |event: Event, ctx: HandlerContext| {
+                    let conn = conn.clone();
+                    let Target { table, processed } = target
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .clone();
+                    seen.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(event.clone());
+                    async move {
+                        let projected = event.clone();
+                        processed
+                            .apply_once(&conn, &event, move |tx| project(tx, table, &projected))
+                            .await?
+                            .report(&ctx);
+                        Ok::<(), HandlerError>(())
+                    }
+                }
+            })
+            .unwrap();
+        Self {
+            world,
+            engine,
+            conn,
+            target,
+            seen,
+        }
+    }
+
+    /// Projects into a new, empty read model `rm_rebuilt` with its own marker table from now on.
+    fn rebuild_into_a_new_model(&self, reader: &Connection) {
+        create_read_model(reader, "rm_rebuilt");
+        let markers = ProcessedEvents::new("processed_rebuilt").unwrap();
+        markers
+            .migrate(&mut self.conn.lock().unwrap_or_else(PoisonError::into_inner))
+            .unwrap();
+        *self.target.lock().unwrap_or_else(PoisonError::into_inner) = Target {
+            table: "rm_rebuilt",
+            processed: markers,
+        };
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_into_an_empty_read_model_rebuilds_it_exactly() {
     let dir = temp_dir();
     let path = dir.path().join("consumer.sqlite");
-    let processed = setup(&path);
-    let store =
-        Arc::new(SqliteStore::open(SqliteOptions::file(dir.path().join("store.sqlite"))).unwrap());
-    let world = World::new(5, 10).unwrap();
-    let poller = world
-        .poller(StrategyKind::SnapshotDiff)
-        .log(Duration::from_secs(86_400))
-        .build()
-        .unwrap();
-    let engine = world.engine(store, NODE_A, poller, 7).unwrap();
-    engine.migrate().await.unwrap();
-    let conn = shared(connect(&path));
-    let target = Arc::new(Mutex::new(Target {
-        table: "rm",
-        processed,
-    }));
-    engine
-        .on(POLLER, {
-            let (conn, target) = (conn.clone(), target.clone());
-            move |event: Event, ctx: HandlerContext| {
-                let conn = conn.clone();
-                let Target { table, processed } = target
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clone();
-                async move {
-                    let projected = event.clone();
-                    processed
-                        .apply_once(&conn, &event, move |tx| project(tx, table, &projected))
-                        .await?
-                        .report(&ctx);
-                    Ok::<(), HandlerError>(())
-                }
-            }
-        })
-        .unwrap();
+    let fixture = Projected::new(dir.path(), &path, 5).await;
+    let (world, engine) = (&fixture.world, &fixture.engine);
 
     // History: creates, updates and a delete, one poll each.
-    world.tick(&engine).await.unwrap();
+    world.tick(engine).await.unwrap();
     world.advance(Duration::from_secs(30));
     world
         .api
@@ -474,14 +516,14 @@ async fn replay_into_an_empty_read_model_rebuilds_it_exactly() {
         .api
         .update("item-004", serde_json::json!({ "name": "four" }))
         .unwrap();
-    world.tick(&engine).await.unwrap();
+    world.tick(engine).await.unwrap();
     world.advance(Duration::from_secs(30));
     assert!(world.api.remove("item-003"));
     world
         .api
         .update("item-002", serde_json::json!({ "value": 21 }))
         .unwrap();
-    world.tick(&engine).await.unwrap();
+    world.tick(engine).await.unwrap();
     let reader = connect(&path);
     let live = rows(&reader, "rm");
     assert_eq!(live.len(), 4, "{live:?}");
@@ -491,21 +533,13 @@ async fn replay_into_an_empty_read_model_rebuilds_it_exactly() {
     );
 
     // A new, empty read model with its own marker table; replay the whole log into it.
-    create_read_model(&reader, "rm_rebuilt");
-    let rebuilt_markers = ProcessedEvents::new("processed_rebuilt").unwrap();
-    rebuilt_markers
-        .migrate(&mut conn.lock().unwrap_or_else(PoisonError::into_inner))
-        .unwrap();
-    *target.lock().unwrap_or_else(PoisonError::into_inner) = Target {
-        table: "rm_rebuilt",
-        processed: rebuilt_markers,
-    };
+    fixture.rebuild_into_a_new_model(&reader);
     let replayed = engine.replay(POLLER, None, 0, None).await.unwrap();
     assert_eq!(
         replayed, 9,
         "5 creates, 2 updates, then a delete and an update"
     );
-    let result = world.tick(&engine).await.unwrap();
+    let result = world.tick(engine).await.unwrap();
     assert_eq!(result.delivered, 9);
     assert_eq!(
         rows(&reader, "rm_rebuilt"),
@@ -517,7 +551,7 @@ async fn replay_into_an_empty_read_model_rebuilds_it_exactly() {
     // item-003's create and delete: a replayed `created` after its subject's `deleted` is applied
     // again (it could be a re-create with the same id), then its delete.
     engine.replay(POLLER, None, 0, None).await.unwrap();
-    world.tick(&engine).await.unwrap();
+    world.tick(engine).await.unwrap();
     assert_eq!(rows(&reader, "rm_rebuilt"), live);
     let counters = engine.inspect().await.unwrap().pollers[0].delivery;
     assert_eq!(
@@ -536,46 +570,8 @@ async fn replay_into_an_empty_read_model_rebuilds_it_exactly() {
 async fn a_delete_then_a_re_create_with_identical_content_ends_with_the_item_present() {
     let dir = temp_dir();
     let path = dir.path().join("consumer.sqlite");
-    let processed = setup(&path);
-    let store =
-        Arc::new(SqliteStore::open(SqliteOptions::file(dir.path().join("store.sqlite"))).unwrap());
-    let world = World::new(3, 10).unwrap();
-    let poller = world
-        .poller(StrategyKind::SnapshotDiff)
-        .log(Duration::from_secs(86_400))
-        .build()
-        .unwrap();
-    let engine = world.engine(store, NODE_A, poller, 7).unwrap();
-    engine.migrate().await.unwrap();
-    let conn = shared(connect(&path));
-    let target = Arc::new(Mutex::new(Target {
-        table: "rm",
-        processed,
-    }));
-    let seen = Arc::new(Mutex::new(Vec::<Event>::new()));
-    engine
-        .on(POLLER, {
-            let (conn, target, seen) = (conn.clone(), target.clone(), seen.clone());
-            move |event: Event, ctx: HandlerContext| {
-                let conn = conn.clone();
-                let Target { table, processed } = target
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clone();
-                seen.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(event.clone());
-                async move {
-                    let projected = event.clone();
-                    processed
-                        .apply_once(&conn, &event, move |tx| project(tx, table, &projected))
-                        .await?
-                        .report(&ctx);
-                    Ok::<(), HandlerError>(())
-                }
-            }
-        })
-        .unwrap();
+    let fixture = Projected::new(dir.path(), &path, 3).await;
+    let (world, engine, seen) = (&fixture.world, &fixture.engine, &fixture.seen);
     let reader = connect(&path);
     let present = |table: &str| rows(&reader, table).iter().any(|r| r.0 == "item-002");
     // A listing; a missing item is reported deleted by the second listing that misses it.
@@ -589,7 +585,7 @@ async fn a_delete_then_a_re_create_with_identical_content_ends_with_the_item_pre
         }
     };
 
-    world.tick(&engine).await.unwrap();
+    world.tick(engine).await.unwrap();
     let original = world.api.get("item-002").unwrap();
     assert!(present("rm"));
     for round in 1..=2 {
@@ -619,17 +615,9 @@ async fn a_delete_then_a_re_create_with_identical_content_ends_with_the_item_pre
 
     // The same history replayed into an empty read model: the item ends present there too.
     let live = rows(&reader, "rm");
-    create_read_model(&reader, "rm_rebuilt");
-    let rebuilt_markers = ProcessedEvents::new("processed_rebuilt").unwrap();
-    rebuilt_markers
-        .migrate(&mut conn.lock().unwrap_or_else(PoisonError::into_inner))
-        .unwrap();
-    *target.lock().unwrap_or_else(PoisonError::into_inner) = Target {
-        table: "rm_rebuilt",
-        processed: rebuilt_markers,
-    };
+    fixture.rebuild_into_a_new_model(&reader);
     assert_eq!(engine.replay(POLLER, None, 0, None).await.unwrap(), 3 + 4);
-    world.tick(&engine).await.unwrap();
+    world.tick(engine).await.unwrap();
     assert_eq!(rows(&reader, "rm_rebuilt"), live);
     assert!(present("rm_rebuilt"));
 }
