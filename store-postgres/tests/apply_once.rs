@@ -515,34 +515,50 @@ struct Target {
     processed: ProcessedEvents,
 }
 
-#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replay_into_an_empty_read_model_rebuilds_it_exactly() {
-    with_schema("ao_replay", 8, |schema| async move {
-        let db = Db::new(&schema).await?;
+/// An engine (snapshot_diff poller with a log, on the database's store schema) over `items`
+/// items, whose handler records every event it sees and projects it with `apply_once` into the
+/// read model `rm` with the database's markers.
+struct Projected {
+    world: World,
+    engine: Engine,
+    target: Arc<Mutex<Target>>,
+    seen: Arc<Mutex<Vec<Event>>>,
+}
+
+impl Projected {
+    async fn new(db: &Db, items: usize) -> Result<Self, CaseError> {
         let store = Arc::new(PostgresStore::from_pool(
             db.pool.clone(),
             PostgresOptions::default().schema(db.schema.as_str()),
         )?);
         store.migrate().await?;
-        let world = World::new(5, 10).or_fail()?;
+        let world = World::new(items, 10).or_fail()?;
         let poller = world
             .poller(StrategyKind::SnapshotDiff)
             .log(Duration::from_secs(86_400))
             .build()?;
-        let engine: Engine = world.engine(store.clone(), NODE_A, poller, 7)?;
+        let engine: Engine = world.engine(store, NODE_A, poller, 7)?;
         let target = Arc::new(Mutex::new(Target {
             table: "rm".to_owned(),
             processed: db.processed.clone(),
         }));
+        let seen = Arc::new(Mutex::new(Vec::new()));
         engine.on(POLLER, {
-            let (pool, schema, target) = (db.pool.clone(), db.schema.clone(), target.clone());
+            let (pool, schema, target, seen) = (
+                db.pool.clone(),
+                db.schema.clone(),
+                target.clone(),
+                seen.clone(),
+            );
             move |event: Event, ctx: HandlerContext| {
                 let (pool, schema) = (pool.clone(), schema.clone());
                 let Target { table, processed } = target
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .clone();
+                seen.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(event.clone());
                 async move {
                     processed
                         .apply_once(&pool, &event, |tx| {
@@ -554,9 +570,37 @@ async fn replay_into_an_empty_read_model_rebuilds_it_exactly() {
                 }
             }
         })?;
+        Ok(Self {
+            world,
+            engine,
+            target,
+            seen,
+        })
+    }
+
+    /// Projects into a new, empty read model `rm_rebuilt` with its own marker table from now on.
+    async fn rebuild_into_a_new_model(&self, db: &Db) -> Result<(), CaseError> {
+        db.create_read_model("rm_rebuilt").await?;
+        let markers = ProcessedEvents::new(db.schema.as_str(), "processed_rebuilt")?;
+        markers.migrate(&db.pool).await?;
+        *self.target.lock().unwrap_or_else(PoisonError::into_inner) = Target {
+            table: "rm_rebuilt".to_owned(),
+            processed: markers,
+        };
+        Ok(())
+    }
+}
+
+#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_into_an_empty_read_model_rebuilds_it_exactly() {
+    with_schema("ao_replay", 8, |schema| async move {
+        let db = Db::new(&schema).await?;
+        let fixture = Projected::new(&db, 5).await?;
+        let (world, engine) = (&fixture.world, &fixture.engine);
 
         // History: creates, updates and a delete, one poll each.
-        world.tick(&engine).await?;
+        world.tick(engine).await?;
         world.advance(Duration::from_secs(30));
         world
             .api
@@ -566,14 +610,14 @@ async fn replay_into_an_empty_read_model_rebuilds_it_exactly() {
             .api
             .update("item-004", serde_json::json!({ "name": "four" }))
             .or_fail()?;
-        world.tick(&engine).await?;
+        world.tick(engine).await?;
         world.advance(Duration::from_secs(30));
         ensure!(world.api.remove("item-003"), "item-003 missing");
         world
             .api
             .update("item-002", serde_json::json!({ "value": 21 }))
             .or_fail()?;
-        world.tick(&engine).await?;
+        world.tick(engine).await?;
         let live = db.rows("rm").await?;
         ensure!(live.len() == 4, "live read model: {live:?}");
         ensure!(
@@ -582,19 +626,13 @@ async fn replay_into_an_empty_read_model_rebuilds_it_exactly() {
         );
 
         // A new, empty read model with its own marker table; replay the whole log into it.
-        db.create_read_model("rm_rebuilt").await?;
-        let rebuilt_markers = ProcessedEvents::new(db.schema.as_str(), "processed_rebuilt")?;
-        rebuilt_markers.migrate(&db.pool).await?;
-        *target.lock().unwrap_or_else(PoisonError::into_inner) = Target {
-            table: "rm_rebuilt".to_owned(),
-            processed: rebuilt_markers.clone(),
-        };
+        fixture.rebuild_into_a_new_model(&db).await?;
         let replayed = engine.replay(POLLER, None, 0, None).await?;
         ensure!(
             replayed == 9,
             "replayed {replayed} events, expected 5 + 2 + 2"
         );
-        let result = world.tick(&engine).await?;
+        let result = world.tick(engine).await?;
         ensure!(result.delivered == 9, "delivered {}", result.delivered);
         ensure!(
             db.rows("rm_rebuilt").await? == live,
@@ -606,7 +644,7 @@ async fn replay_into_an_empty_read_model_rebuilds_it_exactly() {
         // is applied again (it could be a re-create with the same id), then its delete.
         let before = engine.inspect().await?.pollers[0].delivery;
         engine.replay(POLLER, None, 0, None).await?;
-        world.tick(&engine).await?;
+        world.tick(engine).await?;
         ensure!(
             db.rows("rm_rebuilt").await? == live,
             "a second replay changed the model"
@@ -635,53 +673,12 @@ async fn replay_into_an_empty_read_model_rebuilds_it_exactly() {
 async fn a_delete_then_a_re_create_with_identical_content_ends_with_the_item_present() {
     with_schema("ao_recreate", 8, |schema| async move {
         let db = Db::new(&schema).await?;
-        let store = Arc::new(PostgresStore::from_pool(
-            db.pool.clone(),
-            PostgresOptions::default().schema(db.schema.as_str()),
-        )?);
-        store.migrate().await?;
-        let world = World::new(3, 10).or_fail()?;
-        let poller = world
-            .poller(StrategyKind::SnapshotDiff)
-            .log(Duration::from_secs(86_400))
-            .build()?;
-        let engine: Engine = world.engine(store.clone(), NODE_A, poller, 7)?;
-        let target = Arc::new(Mutex::new(Target {
-            table: "rm".to_owned(),
-            processed: db.processed.clone(),
-        }));
-        let seen = Arc::new(Mutex::new(Vec::<Event>::new()));
-        engine.on(POLLER, {
-            let (pool, schema, target, seen) = (
-                db.pool.clone(),
-                db.schema.clone(),
-                target.clone(),
-                seen.clone(),
-            );
-            move |event: Event, ctx: HandlerContext| {
-                let (pool, schema) = (pool.clone(), schema.clone());
-                let Target { table, processed } = target
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clone();
-                seen.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(event.clone());
-                async move {
-                    processed
-                        .apply_once(&pool, &event, |tx| {
-                            Box::pin(project(tx, &schema, &table, &event))
-                        })
-                        .await?
-                        .report(&ctx);
-                    Ok::<(), HandlerError>(())
-                }
-            }
-        })?;
+        let fixture = Projected::new(&db, 3).await?;
+        let (world, engine, seen) = (&fixture.world, &fixture.engine, &fixture.seen);
         let present =
             |rows: Vec<(String, Option<String>, i32)>| rows.iter().any(|r| r.0 == "item-002");
 
-        world.tick(&engine).await?;
+        world.tick(engine).await?;
         let Some(original) = world.api.get("item-002") else {
             return Err(fail("item-002 is not in the API"));
         };
@@ -691,7 +688,7 @@ async fn a_delete_then_a_re_create_with_identical_content_ends_with_the_item_pre
             // A missing item is reported deleted by the second listing that misses it.
             for _ in 0..2 {
                 world.advance(Duration::from_secs(60));
-                world.tick(&engine).await?;
+                world.tick(engine).await?;
             }
             ensure!(
                 !present(db.rows("rm").await?),
@@ -699,7 +696,7 @@ async fn a_delete_then_a_re_create_with_identical_content_ends_with_the_item_pre
             );
             world.api.seed([original.clone()]).or_fail()?;
             world.advance(Duration::from_secs(60));
-            world.tick(&engine).await?;
+            world.tick(engine).await?;
             ensure!(
                 present(db.rows("rm").await?),
                 "round {round}: the re-create was dropped"
@@ -723,16 +720,10 @@ async fn a_delete_then_a_re_create_with_identical_content_ends_with_the_item_pre
 
         // The same history replayed into an empty read model: the item ends present there too.
         let live = db.rows("rm").await?;
-        db.create_read_model("rm_rebuilt").await?;
-        let rebuilt_markers = ProcessedEvents::new(db.schema.as_str(), "processed_rebuilt")?;
-        rebuilt_markers.migrate(&db.pool).await?;
-        *target.lock().unwrap_or_else(PoisonError::into_inner) = Target {
-            table: "rm_rebuilt".to_owned(),
-            processed: rebuilt_markers,
-        };
+        fixture.rebuild_into_a_new_model(&db).await?;
         let replayed = engine.replay(POLLER, None, 0, None).await?;
         ensure!(replayed == 3 + 4, "replayed {replayed}");
-        world.tick(&engine).await?;
+        world.tick(engine).await?;
         ensure!(
             db.rows("rm_rebuilt").await? == live,
             "the rebuilt read model differs"
