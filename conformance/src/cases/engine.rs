@@ -3,7 +3,7 @@
 //! instance per key), G8 (determinism, nothing left running after stop), and the lifecycle order
 //! of hooks.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -33,6 +33,36 @@ fn engine(
     Ok(w.engine(store, instance, w.poller(kind).build()?, 11)?)
 }
 
+/// A timestamp engine on `store` as `instance`, with a [`Recorder`] on the poller's events.
+fn recorded(
+    w: &World,
+    store: &Arc<dyn Store>,
+    instance: &str,
+) -> Result<(Engine, Recorder), CaseError> {
+    let engine = engine(w, Arc::clone(store), instance, StrategyKind::Timestamp)?;
+    let recorder = Recorder::default();
+    engine.on(POLLER, recorder.handler())?;
+    Ok((engine, recorder))
+}
+
+/// A timestamp engine on `store` as node-a (rng seed `seed`) whose hooks go to a [`Trace`],
+/// with a [`Recorder`] on the poller's events.
+fn traced(
+    w: &World,
+    store: Arc<dyn Store>,
+    seed: u32,
+) -> Result<(Engine, Recorder, Arc<Trace>), CaseError> {
+    let trace = Arc::new(Trace::default());
+    let poller: Poller = w.poller(StrategyKind::Timestamp).build()?;
+    let engine = w
+        .engine_builder(store, "node-a", poller, seed)
+        .hooks(trace.clone())
+        .build()?;
+    let recorder = Recorder::default();
+    engine.on(POLLER, recorder.handler())?;
+    Ok((engine, recorder, trace))
+}
+
 async fn tick(w: &World, engine: &Engine) -> Result<TickResult, CaseError> {
     let result = w.tick(engine).await?;
     if let Some(failed) = result.polled.iter().find_map(|p| p.error.clone()) {
@@ -52,21 +82,8 @@ fn key() -> PKey {
 pub async fn g2_independent_engines_produce_identical_ids(env: Env) -> CaseResult {
     let other = env.another_store().await?;
     let w = world(6)?;
-    let (a, b) = (Recorder::default(), Recorder::default());
-    let engine_a = engine(
-        &w,
-        Arc::clone(&env.store),
-        "node-a",
-        StrategyKind::Timestamp,
-    )?;
-    let engine_b = engine(
-        &w,
-        Arc::clone(&other.store),
-        "node-b",
-        StrategyKind::Timestamp,
-    )?;
-    engine_a.on(POLLER, a.handler())?;
-    engine_b.on(POLLER, b.handler())?;
+    let (engine_a, a) = recorded(&w, &env.store, "node-a")?;
+    let (engine_b, b) = recorded(&w, &other.store, "node-b")?;
     tick(&w, &engine_a).await?;
     tick(&w, &engine_b).await?;
     w.api
@@ -86,14 +103,7 @@ pub async fn g2_independent_engines_produce_identical_ids(env: Env) -> CaseResul
 /// had the first time.
 pub async fn g2_reset_with_cleared_snapshot_recreates_same_ids(env: Env) -> CaseResult {
     let w = world(5)?;
-    let recorder = Recorder::default();
-    let engine = engine(
-        &w,
-        Arc::clone(&env.store),
-        "node-a",
-        StrategyKind::Timestamp,
-    )?;
-    engine.on(POLLER, recorder.handler())?;
+    let (engine, recorder) = recorded(&w, &env.store, "node-a")?;
     tick(&w, &engine).await?;
     let first = recorder.ids();
     check_eq!(first.len(), 5);
@@ -113,21 +123,13 @@ pub async fn g2_reset_with_cleared_snapshot_recreates_same_ids(env: Env) -> Case
 pub async fn g4_crash_after_commit_is_recovered_with_same_ids(env: Env) -> CaseResult {
     let w = world(5)?;
     let control_store = env.another_store().await?;
-    let control = Recorder::default();
-    let clean = engine(
-        &w,
-        Arc::clone(&control_store.store),
-        "control",
-        StrategyKind::Timestamp,
-    )?;
-    clean.on(POLLER, control.handler())?;
+    let (clean, control) = recorded(&w, &control_store.store, "control")?;
     tick(&w, &clean).await?;
 
     let faulty = Arc::new(FaultyStore::new(Arc::clone(&env.store)));
     faulty.fail(Op::CommitPoll, Timing::After, 1);
-    let crashed = engine(&w, faulty.clone(), "node-a", StrategyKind::Timestamp)?;
-    let lost = Recorder::default();
-    crashed.on(POLLER, lost.handler())?;
+    let faulty: Arc<dyn Store> = faulty;
+    let (crashed, lost) = recorded(&w, &faulty, "node-a")?;
     let result = w.tick(&crashed).await?;
     check!(
         result.polled.iter().any(|p| p.error.is_some()),
@@ -146,14 +148,7 @@ pub async fn g4_crash_after_commit_is_recovered_with_same_ids(env: Env) -> CaseR
     );
 
     w.advance(Duration::from_secs(31));
-    let recovered = Recorder::default();
-    let fresh = engine(
-        &w,
-        Arc::clone(&env.store),
-        "node-b",
-        StrategyKind::Timestamp,
-    )?;
-    fresh.on(POLLER, recovered.handler())?;
+    let (fresh, recovered) = recorded(&w, &env.store, "node-b")?;
     tick(&w, &fresh).await?;
     // The new instance drains the crashed page first, then polls on from its committed cursor.
     check_eq!(
@@ -174,14 +169,7 @@ pub async fn g4_failed_commit_persists_nothing(env: Env) -> CaseResult {
     let w = world(3)?;
     let faulty = Arc::new(FaultyStore::new(Arc::clone(&env.store)));
     faulty.fail(Op::CommitPoll, Timing::Before, 1);
-    let trace = Arc::new(Trace::default());
-    let poller = w.poller(StrategyKind::Timestamp).build()?;
-    let engine = w
-        .engine_builder(faulty.clone(), "node-a", poller, 11)
-        .hooks(trace.clone())
-        .build()?;
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler())?;
+    let (engine, recorder, trace) = traced(&w, faulty, 11)?;
     let result = w.tick(&engine).await?;
     check!(
         result.polled.iter().any(|p| p.error.is_some()),
@@ -247,14 +235,7 @@ pub async fn g5_second_instance_is_skipped_while_leased(env: Env) -> CaseResult 
         .acquire_lease(&key(), "node-a", 30_000, w.now())
         .await?;
     check!(held.is_some(), "node-a takes the lease");
-    let engine = engine(
-        &w,
-        Arc::clone(&env.store),
-        "node-b",
-        StrategyKind::Timestamp,
-    )?;
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler())?;
+    let (engine, recorder) = recorded(&w, &env.store, "node-b")?;
     let result = tick(&w, &engine).await?;
     check_eq!(result.skipped_leased, 1, "{result:?}");
     check!(
@@ -382,14 +363,7 @@ pub async fn g8_same_seed_same_trace(env: Env) -> CaseResult {
 /// G8: after `stop()`, nothing of the engine runs any more: advancing time makes no request.
 pub async fn g8_nothing_runs_after_stop(env: Env) -> CaseResult {
     let w = world(2)?;
-    let engine = engine(
-        &w,
-        Arc::clone(&env.store),
-        "node-a",
-        StrategyKind::Timestamp,
-    )?;
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler())?;
+    let (engine, recorder) = recorded(&w, &env.store, "node-a")?;
     engine.start().await?;
     // The daemon runs the due key on its own.
     recorder.wait_for(2).await.map_err(CaseError::failed)?;
@@ -487,26 +461,21 @@ struct Trace {
     ends: Mutex<Vec<watukuy_core::EventCounts>>,
 }
 
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 impl Trace {
     fn push(&self, ctx: &HookContext, what: &str) {
-        self.seen
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(format!("{what}@{}", ctx.lane));
+        lock(&self.seen).push(format!("{what}@{}", ctx.lane));
     }
 
     fn seen(&self) -> Vec<String> {
-        self.seen
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        lock(&self.seen).clone()
     }
 
     fn ends(&self) -> Vec<watukuy_core::EventCounts> {
-        self.ends
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        lock(&self.ends).clone()
     }
 }
 
@@ -541,10 +510,7 @@ impl Hooks for Trace {
     }
     async fn on_poll_end(&self, ctx: &HookContext, summary: &PollSummary) {
         self.push(ctx, "end");
-        self.ends
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(summary.events);
+        lock(&self.ends).push(summary.events);
     }
 }
 
@@ -552,14 +518,7 @@ impl Hooks for Trace {
 /// lease → start → (fetch → commit → event* → delivered*)* → schedule → end.
 pub async fn hooks_fire_in_lifecycle_order(env: Env) -> CaseResult {
     let w = world(3)?;
-    let trace = Arc::new(Trace::default());
-    let poller: Poller = w.poller(StrategyKind::Timestamp).build()?;
-    let engine = w
-        .engine_builder(Arc::clone(&env.store), "node-a", poller, 3)
-        .hooks(trace.clone())
-        .build()?;
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler())?;
+    let (engine, _recorder, trace) = traced(&w, Arc::clone(&env.store), 3)?;
     tick(&w, &engine).await?;
     let seen = trace.seen();
     // Page size 4, 3 items: one page with 3 events, then the listing is done.
