@@ -143,6 +143,9 @@ pub struct ChaosOptions {
     pub initial_items: usize,
     /// Delivery concurrency (default 3).
     pub concurrency: usize,
+    /// Delivers with [`DeliveryOptions::ack_window`] of this many events (default `None`: no
+    /// window). The G9 check then allows `max(concurrency, window)` duplicates per crash.
+    pub ack_window: Option<usize>,
     /// What the snapshot retains (default `Hash`; `Payload` checks `previous` and deleted data).
     pub retain: Retain,
     /// Runs the pollers with [`PollerBuilder::overlap_delivery`](watukuy_core::PollerBuilder::overlap_delivery)
@@ -171,6 +174,7 @@ impl fmt::Debug for ChaosOptions {
             .field("max_mutations_per_step", &self.max_mutations_per_step)
             .field("initial_items", &self.initial_items)
             .field("concurrency", &self.concurrency)
+            .field("ack_window", &self.ack_window)
             .field("retain", &self.retain)
             .field("overlap_delivery", &self.overlap_delivery)
             .field("etags", &self.etags)
@@ -212,6 +216,8 @@ const DEFAULT_KILL_PROBABILITY: f64 = 0.3;
 const DEFAULT_MUTATIONS: u32 = 3;
 const DEFAULT_ITEMS: usize = 20;
 const DEFAULT_CONCURRENCY: usize = 3;
+/// How long an ack waits for its window to fill before it is flushed anyway (`ack_window`).
+const ACK_WINDOW_DELAY: Duration = Duration::from_millis(50);
 
 impl ChaosOptions {
     /// The default options for `seed`, over `store`: 150 steps of the `timestamp` strategy,
@@ -227,6 +233,7 @@ impl ChaosOptions {
             max_mutations_per_step: DEFAULT_MUTATIONS,
             initial_items: DEFAULT_ITEMS,
             concurrency: DEFAULT_CONCURRENCY,
+            ack_window: None,
             retain: Retain::Hash,
             overlap_delivery: false,
             etags: false,
@@ -299,6 +306,13 @@ impl ChaosOptions {
         self
     }
 
+    /// Sets `ack_window` (the most acks flushed together; `None`: no window).
+    #[must_use]
+    pub fn ack_window(mut self, window: Option<usize>) -> Self {
+        self.ack_window = window;
+        self
+    }
+
     /// Sets `etags`.
     #[must_use]
     pub fn etags(mut self, on: bool) -> Self {
@@ -359,6 +373,12 @@ impl ChaosOptions {
                 format!("must be 1 to 64, got {}", self.concurrency),
             );
         }
+        if self.ack_window.is_some_and(|w| w == 0 || w > 10_000) {
+            return invalid(
+                "ack_window",
+                format!("must be 1 to 10000, got {:?}", self.ack_window),
+            );
+        }
         if self.store_label.trim().is_empty() {
             return invalid("store_label", "must not be empty".to_owned());
         }
@@ -405,7 +425,26 @@ impl ChaosOptions {
         if self.etags {
             flags.push("--etags".to_owned());
         }
+        if let Some(window) = self.ack_window {
+            flags.push(format!("--ack-window {window}"));
+        }
         flags.join(" ")
+    }
+
+    /// The delivery options of every instance's poller.
+    pub fn delivery(&self) -> DeliveryOptions {
+        let delivery = DeliveryOptions::default()
+            .attempts(3)
+            .backoff(Backoff::new(
+                Duration::from_secs(1),
+                2.0,
+                Duration::from_secs(4),
+            ))
+            .concurrency(self.concurrency);
+        match self.ack_window {
+            Some(window) => delivery.ack_window(window, ACK_WINDOW_DELAY),
+            None => delivery,
+        }
     }
 
     /// The exact command that replays this run (with its trace), and the same run in Rust.
@@ -452,6 +491,9 @@ impl ChaosOptions {
         }
         if self.etags {
             rust.push_str(".etags(true)");
+        }
+        if let Some(window) = self.ack_window {
+            rust.push_str(&format!(".ack_window(Some({window}))"));
         }
         rust.push_str(".trace(true))");
         format!(
@@ -508,6 +550,11 @@ pub struct ChaosReport {
     pub lease_probes: u64,
     /// Requests the API answered `304 Not Modified` (only with `etags`).
     pub not_modified: u64,
+    /// The most events one accepted `ack_events` call carried.
+    pub largest_ack: usize,
+    /// The most events delivered and not acknowledged at once under the run's delivery options
+    /// ([`DeliveryOptions::unacked_bound`]): the duplicates one crash may cause.
+    pub unacked_bound: usize,
     /// Every broken guarantee, each message starting with the guarantee (`G1: ...`).
     pub violations: Vec<String>,
     /// The last [`TRACE_LINES`] trace lines.
@@ -761,14 +808,7 @@ impl Sim {
     }
 
     fn poller(&self) -> watukuy_core::Result<watukuy_core::Poller> {
-        let delivery = DeliveryOptions::default()
-            .attempts(3)
-            .backoff(Backoff::new(
-                Duration::from_secs(1),
-                2.0,
-                Duration::from_secs(4),
-            ))
-            .concurrency(self.options.concurrency);
+        let delivery = self.options.delivery();
         let mut builder = self
             .world
             .poller(self.options.strategy.kind())
@@ -1072,10 +1112,14 @@ impl Sim {
         let delivered = deliveries.len() as u64;
         let unique_events = unique.len() as u64;
         let duplicates = delivered - unique_events;
-        let concurrency = self.options.concurrency as u64;
-        if duplicates > crashes.saturating_mul(concurrency) {
+        // At most one redelivery per event delivered and not acknowledged at a crash:
+        // `concurrency` of them without an ack window, `max(concurrency, window)` with one.
+        let unacked_bound = self.options.delivery().unacked_bound();
+        let bound = unacked_bound as u64;
+        if duplicates > crashes.saturating_mul(bound) {
             self.violations.push(format!(
-                "G9: {duplicates} duplicate deliveries after {crashes} crash(es) with concurrency {concurrency}: at most one per event in flight at a crash"
+                "G9: {duplicates} duplicate deliveries after {crashes} crash(es) with concurrency {} and ack window {:?}: at most {bound} per crash (one per event delivered and not acknowledged)",
+                self.options.concurrency, self.options.ack_window
             ));
         }
         if delivered == 0 {
@@ -1098,6 +1142,8 @@ impl Sim {
             quiescence_ticks,
             lease_acquisitions: self.audit.acquisitions(),
             lease_probes: self.audit.probes(),
+            largest_ack: self.audit.largest_ack(),
+            unacked_bound,
             not_modified: self
                 .world
                 .api

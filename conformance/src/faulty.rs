@@ -262,7 +262,7 @@ pub const PROBE_EVENT_ID: &str = "watukuy-chaos-lease-probe";
 
 /// Audits G5 over every instance sharing one store: never two unexpired leases held by
 /// different owners, epochs strictly increasing per key, and writes with a superseded or
-/// released lease rejected by the inner store.
+/// released lease rejected by the inner store. Also records the largest accepted ack batch.
 #[derive(Debug, Default)]
 pub struct LeaseAudit {
     state: Mutex<AuditState>,
@@ -274,6 +274,7 @@ struct AuditState {
     violations: Vec<String>,
     acquisitions: u64,
     probes: u64,
+    largest_ack: usize,
 }
 
 #[derive(Debug, Default)]
@@ -296,6 +297,11 @@ impl LeaseAudit {
     /// Every G5 violation seen, in order.
     pub fn violations(&self) -> Vec<String> {
         self.lock().violations.clone()
+    }
+
+    /// The most event ids one accepted `ack_events` call carried.
+    pub fn largest_ack(&self) -> usize {
+        self.lock().largest_ack
     }
 
     /// How many leases were granted.
@@ -812,6 +818,10 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
         self.before(Op::AckEvents)?;
         let result = self.defect.ack_events(&*self.inner, key, lease, ids).await;
         self.audit_write(key, lease, "ack_events", &result);
+        if let (Some(audit), Ok(())) = (&self.audit, &result) {
+            let mut state = audit.lock();
+            state.largest_ack = state.largest_ack.max(ids.len());
+        }
         self.after(Op::AckEvents, result)
     }
 

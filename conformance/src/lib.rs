@@ -156,6 +156,7 @@ macro_rules! for_each_case {
                 retain_payload_snapshot_diff,
                 each_kill_point_alone,
                 overlapped_delivery_seeds,
+                ack_window_seeds,
                 validators_seeds,
                 first_cycle_crash_is_recovered,
             }

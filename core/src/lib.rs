@@ -28,8 +28,9 @@ pub use budget::{BudgetManager, BudgetPolicy, BudgetStore, Fairness, MemoryBudge
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use decide::OnSchemaChange;
 pub use delivery::{
-    AckMode, DeliveryOptions, Dispatcher, DrainContext, DrainReport, Handler, HandlerContext,
-    HandlerError, HandlerErrorKind, HandlerResult, Partition, PoisonAction, Subscription,
+    AckMode, AckWindow, DeliveryOptions, Dispatcher, DrainContext, DrainReport, Handler,
+    HandlerContext, HandlerError, HandlerErrorKind, HandlerResult, Partition, PoisonAction,
+    Subscription,
 };
 pub use engine::{
     BackfillOptions, Engine, EngineBuilder, InspectReport, PollerInspect, Status, StopOptions,

@@ -21,7 +21,7 @@ pub use dispatcher::{
     Unsubscribe,
 };
 pub use options::{
-    AckMode, CorrelationIdFn, DEFAULT_HANDLER_TIMEOUT, DeliveryOptions, OrderingKeyFn,
+    AckMode, AckWindow, CorrelationIdFn, DEFAULT_HANDLER_TIMEOUT, DeliveryOptions, OrderingKeyFn,
     PoisonAction, Redaction,
 };
 pub use reliable::{

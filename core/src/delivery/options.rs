@@ -57,6 +57,25 @@ pub enum AckMode {
     Manual,
 }
 
+/// Acknowledgements flushed in batches: see [`DeliveryOptions::ack_window`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AckWindow {
+    pub(crate) max_events: usize,
+    pub(crate) max_delay: Duration,
+}
+
+impl AckWindow {
+    /// The most acks queued before a flush.
+    pub fn max_events(&self) -> usize {
+        self.max_events
+    }
+
+    /// The longest an ack waits for its flush.
+    pub fn max_delay(&self) -> Duration {
+        self.max_delay
+    }
+}
+
 /// How events are delivered to a poller's consumer.
 ///
 /// Defaults: ordering key = subject, concurrency 1, 5 attempts with backoff 1 s × 2 up to 2 min
@@ -74,6 +93,7 @@ pub struct DeliveryOptions {
     pub(crate) handler_version: Option<String>,
     pub(crate) correlation_id: Option<CorrelationIdFn>,
     pub(crate) redaction: Redaction,
+    pub(crate) ack_window: Option<AckWindow>,
 }
 
 impl Default for DeliveryOptions {
@@ -90,6 +110,7 @@ impl Default for DeliveryOptions {
             handler_version: None,
             correlation_id: None,
             redaction: Redaction::None,
+            ack_window: None,
         }
     }
 }
@@ -115,6 +136,7 @@ impl fmt::Debug for DeliveryOptions {
             .field("handler_version", &self.handler_version)
             .field("correlation_id", &self.correlation_id.is_some())
             .field("redaction", &self.redaction)
+            .field("ack_window", &self.ack_window)
             .finish()
     }
 }
@@ -208,6 +230,45 @@ impl DeliveryOptions {
         self
     }
 
+    /// Flushes acknowledgements in batches of up to `max_events`, each ack waiting at most
+    /// `max_delay` (on the engine's clock) for its batch. Off by default.
+    ///
+    /// Without a window, a delivered event's key and its concurrency slot wait until its ack is
+    /// durable; acks of keys finishing together share a store call, so at most `concurrency`
+    /// events are delivered and not yet acknowledged, and a crash redelivers at most that many.
+    /// With a window, a key whose ack is queued gives its turn to other keys, and the queued
+    /// acks go to the store together when `max_events` are queued, when the oldest has waited
+    /// `max_delay`, or when every key of the drain waits on the window. Fewer store calls, and
+    /// a crash may redeliver up to `max(concurrency, max_events)` events (each once, with its
+    /// id; a handler that deduplicates by id sees no difference).
+    ///
+    /// Per-key order is the same in both modes: a key's next event is delivered only once its
+    /// previous ack is durable, so a crash only ever redelivers each key's newest event.
+    /// `max_events` must be at least 1 and `max_delay` more than zero.
+    #[must_use]
+    pub fn ack_window(mut self, max_events: usize, max_delay: Duration) -> Self {
+        self.ack_window = Some(AckWindow {
+            max_events,
+            max_delay,
+        });
+        self
+    }
+
+    /// The configured ack window (`None`: off).
+    pub fn ack_window_value(&self) -> Option<AckWindow> {
+        self.ack_window
+    }
+
+    /// The most events delivered and not yet acknowledged at once, which is also the most one
+    /// crash can redeliver: `concurrency` without an ack window, `max(concurrency, max_events)`
+    /// with one.
+    pub fn unacked_bound(&self) -> usize {
+        match self.ack_window {
+            Some(window) => self.concurrency.max(window.max_events),
+            None => self.concurrency,
+        }
+    }
+
     /// The configured handler timeout.
     pub fn handler_timeout_value(&self) -> Option<Duration> {
         self.handler_timeout
@@ -251,6 +312,20 @@ impl DeliveryOptions {
                 "must be more than zero (use None for no timeout)",
             ));
         }
+        if let Some(window) = &self.ack_window {
+            if window.max_events == 0 {
+                return Err(Error::config(
+                    "delivery.ack_window.max_events",
+                    "must be at least 1, got 0",
+                ));
+            }
+            if window.max_delay.is_zero() {
+                return Err(Error::config(
+                    "delivery.ack_window.max_delay",
+                    "must be more than zero",
+                ));
+            }
+        }
         if let Redaction::Fields(fields) = &self.redaction
             && let Some(bad) = fields.iter().find(|f| !f.starts_with('/'))
         {
@@ -280,6 +355,20 @@ mod tests {
             .redact(Redaction::Fields(vec!["/card/number".into()]))
             .validate()
             .unwrap();
+        let windowed = DeliveryOptions::default()
+            .concurrency(16)
+            .ack_window(100, Duration::from_millis(5));
+        windowed.validate().unwrap();
+        assert_eq!(windowed.unacked_bound(), 100);
+        assert_eq!(
+            DeliveryOptions::default().concurrency(16).unacked_bound(),
+            16
+        );
+        assert_eq!(
+            windowed.concurrency(200).unacked_bound(),
+            200,
+            "the bound is max(concurrency, max_events)"
+        );
     }
 
     #[test]
@@ -308,6 +397,14 @@ mod tests {
             (
                 DeliveryOptions::default().redact(Redaction::Fields(vec!["card".into()])),
                 "delivery.redact",
+            ),
+            (
+                DeliveryOptions::default().ack_window(0, Duration::from_millis(5)),
+                "delivery.ack_window.max_events",
+            ),
+            (
+                DeliveryOptions::default().ack_window(100, Duration::ZERO),
+                "delivery.ack_window.max_delay",
             ),
         ];
         for (options, option) in cases {

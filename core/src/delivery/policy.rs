@@ -56,6 +56,41 @@ pub(crate) fn widened_window(window: usize, batch_size: usize, slice_full: bool)
     (slice_full && window < max).then(|| window.saturating_mul(2).min(max))
 }
 
+/// When a drain's queued acks go to the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FlushDue {
+    /// Flush now.
+    Now,
+    /// Nothing to flush; wait until something changes.
+    Idle,
+    /// Flush at this time (epoch ms) unless something changes first.
+    At(i64),
+}
+
+/// Whether `queued` acks are flushed now: when there are `max_events` of them, when every group
+/// of the drain waits on them (nothing else can make progress), or when the oldest has waited
+/// its delay (`deadline`, absent without a window).
+pub(crate) fn flush_due(
+    queued: usize,
+    all_waiting: bool,
+    max_events: usize,
+    deadline: Option<i64>,
+    now: i64,
+) -> FlushDue {
+    if queued == 0 {
+        return FlushDue::Idle;
+    }
+    if queued >= max_events || all_waiting {
+        return FlushDue::Now;
+    }
+    match deadline {
+        Some(at) if at > now => FlushDue::At(at),
+        Some(_) => FlushDue::Now,
+        // No window: `max_events` is 1, so this is not reached with anything queued.
+        None => FlushDue::Now,
+    }
+}
+
 /// What a failed attempt leads to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum FailureDecision {
@@ -264,6 +299,19 @@ mod tests {
             seen.push(w);
         }
         assert_eq!(seen, vec![3, 6, 12, 24, 48]);
+    }
+
+    #[test]
+    fn acks_flush_when_the_window_fills_everyone_waits_or_the_delay_passes() {
+        // Without a window (max_events 1) anything queued goes at once.
+        assert_eq!(flush_due(0, false, 1, None, 0), FlushDue::Idle);
+        assert_eq!(flush_due(1, false, 1, None, 0), FlushDue::Now);
+        // A window of 100, the oldest ack due at t=50.
+        assert_eq!(flush_due(0, true, 100, Some(50), 0), FlushDue::Idle);
+        assert_eq!(flush_due(99, false, 100, Some(50), 10), FlushDue::At(50));
+        assert_eq!(flush_due(100, false, 100, Some(50), 10), FlushDue::Now);
+        assert_eq!(flush_due(3, true, 100, Some(50), 10), FlushDue::Now);
+        assert_eq!(flush_due(3, false, 100, Some(50), 50), FlushDue::Now);
     }
 
     #[test]

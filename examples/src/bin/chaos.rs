@@ -15,7 +15,8 @@
 //! Options: `--seeds N` (seeds 1..=N, default 10) or `--seed S` (one seed); `--strategy
 //! all|timestamp|snapshotDiff|token|page` (default all); `--retain hash|payload|both` (default
 //! hash); `--steps N` (default 120); `--kill-points all|none|a,b,...`; `--kill-probability P`;
-//! `--mutations N`; `--items N`; `--concurrency N`; `--store memory|sqlite:<path>|postgres|
+//! `--mutations N`; `--items N`; `--concurrency N`; `--ack-window N` (acks flushed in batches of
+//! up to N); `--store memory|sqlite:<path>|postgres|
 //! redis` (default memory; `postgres:<url>` and `redis:<url>` name the server directly);
 //! `--overlap-delivery` runs the pollers with `overlap_delivery(true)`; `--etags` makes the API
 //! answer with `ETag`s and the pollers send conditional requests; `--trace` prints every step.
@@ -193,6 +194,7 @@ struct Args {
     mutations: Option<u32>,
     items: Option<usize>,
     concurrency: Option<usize>,
+    ack_window: Option<usize>,
     store: StoreKind,
     overlap_delivery: bool,
     etags: bool,
@@ -210,6 +212,7 @@ fn parse_args() -> Result<Args, String> {
         mutations: None,
         items: None,
         concurrency: None,
+        ack_window: None,
         store: StoreKind::Memory,
         overlap_delivery: false,
         etags: false,
@@ -268,6 +271,9 @@ fn parse_args() -> Result<Args, String> {
             }
             "--mutations" => args.mutations = Some(value.parse().map_err(|_| number("a number"))?),
             "--items" => args.items = Some(value.parse().map_err(|_| number("a number"))?),
+            "--ack-window" => {
+                args.ack_window = Some(value.parse().map_err(|_| number("a number"))?)
+            }
             "--concurrency" => {
                 args.concurrency = Some(value.parse().map_err(|_| number("a number"))?)
             }
@@ -293,6 +299,7 @@ impl Args {
             .store_label(self.store.label())
             .overlap_delivery(self.overlap_delivery)
             .etags(self.etags)
+            .ack_window(self.ack_window)
             .trace(self.trace);
         if let Some(points) = &self.kill_points {
             options = options.kill_points(points.iter().copied());
@@ -371,7 +378,7 @@ async fn main() -> ExitCode {
                 eprintln!("chaos: {message}");
             }
             eprintln!(
-                "usage: chaos [--seeds N | --seed S] [--strategy all|timestamp|snapshotDiff|token|page] [--retain hash|payload|both] [--steps N] [--kill-points all|none|a,b] [--kill-probability P] [--mutations N] [--items N] [--concurrency N] [--store memory|sqlite:<path>|postgres|redis] [--overlap-delivery] [--etags] [--trace]"
+                "usage: chaos [--seeds N | --seed S] [--strategy all|timestamp|snapshotDiff|token|page] [--retain hash|payload|both] [--steps N] [--kill-points all|none|a,b] [--kill-probability P] [--mutations N] [--items N] [--concurrency N] [--ack-window N] [--store memory|sqlite:<path>|postgres|redis] [--overlap-delivery] [--etags] [--trace]"
             );
             return ExitCode::from(2);
         }

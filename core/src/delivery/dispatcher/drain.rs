@@ -1,5 +1,5 @@
 //! Draining a key's outbox: slices in sequence order, grouped by ordering key, up to
-//! `concurrency` groups at once, acks group-committed.
+//! `concurrency` handlers at once, acks group-committed (see `acks`).
 
 use super::*;
 
@@ -61,7 +61,9 @@ impl Dispatcher {
             }
             let mut progress = false;
             let mut removed = 0;
-            let acks = AckBatcher::new(&*self.store, key, lease);
+            let acks = Acks::new(&*self.store, &*self.clock, key, lease, &self.options);
+            // A group holds its place until its last ack is durable, and has at most one event
+            // delivered and not acknowledged: the bound on what a crash redelivers (G9).
             let mut runs = futures::stream::iter(groups)
                 .map(|group| {
                     let group_key = group.key.clone();
@@ -77,8 +79,19 @@ impl Dispatcher {
                     )
                     .map(move |outcome| (group_key, outcome))
                 })
-                .buffer_unordered(self.options.concurrency);
-            while let Some((group_key, outcome)) = runs.next().await {
+                .buffer_unordered(self.options.unacked_bound());
+            let flusher = acks.flush_loop();
+            tokio::pin!(flusher);
+            loop {
+                // Groups first, so the acks of every group ready in this turn share the flush.
+                let next = tokio::select! {
+                    biased;
+                    next = runs.next() => next,
+                    never = &mut flusher => match never {},
+                };
+                let Some((group_key, outcome)) = next else {
+                    break;
+                };
                 let outcome = match outcome {
                     Ok(outcome) => outcome,
                     Err(error) => {
@@ -98,7 +111,6 @@ impl Dispatcher {
                     blocked.insert(group_key);
                 }
             }
-            drop(runs);
             report.halted = halted.load(Ordering::Acquire);
             if !slice_full {
                 remaining = Some(slice_len - removed);

@@ -9,7 +9,7 @@ impl Dispatcher {
         &self,
         key: &PKey,
         lease: &Lease,
-        acks: &AckBatcher<'_>,
+        acks: &Acks<'_>,
         group: Group,
         consumer: &Consumer,
         partition: &Partition,
@@ -18,6 +18,7 @@ impl Dispatcher {
     ) -> Result<GroupOutcome> {
         let mut outcome = GroupOutcome::default();
         let counters = self.counters_of(&key.partition);
+        let _live = acks.group();
         for mut row in group.rows {
             if halted.load(Ordering::Acquire) || cancel.is_cancelled() {
                 outcome.aborted = cancel.is_cancelled();
@@ -28,6 +29,12 @@ impl Dispatcher {
             {
                 outcome.blocked = true;
                 outcome.next_retry_at = min_opt(outcome.next_retry_at, Some(at));
+                return Ok(outcome);
+            }
+            let turn = acks.handler_turn().await;
+            // Another group may have halted the drain while this one waited for its turn.
+            if halted.load(Ordering::Acquire) || cancel.is_cancelled() {
+                outcome.aborted = cancel.is_cancelled();
                 return Ok(outcome);
             }
             let attempt = row.attempts.saturating_add(1);
@@ -45,11 +52,12 @@ impl Dispatcher {
                 traceparent = row.event.traceparent.as_deref().unwrap_or(""),
                 error = tracing::field::Empty,
             );
-            match self
+            let attempt_result = self
                 .attempt(&row, attempt, consumer, partition, cancel, &counters)
                 .instrument(span.clone())
-                .await
-            {
+                .await;
+            drop(turn);
+            match attempt_result {
                 Attempt::Delivered(delivery) => {
                     Counters::bump(match delivery {
                         DeliveryOutcome::Applied => &counters.applied,
@@ -60,10 +68,9 @@ impl Dispatcher {
                         drop(self.attempt_log.take(&key.partition, &row.event_id));
                     }
                     tracing::debug!(poller = %self.poller, partition = %key.partition, event = %row.event_id, attempt, "delivered");
-                    // This key's next event waits until this ack is durable, and so does this
-                    // group's slot: at most `concurrency` events are delivered and not yet
-                    // acknowledged, which bounds what a crash redelivers (G9). Acks of other
-                    // keys finishing meanwhile share the store call.
+                    // This key's next event waits until this ack is durable, so a crash only
+                    // redelivers a key's newest event (G3). Acks of other keys finishing
+                    // meanwhile share the store call.
                     acks.ack(&row.event_id).await?;
                     outcome.delivered += 1;
                     row.event.attempt = attempt;

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::acks::AckBatcher;
+use super::acks::Acks;
 use super::consumer::{
     Consumer, Delivery, DeliveryOutcome, Handler, HandlerContext, HandlerError, HandlerErrorKind,
     Partition, Subscription, Timeout,
