@@ -417,3 +417,144 @@ async fn a_drain_reads_the_store_once_per_slice() {
     );
     assert_eq!(faulty.calls(Op::Counts), 0);
 }
+
+/// Records the ids of every `ack_events` call.
+#[derive(Default)]
+struct AckCalls(Mutex<Vec<Vec<String>>>);
+
+#[async_trait::async_trait]
+impl watukuy_conformance::Defect<MemoryStore> for AckCalls {
+    async fn ack_events(
+        &self,
+        inner: &MemoryStore,
+        key: &PKey,
+        lease: &Lease,
+        ids: &[String],
+    ) -> watukuy_core::Result<()> {
+        self.0.lock().unwrap().push(ids.to_vec());
+        inner.ack_events(key, lease, ids).await
+    }
+}
+
+fn windowed(s: &Setup, options: DeliveryOptions) -> (Dispatcher, Arc<AckCalls>) {
+    let calls = Arc::new(AckCalls::default());
+    let store = watukuy_conformance::FaultyStore::new(s.store.clone()).with_defect(calls.clone());
+    let d = Dispatcher::new(
+        "orders",
+        Arc::new(store),
+        Arc::new(s.clock.clone()),
+        Arc::new(SeededRng::new(1)),
+        options,
+        100,
+    )
+    .unwrap();
+    (d, calls)
+}
+
+#[tokio::test]
+async fn an_ack_window_flushes_many_keys_at_once_but_never_two_events_of_one_key() {
+    // 100 keys × 2 events; slices of 100 rows; 4 handlers at once, a window of 100.
+    let subjects: Vec<String> = (0..200).map(|i| format!("k{}", i % 100)).collect();
+    let refs: Vec<&str> = subjects.iter().map(String::as_str).collect();
+    let s = setup(&refs).await;
+    let (d, calls) = windowed(
+        &s,
+        DeliveryOptions::default()
+            .concurrency(4)
+            .ack_window(100, Duration::from_secs(1)),
+    );
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    d.on({
+        let seen = seen.clone();
+        move |event: Event, _: HandlerContext| {
+            let seen = seen.clone();
+            async move {
+                tokio::task::yield_now().await;
+                seen.lock().unwrap().push(event.id.clone());
+                Ok::<(), HandlerError>(())
+            }
+        }
+    })
+    .unwrap();
+    let report = s.drain(&d).await.unwrap();
+    assert_eq!((report.delivered, report.remaining), (200, 0));
+    let calls = calls.0.lock().unwrap().clone();
+    let sizes: Vec<usize> = calls.iter().map(Vec::len).collect();
+    assert_eq!(
+        sizes,
+        [100, 100],
+        "one flush per slice of 100 keys, not one per handler turn"
+    );
+    // Event `e{n}` has subject k{(n-1) % 100}: no flush carries two events of one key, and a
+    // key's second event was delivered only after the flush that carried its first.
+    for call in &calls {
+        let keys: std::collections::HashSet<u64> = call
+            .iter()
+            .map(|id| (id[1..].parse::<u64>().unwrap() - 1) % 100)
+            .collect();
+        assert_eq!(keys.len(), call.len(), "two events of one key in {call:?}");
+    }
+    let seen = seen.lock().unwrap().clone();
+    let first_of_second_slice = seen.iter().position(|id| calls[1].contains(id)).unwrap();
+    assert!(
+        seen[..first_of_second_slice]
+            .iter()
+            .all(|id| calls[0].contains(id)),
+        "every key's first event is acknowledged before any second event is delivered"
+    );
+}
+
+#[tokio::test]
+async fn an_ack_window_flushes_after_its_delay_while_a_handler_keeps_running() {
+    let s = setup(&["slow", "fast"]).await;
+    let (d, calls) = windowed(
+        &s,
+        DeliveryOptions::default()
+            .concurrency(2)
+            .handler_timeout(None)
+            .ack_window(100, Duration::from_millis(50)),
+    );
+    let release = Arc::new(tokio::sync::Notify::new());
+    d.on({
+        let release = release.clone();
+        move |event: Event, _: HandlerContext| {
+            let release = release.clone();
+            async move {
+                if event.subject == "slow" {
+                    release.notified().await;
+                }
+                Ok::<(), HandlerError>(())
+            }
+        }
+    })
+    .unwrap();
+    let d = Arc::new(d);
+    let drain = tokio::spawn({
+        let (d, key, lease) = (d.clone(), s.key.clone(), s.lease.clone());
+        async move { d.drain(&key, &lease, &DrainContext::default()).await }
+    });
+    let settle = || async {
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+    };
+    settle().await;
+    s.clock.advance(Duration::from_millis(49));
+    settle().await;
+    assert!(
+        calls.0.lock().unwrap().is_empty(),
+        "fast's ack waits for the window while slow still runs"
+    );
+    s.clock.advance(Duration::from_millis(1));
+    settle().await;
+    assert_eq!(
+        *calls.0.lock().unwrap(),
+        [vec!["e2".to_owned()]],
+        "50 ms later fast's ack is flushed alone"
+    );
+    assert_eq!(s.store.counts(&s.key).await.unwrap().pending, 1);
+    release.notify_one();
+    let report = drain.await.unwrap().unwrap();
+    assert_eq!((report.delivered, report.remaining), (2, 0));
+    assert_eq!(calls.0.lock().unwrap().len(), 2);
+}
