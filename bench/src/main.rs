@@ -8,8 +8,9 @@
 //!   throughput (pages of 100 items through the diff and `commit_poll`) and, with the `apalis`
 //!   feature, apalis on the same backend. Each figure is printed with its ratio to the limit,
 //!   medians over `--reps` repetitions, as a Markdown table.
-//! - `sweep`: end-to-end throughput against concurrency and against keys, as tables and PNG
-//!   plots in `--plots`.
+//! - `sweep`: end-to-end throughput against concurrency, against keys and against the ack
+//!   window (`--sweep-ack-window`, default 1, 16, 100, 1000), as tables and PNG plots in
+//!   `--plots`.
 //! - `memory`: bounded memory (G10), reported and not timed: RSS while one dispatcher drains
 //!   a million pending events, and the peak RSS of a `snapshot_diff` full scan over a million
 //!   items.
@@ -17,6 +18,7 @@
 //! ```text
 //! cargo run --release -p watukuy-bench -- --store postgres --events 100000 --keys 1000 --concurrency 16
 //! cargo run --release -p watukuy-bench --features apalis -- --store memory,sqlite,postgres,redis
+//! cargo run --release -p watukuy-bench -- --store postgres --ack-window 100
 //! cargo run --release -p watukuy-bench -- --mode sweep --store memory,sqlite,postgres,redis
 //! cargo run --release -p watukuy-bench -- --mode memory --store memory,sqlite
 //! ```
@@ -47,7 +49,7 @@ use crate::workload::Params;
 enum Mode {
     /// Every figure per store, with ratios to the limit.
     Suite,
-    /// Throughput against concurrency and keys, with plots.
+    /// Throughput against concurrency, keys and the ack window, with plots.
     Sweep,
     /// Bounded-memory report.
     Memory,
@@ -80,6 +82,12 @@ struct Args {
     /// Ordering keys in flight at once.
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
+    /// Deliver with an ack window of this many events (default: no window).
+    #[arg(long)]
+    ack_window: Option<usize>,
+    /// The ack window's longest wait, in milliseconds.
+    #[arg(long, default_value_t = 10)]
+    ack_delay_ms: u64,
     /// Padding bytes per item (items are ~70 bytes without it).
     #[arg(long, default_value_t = 64)]
     payload: usize,
@@ -92,6 +100,9 @@ struct Args {
     /// Concurrency values of the sweep.
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
     sweep_concurrency: Vec<usize>,
+    /// Ack windows of the sweep (events per flush).
+    #[arg(long, value_delimiter = ',', default_value = "1,16,100,1000")]
+    sweep_ack_window: Vec<usize>,
     /// Key counts of the sweep.
     #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000,10000")]
     sweep_keys: Vec<u64>,
@@ -150,6 +161,8 @@ impl Args {
             concurrency: self.concurrency,
             payload: self.payload,
             overlap: self.overlap_delivery,
+            ack_window: self.ack_window,
+            ack_delay: std::time::Duration::from_millis(self.ack_delay_ms),
         }
     }
 
@@ -300,8 +313,15 @@ async fn suite(args: &Args) -> Result<(), BoxError> {
         rows.push((backend, s));
     }
     println!(
-        "\n### Suite: {} events, {} keys, concurrency {}, payload {} B, overlap_delivery {}, median of {} (limit probe: {} rows, slices of 100)\n",
-        p.events, p.keys, p.concurrency, p.payload, p.overlap, args.reps, args.probe_events
+        "\n### Suite: {} events, {} keys, concurrency {}, payload {} B, overlap_delivery {}, ack window {}, median of {} (limit probe: {} rows, slices of 100)\n",
+        p.events,
+        p.keys,
+        p.concurrency,
+        p.payload,
+        p.overlap,
+        window_label(&p),
+        args.reps,
+        args.probe_events
     );
     println!(
         "| store | limit batched | limit per-event | end-to-end | e2e / batched | hot key (1 key) | hot / per-event | dispatch-only | dispatch / batched | commit (items) | p50 | p99 | peak RSS | apalis | apalis / batched |"
@@ -369,114 +389,144 @@ async fn suite(args: &Args) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// `None` reads "off".
+fn window_label(p: &Params) -> String {
+    p.ack_window.map_or_else(
+        || "off".to_owned(),
+        |n| format!("{n} ({} ms)", p.ack_delay.as_millis()),
+    )
+}
+
+/// One end-to-end run per x value on a fresh store, with `params(x)`.
+async fn series(
+    args: &Args,
+    backend: Backend,
+    xs: &[u64],
+    params: impl Fn(u64) -> Params,
+) -> Result<plot::Series, BoxError> {
+    let mut points = Vec::new();
+    for &x in xs {
+        let p = params(x);
+        let store = stores::fresh(backend, &args.targets(p.concurrency)).await?;
+        let r = pipeline::end_to_end(std::sync::Arc::clone(&store), &p)
+            .await?
+            .rate;
+        store.close().await?;
+        eprintln!(
+            "[{}] concurrency {} keys {} ack window {}: {}",
+            backend.name(),
+            p.concurrency,
+            p.keys,
+            window_label(&p),
+            fmt_rate(r)
+        );
+        points.push((as_f64(x), r));
+    }
+    Ok(plot::Series {
+        label: args.label(backend),
+        points,
+    })
+}
+
+/// One sweep: its title, x axis, x values, one series per store and its plot's file name.
+struct Sweep {
+    title: String,
+    x_name: &'static str,
+    xs: Vec<u64>,
+    series: Vec<plot::Series>,
+    file: &'static str,
+}
+
 async fn sweep(args: &Args) -> Result<(), BoxError> {
     let base = args.params();
-    let mut by_concurrency = Vec::new();
-    let mut by_keys = Vec::new();
+    let to_u64 = |v: &[usize]| -> Vec<u64> {
+        v.iter()
+            .map(|&x| u64::try_from(x).unwrap_or(u64::MAX))
+            .collect()
+    };
+    let mut sweeps = [
+        Sweep {
+            title: format!(
+                "End-to-end events/s against concurrency ({} keys, ack window {})",
+                base.keys,
+                window_label(&base)
+            ),
+            x_name: "concurrency",
+            xs: to_u64(&args.sweep_concurrency),
+            series: Vec::new(),
+            file: "throughput-vs-concurrency.png",
+        },
+        Sweep {
+            title: format!(
+                "End-to-end events/s against keys (concurrency {}, ack window {})",
+                base.concurrency,
+                window_label(&base)
+            ),
+            x_name: "keys",
+            xs: args.sweep_keys.clone(),
+            series: Vec::new(),
+            file: "throughput-vs-keys.png",
+        },
+        Sweep {
+            title: format!(
+                "End-to-end events/s against the ack window ({} keys, concurrency {}, max delay {} ms)",
+                base.keys,
+                base.concurrency,
+                base.ack_delay.as_millis()
+            ),
+            x_name: "ack window",
+            xs: to_u64(&args.sweep_ack_window),
+            series: Vec::new(),
+            file: "throughput-vs-ack-window.png",
+        },
+    ];
     println!(
         "\n### Sweep: end-to-end events/s, {} events, payload {} B, overlap_delivery {}, one run per point\n",
         base.events, base.payload, base.overlap
     );
     for &backend in &args.stores {
-        let mut points = Vec::new();
-        for &c in &args.sweep_concurrency {
-            let p = Params {
-                concurrency: c,
+        let [by_concurrency, by_keys, by_window] = &mut sweeps;
+        by_concurrency.series.push(
+            series(args, backend, &by_concurrency.xs, |c| Params {
+                concurrency: usize::try_from(c).unwrap_or(usize::MAX),
                 ..base
-            };
-            let store = stores::fresh(backend, &args.targets(c)).await?;
-            let r = pipeline::end_to_end(std::sync::Arc::clone(&store), &p)
-                .await?
-                .rate;
-            store.close().await?;
-            eprintln!(
-                "[{}] concurrency {c} keys {}: {}",
-                backend.name(),
-                p.keys,
-                fmt_rate(r)
-            );
-            points.push((measure::as_f64(u64::try_from(c).unwrap_or(0)), r));
-        }
-        by_concurrency.push(plot::Series {
-            label: args.label(backend),
-            points,
-        });
-        let mut points = Vec::new();
-        for &k in &args.sweep_keys {
-            let p = Params { keys: k, ..base };
-            let store = stores::fresh(backend, &args.targets(p.concurrency)).await?;
-            let r = pipeline::end_to_end(std::sync::Arc::clone(&store), &p)
-                .await?
-                .rate;
-            store.close().await?;
-            eprintln!(
-                "[{}] concurrency {} keys {k}: {}",
-                backend.name(),
-                p.concurrency,
-                fmt_rate(r)
-            );
-            points.push((as_f64(k), r));
-        }
-        by_keys.push(plot::Series {
-            label: args.label(backend),
-            points,
-        });
+            })
+            .await?,
+        );
+        by_keys
+            .series
+            .push(series(args, backend, &by_keys.xs, |keys| Params { keys, ..base }).await?);
+        by_window.series.push(
+            series(args, backend, &by_window.xs, |n| Params {
+                ack_window: Some(usize::try_from(n).unwrap_or(usize::MAX)),
+                ..base
+            })
+            .await?,
+        );
     }
-    let header = |name: &str, xs: Vec<String>| {
-        println!("| store \\ {name} | {} |", xs.join(" | "));
+    for sweep in &sweeps {
+        println!("\n{}:\n", sweep.title);
+        let xs: Vec<String> = sweep.xs.iter().map(ToString::to_string).collect();
+        println!("| store \\ {} | {} |", sweep.x_name, xs.join(" | "));
         println!("|---|{}", "---:|".repeat(xs.len()));
-    };
-    println!(
-        "End-to-end events/s against concurrency ({} keys):\n",
-        base.keys
-    );
-    header(
-        "concurrency",
-        args.sweep_concurrency
-            .iter()
-            .map(ToString::to_string)
-            .collect(),
-    );
-    for s in &by_concurrency {
-        let cells: Vec<String> = s.points.iter().map(|p| fmt_rate(p.1)).collect();
-        println!("| {} | {} |", s.label, cells.join(" | "));
-    }
-    println!(
-        "\nEnd-to-end events/s against keys (concurrency {}):\n",
-        base.concurrency
-    );
-    header(
-        "keys",
-        args.sweep_keys.iter().map(ToString::to_string).collect(),
-    );
-    for s in &by_keys {
-        let cells: Vec<String> = s.points.iter().map(|p| fmt_rate(p.1)).collect();
-        println!("| {} | {} |", s.label, cells.join(" | "));
+        for s in &sweep.series {
+            let cells: Vec<String> = s.points.iter().map(|p| fmt_rate(p.1)).collect();
+            println!("| {} | {} |", s.label, cells.join(" | "));
+        }
     }
     match plot::register_font(args.font.as_deref()) {
         Ok(()) => {
             std::fs::create_dir_all(&args.plots)?;
-            let a = args.plots.join("throughput-vs-concurrency.png");
-            plot::chart(
-                &a,
-                &format!(
-                    "End-to-end throughput vs concurrency ({} keys, {} events)",
-                    base.keys, base.events
-                ),
-                "concurrency (keys in flight)",
-                &by_concurrency,
-            )?;
-            let b = args.plots.join("throughput-vs-keys.png");
-            plot::chart(
-                &b,
-                &format!(
-                    "End-to-end throughput vs keys (concurrency {}, {} events)",
-                    base.concurrency, base.events
-                ),
-                "ordering keys",
-                &by_keys,
-            )?;
-            eprintln!("plots: {} and {}", a.display(), b.display());
+            for sweep in &sweeps {
+                let path = args.plots.join(sweep.file);
+                plot::chart(
+                    &path,
+                    &format!("{} — {} events", sweep.title, base.events),
+                    sweep.x_name,
+                    &sweep.series,
+                )?;
+                eprintln!("plot: {}", path.display());
+            }
         }
         Err(error) => eprintln!("plots skipped: {error}"),
     }

@@ -79,6 +79,8 @@ pub(crate) async fn dispatcher_drain(
         concurrency: 16,
         payload,
         overlap: false,
+        ack_window: None,
+        ack_delay: std::time::Duration::ZERO,
     };
     let dispatcher = pipeline::dispatcher(Arc::clone(&store), &key.poller, &p, move |_| {
         let n = d.fetch_add(1, Ordering::Relaxed) + 1;

@@ -101,12 +101,16 @@ impl Hooks for LatencyHooks {
 }
 
 /// Delivery options of every run: `concurrency` keys in flight, events keyed round robin over
-/// `keys` ordering keys, everything else at its default.
+/// `keys` ordering keys, the ack window when asked for, everything else at its default.
 fn delivery(p: &Params) -> DeliveryOptions {
     let keys = p.keys;
-    DeliveryOptions::default()
+    let delivery = DeliveryOptions::default()
         .concurrency(p.concurrency)
-        .ordering_key(move |e: &Event| workload::ordering_key(&e.subject, keys))
+        .ordering_key(move |e: &Event| workload::ordering_key(&e.subject, keys));
+    match p.ack_window {
+        Some(n) => delivery.ack_window(n, p.ack_delay),
+        None => delivery,
+    }
 }
 
 /// End to end: `p.events` items served by an in-process fake API (100 a page, by page number)

@@ -18,6 +18,10 @@ pub(crate) struct Params {
     pub(crate) payload: usize,
     /// End-to-end runs poll with `overlap_delivery` (a page drains while the next commits).
     pub(crate) overlap: bool,
+    /// Delivery with `ack_window(n, ack_delay)`; `None`: no window (the default).
+    pub(crate) ack_window: Option<usize>,
+    /// The ack window's `max_delay`.
+    pub(crate) ack_delay: std::time::Duration,
 }
 
 /// The identity of item `i`.
