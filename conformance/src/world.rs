@@ -1,15 +1,15 @@
 //! Helpers to drive engines against the [`FakeApi`] on a manual clock with seeded randomness:
 //! what the engine-driven guarantee cases (and users' own engine tests) build on.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use watukuy_core::cursor::{self, Cursor, CursorConfig, CustomAdvance, FnCustomCursor};
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
     Backoff, BoxError, Clock, DeliveryOptions, Engine, EngineBuilder, Event, FetchContext,
-    HandlerContext, HandlerError, HandlerResult, ManualClock, Page, Poller, PollerBuilder, Result,
-    SeededRng, Store, TickOptions, TickResult,
+    HandlerContext, HandlerError, HandlerResult, ManualClock, PKey, Page, Poller, PollerBuilder,
+    Result, SeededRng, Store, TickOptions, TickResult, TokioClock,
 };
 
 use crate::cases::fixtures::T0;
@@ -44,10 +44,53 @@ impl StrategyKind {
     pub fn sees_deletes(self) -> bool {
         self == StrategyKind::SnapshotDiff
     }
+
+    /// How a world's poller of this kind reads the API (see [`World::poller`]): its cursor and
+    /// the request its fetch makes.
+    pub fn reader(self) -> (CursorConfig, Fetcher) {
+        match self {
+            StrategyKind::Timestamp => (
+                cursor::timestamp("updatedAt").tie_break("id").into(),
+                Fetcher::Since,
+            ),
+            StrategyKind::Token => (cursor::token(None).into(), Fetcher::Token),
+            StrategyKind::Page => (cursor::page(1).into(), Fetcher::Page),
+            StrategyKind::SnapshotDiff => (cursor::snapshot_diff().into(), Fetcher::All),
+            StrategyKind::Custom => {
+                let pages = FnCustomCursor::new(1_u64, |page: &u64, step| {
+                    Ok(if step.has_more {
+                        CustomAdvance {
+                            cursor: page + 1,
+                            done: false,
+                        }
+                    } else {
+                        CustomAdvance {
+                            cursor: 1,
+                            done: true,
+                        }
+                    })
+                });
+                match cursor::custom(pages) {
+                    Ok(strategy) => (strategy.into(), Fetcher::Custom),
+                    Err(_) => (cursor::page(1).into(), Fetcher::Page),
+                }
+            }
+        }
+    }
 }
 
 /// The poller name every world uses.
 pub const POLLER: &str = "items";
+
+/// The key of [`POLLER`]'s one partition (`""`).
+pub fn key() -> PKey {
+    PKey::new(POLLER, "")
+}
+
+/// Locks `mutex`, taking the data over from a holder that panicked.
+pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// A fake API on a manual clock: the API a test's engines poll.
 #[derive(Clone, Debug)]
@@ -63,11 +106,27 @@ impl World {
     /// 2026-01-01T00:00:00Z), listing `page_size` items per page. The clock starts one second
     /// after the last item, so no item lies in the future.
     pub fn new(items: usize, page_size: usize) -> std::result::Result<Self, BoxError> {
-        let offset = i64::try_from(items).unwrap_or(0).saturating_mul(1_000);
-        let clock = ManualClock::new(T0.saturating_add(offset));
+        let clock = ManualClock::new(after_items(items));
         let api = FakeApi::new(FakeApiOptions::new(Arc::new(clock.clone())).page_size(page_size));
         api.seed(fake_items(items))?;
         Ok(Self { clock, api })
+    }
+
+    /// Like [`new`](Self::new), but the API runs on the returned [`TokioClock`] (tokio's paused
+    /// time in a test), which starts where `new` starts the manual clock: for engines that run
+    /// as daemons on that clock. The world's own manual clock stays at T0, unused.
+    pub fn on_tokio_clock(
+        items: usize,
+        page_size: usize,
+    ) -> std::result::Result<(Self, TokioClock), BoxError> {
+        let clock = TokioClock::starting_at(after_items(items));
+        let api = FakeApi::new(FakeApiOptions::new(Arc::new(clock.clone())).page_size(page_size));
+        api.seed(fake_items(items))?;
+        let world = Self {
+            clock: ManualClock::new(T0),
+            api,
+        };
+        Ok((world, clock))
     }
 
     /// A poller `items` over the API with the given strategy: identity `id`, schedule 5 s to
@@ -100,34 +159,7 @@ impl World {
                     ))
                     .handler_timeout(None),
             );
-        let (cursor, fetch): (CursorConfig, Fetcher) = match kind {
-            StrategyKind::Timestamp => (
-                cursor::timestamp("updatedAt").tie_break("id").into(),
-                Fetcher::Since,
-            ),
-            StrategyKind::Token => (cursor::token(None).into(), Fetcher::Token),
-            StrategyKind::Page => (cursor::page(1).into(), Fetcher::Page),
-            StrategyKind::SnapshotDiff => (cursor::snapshot_diff().into(), Fetcher::All),
-            StrategyKind::Custom => {
-                let pages = FnCustomCursor::new(1_u64, |page: &u64, step| {
-                    Ok(if step.has_more {
-                        CustomAdvance {
-                            cursor: page + 1,
-                            done: false,
-                        }
-                    } else {
-                        CustomAdvance {
-                            cursor: 1,
-                            done: true,
-                        }
-                    })
-                });
-                match cursor::custom(pages) {
-                    Ok(strategy) => (strategy.into(), Fetcher::Custom),
-                    Err(_) => (cursor::page(1).into(), Fetcher::Page),
-                }
-            }
-        };
+        let (cursor, fetch) = kind.reader();
         builder.cursor(cursor).fetch(move |ctx: FetchContext| {
             let api = api.clone();
             async move {
@@ -180,17 +212,34 @@ impl World {
     }
 }
 
-#[derive(Clone, Copy)]
-enum Fetcher {
+/// One second after the last of `items` seeded items: where a world's clock starts.
+fn after_items(items: usize) -> i64 {
+    let offset = i64::try_from(items).unwrap_or(0).saturating_mul(1_000);
+    T0.saturating_add(offset)
+}
+
+/// The request a world's poller makes to the [`FakeApi`] (see [`StrategyKind::reader`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fetcher {
+    /// `/since`, from the timestamp cursor.
     Since,
+    /// `/token`.
     Token,
+    /// `/page`, from the page cursor.
     Page,
+    /// `/page`, every page (a full listing).
     All,
+    /// `/page`, from the custom page-number cursor.
     Custom,
 }
 
 impl Fetcher {
-    async fn run(self, api: &FakeApi, ctx: &FetchContext) -> std::result::Result<Page, BoxError> {
+    /// The page `ctx` asks for.
+    pub async fn run(
+        self,
+        api: &FakeApi,
+        ctx: &FetchContext,
+    ) -> std::result::Result<Page, BoxError> {
         match self {
             Fetcher::Since => api.fetch_since(ctx).await,
             Fetcher::Token => api.fetch_token(ctx).await,

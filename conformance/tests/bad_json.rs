@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use watukuy_conformance::world::{POLLER, Recorder};
+use watukuy_conformance::world::{POLLER, Recorder, key};
 use watukuy_core::{
-    Engine, EventType, FetchContext, MAX_ITEM_DEPTH, ManualClock, PKey, Page, ParkedKind,
-    ParkedQuery, Poller, SeededRng, Store, TickOptions, TickResult, cursor,
+    Engine, EventType, FetchContext, MAX_ITEM_DEPTH, ManualClock, Page, ParkedKind, ParkedQuery,
+    Poller, SeededRng, Store, TickOptions, TickResult, cursor,
 };
 use watukuy_store_memory::MemoryStore;
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
@@ -30,10 +30,6 @@ fn deep_item(id: &str, depth: usize) -> Value {
     item.insert("id".to_owned(), Value::String(id.to_owned()));
     item.insert("x".to_owned(), x);
     Value::Object(item)
-}
-
-fn key() -> PKey {
-    PKey::new(POLLER, "")
 }
 
 /// An engine on `store` and `clock` whose one poller (a full scan by `id`) is handed `page` by

@@ -11,11 +11,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use watukuy_conformance::world::{POLLER, Recorder, StrategyKind, World};
 use watukuy_conformance::{FakeApi, Fault};
-use watukuy_core::cursor::{self, Cursor, CursorConfig, CustomAdvance, FnCustomCursor};
+use watukuy_core::cursor;
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
-    Backoff, BoxError, DeliveryOptions, Engine, Event, EventType, FetchContext, OnInvalid, Page,
-    ParkedKind, ParkedQuery, ParkedRow, Poller, PollerBuilder, SeededRng, Store, TickResult,
+    Backoff, DeliveryOptions, Engine, Event, EventType, FetchContext, OnInvalid, ParkedKind,
+    ParkedQuery, ParkedRow, Poller, PollerBuilder, SeededRng, Store, TickResult,
 };
 use watukuy_store_memory::MemoryStore;
 
@@ -507,56 +507,6 @@ impl Tamper {
     }
 }
 
-/// The world's cursor for `kind` (see `World::poller`).
-fn cursor_for(kind: StrategyKind) -> CursorConfig {
-    match kind {
-        StrategyKind::Timestamp => cursor::timestamp("updatedAt").tie_break("id").into(),
-        StrategyKind::Token => cursor::token(None).into(),
-        StrategyKind::Page => cursor::page(1).into(),
-        StrategyKind::SnapshotDiff => cursor::snapshot_diff().into(),
-        StrategyKind::Custom => {
-            let pages = FnCustomCursor::new(1_u64, |page: &u64, step| {
-                Ok(if step.has_more {
-                    CustomAdvance {
-                        cursor: page + 1,
-                        done: false,
-                    }
-                } else {
-                    CustomAdvance {
-                        cursor: 1,
-                        done: true,
-                    }
-                })
-            });
-            cursor::custom(pages).unwrap().into()
-        }
-    }
-}
-
-/// The world's fetch for `kind` (see `World::poller`).
-async fn fetch_for(
-    api: &FakeApi,
-    kind: StrategyKind,
-    ctx: &FetchContext,
-) -> Result<Page, BoxError> {
-    match kind {
-        StrategyKind::Timestamp => api.fetch_since(ctx).await,
-        StrategyKind::Token => api.fetch_token(ctx).await,
-        StrategyKind::Page => api.fetch_page(ctx).await,
-        StrategyKind::SnapshotDiff => api.fetch_all(ctx).await,
-        StrategyKind::Custom => {
-            let page = match &ctx.cursor {
-                Cursor::Custom(json) => json.decode::<u32>()?,
-                other => return Err(format!("custom fetch got a {other:?} cursor").into()),
-            };
-            let listing = api.list_page(page, Some(api.page_size())).await?;
-            let mut out = Page::new(listing.items);
-            out.has_more = listing.has_more;
-            Ok(out)
-        }
-    }
-}
-
 /// A poller over item type `T` like the world's (identity field `id`, same schedule, delivery,
 /// cursor and fetch), with `tamper` applied to every fetched page.
 fn poller_of<T>(world: &World, kind: StrategyKind, tamper: &Tamper) -> PollerBuilder<T>
@@ -564,6 +514,7 @@ where
     T: Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
 {
     let (api, tamper) = (world.api.clone(), tamper.clone());
+    let (cursor, fetch) = kind.reader();
     Poller::builder::<T>(POLLER)
         .identity_field("id")
         .schedule(
@@ -577,11 +528,11 @@ where
             2.0,
             Duration::from_secs(4),
         )))
-        .cursor(cursor_for(kind))
+        .cursor(cursor)
         .fetch(move |ctx: FetchContext| {
             let (api, tamper) = (api.clone(), tamper.clone());
             async move {
-                let mut page = fetch_for(&api, kind, &ctx).await?;
+                let mut page = fetch.run(&api, &ctx).await?;
                 page.items = tamper.apply(page.items);
                 Ok(page)
             }

@@ -7,33 +7,22 @@
 //! for the daemon) with fixed seeds: no real sleeps, no wall-clock assertions.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::{Value, json};
-use watukuy_conformance::cases::fixtures::T0;
-use watukuy_conformance::world::{POLLER, Recorder, StrategyKind, World};
-use watukuy_conformance::{FakeApi, FakeApiOptions, fake_items};
+use watukuy_conformance::world::{POLLER, Recorder, StrategyKind, World, key, lock};
 use watukuy_core::cursor::Cursor;
 use watukuy_core::engine::BackfillOptions;
 use watukuy_core::poller::Fetch;
 use watukuy_core::{
     BoxError, Clock, Engine, Error, ErrorCode, Event, EventType, FetchContext, Lane, LaneCursor,
-    Lanes, LogQuery, ManualClock, PKey, Page, Poller, SeededRng, StopOptions, Store, TickResult,
-    TokioClock,
+    Lanes, LogQuery, Page, Poller, SeededRng, StopOptions, Store, TickResult, TokioClock,
 };
 use watukuy_store_memory::MemoryStore;
 
 // ----- helpers -----
-
-fn key() -> PKey {
-    PKey::new(POLLER, "")
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// The option a `Config` error names.
 fn option_of(error: Error) -> String {
@@ -202,16 +191,7 @@ async fn a_reconcile_truncated_by_the_full_scan_page_cap_emits_no_deletes() {
 
 /// A world whose fake API runs on a `TokioClock` (tokio's paused time), and that clock.
 fn tokio_world(items: usize, page_size: usize) -> (World, TokioClock) {
-    let offset = i64::try_from(items).unwrap() * 1_000;
-    let clock = TokioClock::starting_at(T0 + offset);
-    let api = FakeApi::new(FakeApiOptions::new(Arc::new(clock.clone())).page_size(page_size));
-    api.seed(fake_items(items)).unwrap();
-    let world = World {
-        // Unused: the engine below runs on `clock`.
-        clock: ManualClock::new(T0),
-        api,
-    };
-    (world, clock)
+    World::on_tokio_clock(items, page_size).unwrap()
 }
 
 #[tokio::test(start_paused = true)]

@@ -4,7 +4,7 @@
 //! for the daemon: no real sleeps.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,16 +13,16 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use watukuy_conformance::cases::fixtures::T0;
-use watukuy_conformance::world::{POLLER, Recorder, StrategyKind, World};
+use watukuy_conformance::world::{POLLER, Recorder, StrategyKind, World, key, lock};
 use watukuy_conformance::{FakeApi, FakeApiOptions, Fault, FaultyStore, Op, Timing, fake_items};
 use watukuy_core::cursor;
 use watukuy_core::hooks::{CommitInfo, FetchInfo, HookContext, Hooks, Phase};
 use watukuy_core::schedule::{CircuitOptions, ScheduleOptions, ScheduleReason};
 use watukuy_core::{
-    BoxError, Circuit, Clock, Engine, Error, ErrorCode, Event, EventType, FetchContext,
-    HandlerContext, HandlerError, Json, Lane, Lease, LogQuery, ManualClock, PKey, Page, ParkedKind,
-    ParkedQuery, ParkedRow, Partition, PollSummary, Poller, PollerBuilder, SeededRng,
-    SerializedError, Status, StopOptions, Store, TickOptions, TickResult, TokioClock,
+    BoxError, Circuit, Clock, Engine, EngineBuilder, Error, ErrorCode, Event, EventType,
+    FetchContext, HandlerContext, HandlerError, Json, Lane, Lease, LogQuery, ManualClock, PKey,
+    Page, ParkedKind, ParkedQuery, ParkedRow, Partition, PollSummary, Poller, PollerBuilder,
+    SeededRng, SerializedError, Status, StopOptions, Store, TickOptions, TickResult, TokioClock,
     ValidationIssue,
 };
 use watukuy_store_memory::MemoryStore;
@@ -33,20 +33,30 @@ fn memory() -> Arc<dyn Store> {
     Arc::new(MemoryStore::new())
 }
 
-fn key() -> PKey {
-    PKey::new(POLLER, "")
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// The option a `Config` error names.
 fn option_of(error: Error) -> String {
     match error {
         Error::Config { option, .. } => option,
         other => panic!("expected a Config error, got {other:?}"),
     }
+}
+
+/// A [`Recorder`] on the engine's events of [`POLLER`].
+fn record(engine: &Engine) -> Recorder {
+    let recorder = Recorder::default();
+    engine.on(POLLER, recorder.handler()).unwrap();
+    recorder
+}
+
+/// An engine on a fresh memory store as node-a (rng seed 1) whose hooks go to a [`HookLog`].
+fn hooked(world: &World, poller: Poller) -> (Engine, Arc<HookLog>) {
+    let hooks = Arc::new(HookLog::default());
+    let engine = world
+        .engine_builder(memory(), "node-a", poller, 1)
+        .hooks(hooks.clone())
+        .build()
+        .unwrap();
+    (engine, hooks)
 }
 
 fn timestamp_engine(world: &World, store: Arc<dyn Store>) -> Engine {
@@ -211,8 +221,7 @@ impl Hooks for HookLog {
 async fn trigger_runs_a_key_that_is_not_due_on_the_next_tick() {
     let world = World::new(3, 10).unwrap();
     let engine = timestamp_engine(&world, memory());
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler()).unwrap();
+    let recorder = record(&engine);
     world.tick(&engine).await.unwrap();
     assert_eq!(recorder.events().len(), 3);
 
@@ -260,7 +269,6 @@ async fn trigger_runs_a_key_that_is_not_due_on_the_next_tick() {
 #[tokio::test]
 async fn trigger_keeps_an_open_circuit_open_and_the_forced_run_is_a_probe() {
     let world = World::new(3, 10).unwrap();
-    let hooks = Arc::new(HookLog::default());
     let poller = world
         .poller(StrategyKind::Timestamp)
         .circuit(
@@ -270,13 +278,8 @@ async fn trigger_keeps_an_open_circuit_open_and_the_forced_run_is_a_probe() {
         )
         .build()
         .unwrap();
-    let engine = world
-        .engine_builder(memory(), "node-a", poller, 1)
-        .hooks(hooks.clone())
-        .build()
-        .unwrap();
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler()).unwrap();
+    let (engine, hooks) = hooked(&world, poller);
+    let recorder = record(&engine);
 
     // `circuit.failures` failing cycles open the circuit.
     world.api.fail_next(Fault::http(500), 3);
@@ -370,8 +373,7 @@ async fn caught_up_says_whether_everything_seen_is_delivered() {
     // No consumer: the first cycle's events stay pending.
     world.tick(&engine).await.unwrap();
     assert!(!engine.caught_up().await.unwrap(), "truncated, and pending");
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler()).unwrap();
+    let recorder = record(&engine);
     world.tick(&engine).await.unwrap();
     assert_eq!(recorder.ids().len(), 5);
     assert!(engine.caught_up().await.unwrap());
@@ -403,8 +405,7 @@ async fn pause_skips_the_key_and_keeps_its_outbox_until_resume() {
 
     engine.pause(POLLER, None).await.unwrap();
     assert!(only(&engine).await.paused);
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler()).unwrap();
+    let recorder = record(&engine);
     world
         .api
         .update("item-001", json!({ "value": 10 }))
@@ -510,8 +511,7 @@ async fn reset_cursor_with_a_cleared_snapshot_recreates_every_item_with_the_same
 async fn reset_cursor_to_a_raw_value_moves_the_live_cursor() {
     let world = World::new(5, 10).unwrap();
     let engine = timestamp_engine(&world, memory());
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler()).unwrap();
+    let recorder = record(&engine);
     world.tick(&engine).await.unwrap();
     assert_eq!(
         only(&engine).await.cursors.live,
@@ -1210,26 +1210,39 @@ async fn subscribe_works_with_tick_and_excludes_on() {
 
 /// A world whose fake API runs on a `TokioClock` (tokio's paused time), and that clock.
 fn tokio_world(items: usize, page_size: usize) -> (World, TokioClock) {
-    let offset = i64::try_from(items).unwrap() * 1_000;
-    let clock = TokioClock::starting_at(T0 + offset);
-    let api = FakeApi::new(FakeApiOptions::new(Arc::new(clock.clone())).page_size(page_size));
-    api.seed(fake_items(items)).unwrap();
-    let world = World {
-        // Unused: the engines below run on `clock`.
-        clock: ManualClock::new(T0),
-        api,
-    };
-    (world, clock)
+    World::on_tokio_clock(items, page_size).unwrap()
 }
 
-fn daemon_engine(world: &World, clock: &TokioClock, store: Arc<dyn Store>, id: &str) -> Engine {
+/// A timestamp engine on `clock` (rng seed 5) as `id`, for the daemon tests.
+fn daemon_builder(
+    world: &World,
+    clock: &TokioClock,
+    store: Arc<dyn Store>,
+    id: &str,
+) -> EngineBuilder {
     Engine::builder(store)
         .poller(world.poller(StrategyKind::Timestamp).build().unwrap())
         .clock(Arc::new(clock.clone()))
         .rng(Arc::new(SeededRng::new(5)))
         .instance_id(id)
+}
+
+fn daemon_engine(world: &World, clock: &TokioClock, store: Arc<dyn Store>, id: &str) -> Engine {
+    daemon_builder(world, clock, store, id).build().unwrap()
+}
+
+/// A daemon engine as node-a whose hooks go to a [`HookLog`].
+fn hooked_daemon(
+    world: &World,
+    clock: &TokioClock,
+    store: Arc<dyn Store>,
+) -> (Engine, Arc<HookLog>) {
+    let hooks = Arc::new(HookLog::default());
+    let engine = daemon_builder(world, clock, store, "node-a")
+        .hooks(hooks.clone())
         .build()
-        .unwrap()
+        .unwrap();
+    (engine, hooks)
 }
 
 /// Lets virtual time pass a second at a time until `done` holds, at most `seconds` seconds.
@@ -1253,8 +1266,7 @@ fn alive_tasks() -> usize {
 async fn the_daemon_delivers_changes_on_its_own_and_stops_cleanly() {
     let (world, clock) = tokio_world(3, 10);
     let engine = daemon_engine(&world, &clock, memory(), "node-a");
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler()).unwrap();
+    let recorder = record(&engine);
     assert_eq!(engine.status(), Status::Idle);
 
     engine.start().await.unwrap();
@@ -1318,8 +1330,7 @@ async fn the_daemon_delivers_changes_on_its_own_and_stops_cleanly() {
 async fn a_trigger_wakes_the_daemon() {
     let (world, clock) = tokio_world(2, 10);
     let engine = daemon_engine(&world, &clock, memory(), "node-a");
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler()).unwrap();
+    let recorder = record(&engine);
     engine.start().await.unwrap();
     assert!(run_until(&clock, 60, || recorder.events().len() >= 2).await);
     // Let the schedule grow to its maximum (30 s): idle cycles back off.
@@ -1388,22 +1399,7 @@ async fn stop_with_drain_aborts_what_outlasts_the_timeout() {
     let (world, clock) = tokio_world(2, 10);
     let store = memory();
     let engine = daemon_engine(&world, &clock, Arc::clone(&store), "node-a");
-    let in_flight = InFlight::default();
-    engine
-        .on(POLLER, hanging_handler(&in_flight, &clock))
-        .unwrap();
-    engine.start().await.unwrap();
-    assert!(run_until(&clock, 60, || lock(&in_flight).is_some()).await);
-    engine
-        .stop(
-            StopOptions::default()
-                .drain(true)
-                .timeout(Duration::from_secs(30)),
-        )
-        .await
-        .unwrap();
-    assert_eq!(engine.status(), Status::Stopped);
-    let (id, cancel) = lock(&in_flight).clone().unwrap();
+    let (id, cancel) = stop_while_a_handler_hangs(&engine, &clock, true).await;
     assert!(cancel.is_cancelled(), "the timeout aborted the handler");
     let pending = store.load_pending(&key(), 10).await.unwrap();
     assert_eq!(pending.len(), 2);
@@ -1449,35 +1445,38 @@ fn hanging_handler(
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn stop_without_drain_aborts_the_handler_in_flight_and_a_fresh_engine_redelivers_it() {
-    let (world, clock) = tokio_world(2, 10);
-    let store = memory();
-    let hooks = Arc::new(HookLog::default());
-    let engine = Engine::builder(Arc::clone(&store))
-        .poller(world.poller(StrategyKind::Timestamp).build().unwrap())
-        .clock(Arc::new(clock.clone()))
-        .rng(Arc::new(SeededRng::new(5)))
-        .instance_id("node-a")
-        .hooks(hooks.clone())
-        .build()
-        .unwrap();
+/// Starts the engine with a [`hanging_handler`], waits for its delivery, stops the engine
+/// (`drain` as given, a 30 s timeout) and checks it stopped; returns the id and `ctx.cancel` of
+/// the delivery in flight.
+async fn stop_while_a_handler_hangs(
+    engine: &Engine,
+    clock: &TokioClock,
+    drain: bool,
+) -> (String, CancellationToken) {
     let in_flight = InFlight::default();
     engine
-        .on(POLLER, hanging_handler(&in_flight, &clock))
+        .on(POLLER, hanging_handler(&in_flight, clock))
         .unwrap();
     engine.start().await.unwrap();
-    assert!(run_until(&clock, 60, || lock(&in_flight).is_some()).await);
+    assert!(run_until(clock, 60, || lock(&in_flight).is_some()).await);
     engine
         .stop(
             StopOptions::default()
-                .drain(false)
+                .drain(drain)
                 .timeout(Duration::from_secs(30)),
         )
         .await
         .unwrap();
     assert_eq!(engine.status(), Status::Stopped);
-    let (id, cancel) = lock(&in_flight).clone().unwrap();
+    lock(&in_flight).clone().unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn stop_without_drain_aborts_the_handler_in_flight_and_a_fresh_engine_redelivers_it() {
+    let (world, clock) = tokio_world(2, 10);
+    let store = memory();
+    let (engine, hooks) = hooked_daemon(&world, &clock, Arc::clone(&store));
+    let (id, cancel) = stop_while_a_handler_hangs(&engine, &clock, false).await;
     assert!(cancel.is_cancelled(), "the handler's ctx.cancel fired");
     assert_eq!(alive_tasks(), 0, "no engine task outlives stop()");
     assert!(
@@ -1523,15 +1522,7 @@ async fn a_lost_lease_cancels_the_handler_in_flight() {
     // Every renewal fails: the lease is lost once it expires (ttl 30 s).
     let faulty = Arc::new(FaultyStore::new(Arc::clone(&inner)));
     faulty.fail(Op::RenewLease, Timing::Before, 1_000);
-    let hooks = Arc::new(HookLog::default());
-    let engine = Engine::builder(faulty)
-        .poller(world.poller(StrategyKind::Timestamp).build().unwrap())
-        .clock(Arc::new(clock.clone()))
-        .rng(Arc::new(SeededRng::new(5)))
-        .instance_id("node-a")
-        .hooks(hooks.clone())
-        .build()
-        .unwrap();
+    let (engine, hooks) = hooked_daemon(&world, &clock, faulty);
     let in_flight = InFlight::default();
     engine
         .on(POLLER, hanging_handler(&in_flight, &clock))
@@ -1556,15 +1547,9 @@ async fn a_lost_lease_cancels_the_handler_in_flight() {
 #[tokio::test]
 async fn hooks_follow_the_lifecycle_order_over_several_pages() {
     let world = World::new(5, 2).unwrap();
-    let hooks = Arc::new(HookLog::default());
     let poller = world.poller(StrategyKind::Timestamp).build().unwrap();
-    let engine = world
-        .engine_builder(memory(), "node-a", poller, 1)
-        .hooks(hooks.clone())
-        .build()
-        .unwrap();
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler()).unwrap();
+    let (engine, hooks) = hooked(&world, poller);
+    let _recorder = record(&engine);
     world.tick(&engine).await.unwrap();
 
     // Pages of 2, 2 and 1 items.
@@ -1622,7 +1607,6 @@ async fn a_page_whose_every_item_is_quarantined_is_reported() {
     // 4 items, 2 a page; every item fails but item-003, so page 1 is all quarantined and page 2
     // is not.
     let world = World::new(4, 2).unwrap();
-    let hooks = Arc::new(HookLog::default());
     let poller = world
         .poller(StrategyKind::Timestamp)
         .check(|item: &Value| {
@@ -1637,11 +1621,7 @@ async fn a_page_whose_every_item_is_quarantined_is_reported() {
         })
         .build()
         .unwrap();
-    let engine = world
-        .engine_builder(memory(), "node-a", poller, 1)
-        .hooks(hooks.clone())
-        .build()
-        .unwrap();
+    let (engine, hooks) = hooked(&world, poller);
     world.tick(&engine).await.unwrap();
     assert_eq!(hooks.details("page_quarantined"), ["page 1: 2 items"]);
     let key = only(&engine).await;
@@ -1657,19 +1637,13 @@ async fn a_page_whose_every_item_is_quarantined_is_reported() {
 #[tokio::test]
 async fn on_error_reports_the_fetch_phase_and_on_invalid_a_quarantined_item() {
     let world = World::new(3, 10).unwrap();
-    let hooks = Arc::new(HookLog::default());
     let poller = world
         .poller(StrategyKind::Timestamp)
         .check(reject("item-002"))
         .build()
         .unwrap();
-    let engine = world
-        .engine_builder(memory(), "node-a", poller, 1)
-        .hooks(hooks.clone())
-        .build()
-        .unwrap();
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler()).unwrap();
+    let (engine, hooks) = hooked(&world, poller);
+    let recorder = record(&engine);
 
     world.api.fail_next(Fault::http(500), 1);
     let result = world.tick(&engine).await.unwrap();

@@ -3,7 +3,7 @@
 //! instance per key), G8 (determinism, nothing left running after stop), and the lifecycle order
 //! of hooks.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -11,13 +11,12 @@ use tokio::sync::Notify;
 use watukuy_core::hooks::{CommitInfo, FetchInfo, HookContext, Hooks};
 use watukuy_core::schedule::ScheduleReason;
 use watukuy_core::{
-    Engine, Event, FetchContext, Lease, PKey, PollSummary, Poller, Status, StopOptions, Store,
-    TickResult,
+    Engine, Event, FetchContext, Lease, PollSummary, Poller, Status, StopOptions, Store, TickResult,
 };
 
 use crate::faulty::{FaultyStore, Op, Timing};
 use crate::harness::{CaseError, CaseResult, Env};
-use crate::world::{POLLER, Recorder, StrategyKind, World};
+use crate::world::{POLLER, Recorder, StrategyKind, World, key, lock};
 use crate::{check, check_eq};
 
 fn world(items: usize) -> Result<World, CaseError> {
@@ -71,10 +70,6 @@ async fn tick(w: &World, engine: &Engine) -> Result<TickResult, CaseError> {
         )));
     }
     Ok(result)
-}
-
-fn key() -> PKey {
-    PKey::new(POLLER, "")
 }
 
 /// G2: two independent engines on two stores, observing the same API through the same
@@ -459,10 +454,6 @@ pub async fn g6_shared_budget_is_never_exceeded(env: Env) -> CaseResult {
 struct Trace {
     seen: Mutex<Vec<String>>,
     ends: Mutex<Vec<watukuy_core::EventCounts>>,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Trace {

@@ -8,7 +8,7 @@
 //! these do not cover: a page-capped reconcile, the daemon, backfill targets and config errors.)
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -19,23 +19,15 @@ use watukuy_core::hooks::{HookContext, Hooks};
 use watukuy_core::schedule::{CircuitOptions, ScheduleOptions, ScheduleReason};
 use watukuy_core::{
     BoxError, Circuit, Clock, Engine, Event, EventType, FetchContext, Lane, LaneCursor, Lanes,
-    LogQuery, LoggedEvent, PKey, Page, Poller, TickResult,
+    LogQuery, LoggedEvent, Page, Poller, TickResult,
 };
 
 use crate::fake_api::{FakeApiError, Fault};
 use crate::harness::{CaseError, CaseResult, Env};
-use crate::world::{POLLER, Recorder, StrategyKind, World};
+use crate::world::{POLLER, Recorder, StrategyKind, World, key, lock};
 use crate::{check, check_eq};
 
 // ----- helpers -----
-
-fn key() -> PKey {
-    PKey::new(POLLER, "")
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 fn world(items: usize, page_size: usize) -> Result<World, CaseError> {
     World::new(items, page_size)
