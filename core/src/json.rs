@@ -5,6 +5,26 @@ use std::fmt;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 
+/// Serializes `value` into the JSON text a store writes (`what` names it in the error). watukuy's
+/// own types always serialize; a failure is still an error, not a panic: a non-transient store
+/// error of kind [`Rejected`](crate::StoreErrorKind::Rejected).
+///
+/// ```
+/// use watukuy_core::json::encode_for_store;
+///
+/// assert_eq!(encode_for_store("a state", &[1, 2]).unwrap(), "[1,2]");
+/// ```
+pub fn encode_for_store<T: Serialize + ?Sized>(what: &str, value: &T) -> crate::Result<String> {
+    serde_json::to_string(value).map_err(|e| {
+        crate::Error::store_with(
+            crate::StoreErrorKind::Rejected,
+            false,
+            format!("cannot encode {what} as JSON"),
+            e,
+        )
+    })
+}
+
 /// A piece of valid JSON text, kept exactly as it was written.
 ///
 /// Payloads, cursors and raw items travel through the outbox and the stores as `Json`, so a store

@@ -1,7 +1,6 @@
 //! Rows in and out: JSON text as bytes, exactly as given, and stored bytes back into watukuy's
 //! types (a row that does not decode is a `Corrupt` store error naming it, never a panic).
 
-use serde::Serialize;
 use serde::de::DeserializeOwned;
 use watukuy_core::{Error, Json, ParkedKind, Result, StoreErrorKind};
 
@@ -38,18 +37,8 @@ pub(crate) fn raw_json(what: &str, bytes: Option<Vec<u8>>) -> Result<Option<Json
         .transpose()
 }
 
-/// `value` as JSON text (watukuy's types always serialize; a failure is still an error, not a
-/// panic).
-pub(crate) fn encode<T: Serialize + ?Sized>(what: &str, value: &T) -> Result<String> {
-    serde_json::to_string(value).map_err(|e| {
-        Error::store_with(
-            StoreErrorKind::Rejected,
-            false,
-            format!("cannot encode {what} as JSON"),
-            e,
-        )
-    })
-}
+/// Serializes a value the store writes as JSON text.
+pub(crate) use watukuy_core::json::encode_for_store as encode;
 
 /// A parked row's kind as stored.
 pub(crate) fn kind_from(bytes: &[u8]) -> Result<ParkedKind> {

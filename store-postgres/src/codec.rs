@@ -6,7 +6,6 @@
 
 use std::collections::BTreeSet;
 
-use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -18,17 +17,8 @@ use watukuy_core::{
 use crate::PgQuery;
 use crate::error::classify;
 
-/// Serializes a value the store persists as JSON text.
-pub(crate) fn encode<T: Serialize + ?Sized>(what: &str, value: &T) -> Result<String> {
-    serde_json::to_string(value).map_err(|e| {
-        Error::store_with(
-            StoreErrorKind::Rejected,
-            false,
-            format!("cannot encode {what} as JSON"),
-            e,
-        )
-    })
-}
+/// Serializes a value the store writes as JSON text.
+pub(crate) use watukuy_core::json::encode_for_store as encode;
 
 /// Deserializes JSON text read from a column.
 fn decode<T: DeserializeOwned>(what: &str, text: &str) -> Result<T> {

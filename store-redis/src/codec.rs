@@ -11,17 +11,8 @@ use watukuy_core::{
     Error, OutboxRow, PollerState, Result, SerializedError, StatePatch, StoreErrorKind,
 };
 
-/// Serializes a value the store persists as JSON text.
-pub(crate) fn encode<T: Serialize + ?Sized>(what: &str, value: &T) -> Result<String> {
-    serde_json::to_string(value).map_err(|e| {
-        Error::store_with(
-            StoreErrorKind::Rejected,
-            false,
-            format!("cannot encode {what} as JSON"),
-            e,
-        )
-    })
-}
+/// Serializes a value the store writes as JSON text.
+pub(crate) use watukuy_core::json::encode_for_store as encode;
 
 /// Deserializes JSON text read from Redis.
 pub(crate) fn decode<T: DeserializeOwned>(what: &str, text: &str) -> Result<T> {

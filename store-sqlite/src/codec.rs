@@ -3,7 +3,6 @@
 //! byte; an absent `Option<Json>` is SQL `NULL`, a JSON `null` is the text `null`. Anything
 //! stored that cannot be decoded is a `Corrupt` store error, never a panic.
 
-use serde::Serialize;
 use serde::de::DeserializeOwned;
 use watukuy_core::{
     Error, Event, ItemRow, Json, OutboxRow, OutboxStatus, ParkedError, ParkedKind, ParkedRow,
@@ -13,16 +12,7 @@ use watukuy_core::{
 use crate::error::DbResult;
 
 /// Serializes a value the store writes as JSON text.
-pub(crate) fn encode<T: Serialize + ?Sized>(what: &str, value: &T) -> Result<String> {
-    serde_json::to_string(value).map_err(|e| {
-        Error::store_with(
-            StoreErrorKind::Rejected,
-            false,
-            format!("cannot encode {what} as JSON"),
-            e,
-        )
-    })
-}
+pub(crate) use watukuy_core::json::encode_for_store as encode;
 
 /// Deserializes stored JSON text.
 pub(crate) fn decode<T: DeserializeOwned>(what: impl std::fmt::Display, text: &str) -> DbResult<T> {
