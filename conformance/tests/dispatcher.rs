@@ -42,9 +42,14 @@ async fn setup(subjects: &[&str]) -> Setup {
 
 impl Setup {
     fn dispatcher(&self, options: DeliveryOptions) -> Dispatcher {
+        self.dispatcher_over(self.store.clone(), options)
+    }
+
+    /// A dispatcher over `store` (a wrapper of this set-up's store), on this set-up's clock.
+    fn dispatcher_over(&self, store: Arc<dyn Store>, options: DeliveryOptions) -> Dispatcher {
         Dispatcher::new(
             "orders",
-            self.store.clone(),
+            store,
             Arc::new(self.clock.clone()),
             Arc::new(SeededRng::new(1)),
             options,
@@ -302,15 +307,7 @@ async fn acks_of_different_keys_share_store_calls_without_reordering_a_key() {
     let refs: Vec<&str> = subjects.iter().map(String::as_str).collect();
     let s = setup(&refs).await;
     let faulty = Arc::new(FaultyStore::new(s.store.clone()));
-    let d = Dispatcher::new(
-        "orders",
-        faulty.clone(),
-        Arc::new(s.clock.clone()),
-        Arc::new(SeededRng::new(1)),
-        DeliveryOptions::default().concurrency(8),
-        100,
-    )
-    .unwrap();
+    let d = s.dispatcher_over(faulty.clone(), DeliveryOptions::default().concurrency(8));
     let seen: Arc<Mutex<Vec<(String, i64)>>> = Arc::default();
     d.on({
         let seen = seen.clone();
@@ -439,16 +436,7 @@ impl watukuy_conformance::Defect<MemoryStore> for AckCalls {
 fn windowed(s: &Setup, options: DeliveryOptions) -> (Dispatcher, Arc<AckCalls>) {
     let calls = Arc::new(AckCalls::default());
     let store = watukuy_conformance::FaultyStore::new(s.store.clone()).with_defect(calls.clone());
-    let d = Dispatcher::new(
-        "orders",
-        Arc::new(store),
-        Arc::new(s.clock.clone()),
-        Arc::new(SeededRng::new(1)),
-        options,
-        100,
-    )
-    .unwrap();
-    (d, calls)
+    (s.dispatcher_over(Arc::new(store), options), calls)
 }
 
 #[tokio::test]
