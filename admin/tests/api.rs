@@ -8,11 +8,12 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
-use common::{Consumer, example, key};
+use common::{example, failing};
 use serde_json::{Value, json};
 use tower::ServiceExt as _;
 use watukuy_admin::{AdminState, Mode, router};
 use watukuy_conformance::world::POLLER;
+use watukuy_conformance::world::{Consumer, key};
 use watukuy_core::{PKey, StatePatch, Store};
 use watukuy_store_memory::MemoryStore;
 
@@ -94,7 +95,7 @@ async fn the_page_is_plain_html_with_a_strict_policy() {
 #[tokio::test]
 async fn an_engine_page_shows_pollers_and_parked_rows_and_retries_in_read_write_mode() {
     let store = memory();
-    let consumer = Consumer::failing(&["item-002"]);
+    let consumer = failing(&["item-002"]);
     let (world, engine) = example(3, &store, &consumer);
     world.tick(&engine).await.unwrap();
     let app = router(AdminState::new(engine.clone(), Arc::clone(&store)).mode(Mode::ReadWrite));
@@ -150,7 +151,7 @@ async fn an_engine_page_shows_pollers_and_parked_rows_and_retries_in_read_write_
 #[tokio::test]
 async fn read_only_is_the_default_and_refuses_changes() {
     let store = memory();
-    let consumer = Consumer::failing(&["item-001"]);
+    let consumer = failing(&["item-001"]);
     let (world, engine) = example(1, &store, &consumer);
     world.tick(&engine).await.unwrap();
     let app = router(AdminState::new(engine, Arc::clone(&store)));
@@ -253,7 +254,7 @@ async fn bad_requests_are_json_errors() {
 #[tokio::test]
 async fn a_store_alone_shows_every_key_and_operates_on_the_store() {
     let store = memory();
-    let consumer = Consumer::failing(&["item-001", "item-002"]);
+    let consumer = failing(&["item-001", "item-002"]);
     let (world, engine) = example(2, &store, &consumer);
     world.tick(&engine).await.unwrap();
     store

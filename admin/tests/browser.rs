@@ -14,11 +14,12 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Consumer, example, key};
+use common::{example, failing};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use watukuy_admin::{AdminState, Mode, router};
+use watukuy_conformance::world::{Consumer, key};
 use watukuy_core::Store;
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
 
@@ -357,7 +358,7 @@ async fn run() -> Result<(), String> {
             .map_err(|e| e.to_string())?,
     );
     store.migrate().await.map_err(|e| e.to_string())?;
-    let consumer = Consumer::failing(&["item-002"]);
+    let consumer = failing(&["item-002"]);
     let (world, engine) = example(4, &store, &consumer);
     world.tick(&engine).await.map_err(|e| e.to_string())?;
     let key = key();

@@ -2,23 +2,10 @@
 
 mod common;
 
-use std::process::{Command, Output};
 use std::sync::Arc;
 
-use common::{Backend, Consumer, Kind, engine, on};
+use common::{Backend, Kind, engine, failing, on, text, watukuy};
 use watukuy_conformance::world::{POLLER, World};
-
-fn watukuy(args: &[String]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_watukuy"))
-        .args(args)
-        .env_remove("WATUKUY_STORE")
-        .output()
-        .expect("run the watukuy binary")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|a| (*a).to_owned()).collect()
@@ -28,10 +15,10 @@ fn args(list: &[&str]) -> Vec<String> {
 /// table), parked retry (the store changes), an unknown poller (exit 1).
 async fn binary_on(b: Arc<Backend>) {
     let world = World::new(3, 10).unwrap();
-    let consumer = Consumer::failing(&["item-002"]);
+    let consumer = failing(&["item-002"]);
     let engine = engine(&world, &b.store, &consumer);
     world.tick(&engine).await.unwrap();
-    let key = common::key();
+    let key = watukuy_conformance::world::key();
 
     let out = watukuy(&b.argv(&["inspect", "--json"]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));

@@ -4,12 +4,13 @@
 
 #![cfg(feature = "tls")]
 
+mod common;
 #[path = "../../store-postgres/tests/servers/mod.rs"]
 mod servers;
 
-use std::process::{Command, Output};
 use std::sync::LazyLock;
 
+use common::{text, watukuy};
 use servers::{Access, Bouncer, PgServer, TestCa};
 
 static TLS_SERVER: LazyLock<PgServer> = LazyLock::new(|| {
@@ -20,18 +21,6 @@ static TLS_SERVER: LazyLock<PgServer> = LazyLock::new(|| {
 });
 
 static BOUNCER: LazyLock<Bouncer> = LazyLock::new(Bouncer::start);
-
-fn watukuy(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_watukuy"))
-        .args(args)
-        .env_remove("WATUKUY_STORE")
-        .output()
-        .expect("run the watukuy binary")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 #[watukuy_testenv::requires(postgres_server)]
 #[test]

@@ -10,9 +10,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Backend, Consumer, Kind, engine, key, on};
+use common::{Backend, Kind, engine, failing, on};
 use serde_json::{Value, json};
-use watukuy_conformance::world::{POLLER, World};
+use watukuy_conformance::world::{Consumer, POLLER, World, key};
 use watukuy_core::{Lane, LogQuery, PKey, ParkedKind, ParkedQuery, StatePatch};
 
 /// The whole tour on one backend: inspect shows what the engine wrote; parked ls, retry and
@@ -21,7 +21,7 @@ use watukuy_core::{Lane, LogQuery, PKey, ParkedKind, ParkedQuery, StatePatch};
 /// pollers and partitions are exit code 1 with a clear message.
 async fn tour(b: Arc<Backend>) {
     let world = World::new(6, 10).unwrap();
-    let consumer = Consumer::failing(&["item-002", "item-004"]);
+    let consumer = failing(&["item-002", "item-004"]);
     let engine = engine(&world, &b.store, &consumer);
     let store = &b.store;
     let key = key();
@@ -389,7 +389,7 @@ async fn partitions(b: Arc<Backend>) {
 /// retried, only discarded.
 async fn parked_kinds(b: Arc<Backend>) {
     let world = World::new(4, 10).unwrap();
-    let consumer = Consumer::failing(&["item-001", "item-003"]);
+    let consumer = failing(&["item-001", "item-003"]);
     let store = &b.store;
     let poller = world
         .poller(watukuy_conformance::world::StrategyKind::Timestamp)
@@ -411,7 +411,7 @@ async fn parked_kinds(b: Arc<Backend>) {
         .instance_id("node-a")
         .build()
         .unwrap();
-    consumer.attach(&engine);
+    consumer.attach(&engine).unwrap();
     world.tick(&engine).await.unwrap();
     let key = key();
     assert_eq!(store.counts(&key).await.map(|c| c.parked).unwrap(), 3);

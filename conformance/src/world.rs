@@ -196,6 +196,24 @@ impl World {
             .instance_id(instance)
     }
 
+    /// An engine as node-a (rng seed `seed`) polling this world into `store` with a timestamp
+    /// poller that keeps a one-day log, `consumer` attached: what an operator's tools (the
+    /// command line, the admin page) inspect.
+    pub fn consumer_engine(
+        &self,
+        store: Arc<dyn Store>,
+        consumer: &Consumer,
+        seed: u32,
+    ) -> Result<Engine> {
+        let poller = self
+            .poller(StrategyKind::Timestamp)
+            .log(Duration::from_secs(86_400))
+            .build()?;
+        let engine = self.engine(store, "node-a", poller, seed)?;
+        consumer.attach(&engine)?;
+        Ok(engine)
+    }
+
     /// Moves the clock forward.
     pub fn advance(&self, by: Duration) {
         self.clock.advance(by);
@@ -332,5 +350,60 @@ impl Recorder {
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
         self.count.send_replace(0);
+    }
+}
+
+/// A handler for [`POLLER`] that records what it delivered and fails permanently (so the event
+/// is parked at once), with the message `"{reason} {subject}"`, for the subjects it is told to
+/// fail, until [`heal`](Self::heal)ed: the poison events an operator's tools show.
+#[derive(Clone, Default)]
+pub struct Consumer {
+    delivered: Arc<Mutex<Vec<Event>>>,
+    failing: Arc<Mutex<Vec<String>>>,
+    reason: Arc<str>,
+}
+
+impl Consumer {
+    /// A consumer that fails `subjects` with `reason`.
+    pub fn failing(reason: &str, subjects: &[&str]) -> Self {
+        let consumer = Self {
+            reason: reason.into(),
+            ..Self::default()
+        };
+        lock(&consumer.failing).extend(subjects.iter().map(|s| (*s).to_owned()));
+        consumer
+    }
+
+    /// Every subject is handled from now on.
+    pub fn heal(&self) {
+        lock(&self.failing).clear();
+    }
+
+    /// What it delivered, in order.
+    pub fn delivered(&self) -> Vec<Event> {
+        lock(&self.delivered).clone()
+    }
+
+    /// The ids of what it delivered, in order.
+    pub fn delivered_ids(&self) -> Vec<String> {
+        lock(&self.delivered).iter().map(|e| e.id.clone()).collect()
+    }
+
+    /// Registers it as `engine`'s handler of [`POLLER`].
+    pub fn attach(&self, engine: &Engine) -> Result<watukuy_core::delivery::Unsubscribe> {
+        let consumer = self.clone();
+        engine.on(POLLER, move |event: Event, _ctx: HandlerContext| {
+            let fail = lock(&consumer.failing).contains(&event.subject);
+            let result: HandlerResult = if fail {
+                Err(HandlerError::permanent(format!(
+                    "{} {}",
+                    consumer.reason, event.subject
+                )))
+            } else {
+                lock(&consumer.delivered).push(event);
+                Ok(())
+            };
+            futures::future::ready(result)
+        })
     }
 }

@@ -3,16 +3,15 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use watukuy_cli::{CliError, Output, RunOptions, StoreOptions, StoreUrl};
-use watukuy_conformance::world::{POLLER, StrategyKind, World};
+use watukuy_conformance::world::Consumer;
+use watukuy_conformance::world::World;
 use watukuy_conformance::{CaseError, backend_url};
-use watukuy_core::{
-    Engine, Event, HandlerContext, HandlerError, HandlerResult, PKey, SeededRng, Store,
-};
+use watukuy_core::{Engine, Store};
 
 /// Which backend a test runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +40,24 @@ fn unique(what: &str) -> String {
     format!("wkcli_{}_{n}_{what}", std::process::id())
 }
 
+/// `--store URL FLAG NAME`: the options naming a server store's namespace.
+fn server_args(url: &str, flag: &str, name: &str) -> Vec<String> {
+    ["--store", url, flag, name].map(str::to_owned).to_vec()
+}
+
+/// A server store in the namespace `prefix`: its URL, its options and its arguments.
+fn prefixed(
+    url: String,
+    prefix: String,
+) -> (String, StoreOptions, Vec<String>, Option<tempfile::TempDir>) {
+    let args = server_args(&url, "--prefix", &prefix);
+    let options = StoreOptions {
+        prefix: Some(prefix),
+        ..StoreOptions::default()
+    };
+    (url, options, args, None)
+}
+
 impl Backend {
     /// A fresh store; a failure when the backend's URL is unset.
     pub async fn fresh(kind: Kind, what: &str) -> Result<Self, CaseError> {
@@ -58,49 +75,22 @@ impl Backend {
             Kind::Postgres => {
                 let url = backend_url("postgres", "WATUKUY_TEST_POSTGRES_URL")?;
                 let schema = unique(what);
+                let args = server_args(&url, "--schema", &schema);
                 let options = StoreOptions {
-                    schema: Some(schema.clone()),
+                    schema: Some(schema),
                     ..StoreOptions::default()
                 };
-                let args = vec![
-                    "--store".to_owned(),
-                    url.clone(),
-                    "--schema".to_owned(),
-                    schema,
-                ];
                 (url, options, args, None)
             }
             Kind::MySql => {
-                let url = backend_url("mysql", "WATUKUY_TEST_MYSQL_URL")?;
                 let mut prefix = format!("{}_", unique(what));
                 prefix.truncate(48);
-                let options = StoreOptions {
-                    prefix: Some(prefix.clone()),
-                    ..StoreOptions::default()
-                };
-                let args = vec![
-                    "--store".to_owned(),
-                    url.clone(),
-                    "--prefix".to_owned(),
-                    prefix,
-                ];
-                (url, options, args, None)
+                prefixed(backend_url("mysql", "WATUKUY_TEST_MYSQL_URL")?, prefix)
             }
-            Kind::Redis => {
-                let url = backend_url("redis", "WATUKUY_TEST_REDIS_URL")?;
-                let prefix = format!("{}:", unique(what));
-                let options = StoreOptions {
-                    prefix: Some(prefix.clone()),
-                    ..StoreOptions::default()
-                };
-                let args = vec![
-                    "--store".to_owned(),
-                    url.clone(),
-                    "--prefix".to_owned(),
-                    prefix,
-                ];
-                (url, options, args, None)
-            }
+            Kind::Redis => prefixed(
+                backend_url("redis", "WATUKUY_TEST_REDIS_URL")?,
+                format!("{}:", unique(what)),
+            ),
         };
         let store = StoreUrl::parse(&url)
             .map_err(|e| CaseError::failed(e.to_string()))?
@@ -209,86 +199,30 @@ where
     }
 }
 
-/// A handler that records what it delivered and fails permanently (so the event is parked at
-/// once) for the subjects in `failing`.
-#[derive(Clone, Default)]
-pub struct Consumer {
-    pub delivered: Arc<Mutex<Vec<Event>>>,
-    pub failing: Arc<Mutex<Vec<String>>>,
-    pub down: Arc<AtomicBool>,
-}
-
-impl Consumer {
-    pub fn failing(subjects: &[&str]) -> Self {
-        let consumer = Self::default();
-        consumer
-            .failing
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend(subjects.iter().map(|s| (*s).to_owned()));
-        consumer
-    }
-
-    pub fn heal(&self) {
-        self.failing
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
-    }
-
-    pub fn delivered(&self) -> Vec<Event> {
-        self.delivered
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    pub fn attach(&self, engine: &Engine) {
-        let (delivered, failing) = (Arc::clone(&self.delivered), Arc::clone(&self.failing));
-        engine
-            .on(POLLER, move |event: Event, _ctx: HandlerContext| {
-                let fail = failing
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .contains(&event.subject);
-                let result: HandlerResult = if fail {
-                    Err(HandlerError::permanent(format!(
-                        "cannot handle {}",
-                        event.subject
-                    )))
-                } else {
-                    delivered
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .push(event);
-                    Ok(())
-                };
-                futures::future::ready(result)
-            })
-            .expect("attach the consumer");
-    }
+/// The command-line tests' consumer: it fails the given subjects with "cannot handle".
+pub fn failing(subjects: &[&str]) -> Consumer {
+    Consumer::failing("cannot handle", subjects)
 }
 
 /// A world of `items` items and an engine polling them into `store` with the timestamp
 /// strategy and a one-day log, `consumer` attached.
 pub fn engine(world: &World, store: &Arc<dyn Store>, consumer: &Consumer) -> Engine {
-    let poller = world
-        .poller(StrategyKind::Timestamp)
-        .log(Duration::from_secs(86_400))
-        .build()
-        .expect("poller");
-    let engine = Engine::builder(Arc::clone(store))
-        .poller(poller)
-        .clock(Arc::new(world.clock.clone()))
-        .rng(Arc::new(SeededRng::new(7)))
-        .instance_id("node-a")
-        .build()
-        .expect("engine");
-    consumer.attach(&engine);
-    engine
+    world
+        .consumer_engine(Arc::clone(store), consumer, 7)
+        .expect("engine")
 }
 
-/// The key of the world's poller.
-pub fn key() -> PKey {
-    PKey::new(POLLER, "")
+/// Runs the built `watukuy` binary with `args`, without a `WATUKUY_STORE` from the
+/// environment.
+pub fn watukuy<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_watukuy"))
+        .args(args)
+        .env_remove("WATUKUY_STORE")
+        .output()
+        .expect("run the watukuy binary")
+}
+
+/// Output bytes as text.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
 }
