@@ -312,6 +312,13 @@ impl Recorder {
         }
     }
 
+    /// A recorder registered as `engine`'s handler of [`POLLER`].
+    pub fn attached(engine: &Engine) -> Result<Self> {
+        let recorder = Self::default();
+        engine.on(POLLER, recorder.handler())?;
+        Ok(recorder)
+    }
+
     /// Waits until at least `n` events were recorded (for engines running on their own, such as
     /// a daemon). Fails after [`HANG_GUARD`] of real time, which only a hang reaches.
     pub async fn wait_for(&self, n: usize) -> std::result::Result<(), String> {

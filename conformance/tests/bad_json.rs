@@ -74,8 +74,7 @@ async fn a_too_deep_item_and_an_undecodable_item_are_quarantined_and_the_good_it
         .reject(undecodable, reason)
         .has_more(false);
     let engine = engine(Arc::clone(&store) as Arc<dyn Store>, &clock, page).await;
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler()).unwrap();
+    let recorder = Recorder::attached(&engine).unwrap();
 
     let result = tick(&engine).await;
     assert_eq!(result.polled[0].events, 1, "{result:?}");
@@ -153,8 +152,7 @@ async fn an_item_exactly_max_item_depth_deep_reads_back_byte_for_byte_from_every
         );
 
         // Delivered from the store to a handler, still byte for byte.
-        let recorder = Recorder::default();
-        engine.on(POLLER, recorder.handler()).unwrap();
+        let recorder = Recorder::attached(&engine).unwrap();
         clock.advance(Duration::from_secs(120));
         tick(&engine).await;
         let events = recorder.events();

@@ -298,8 +298,7 @@ async fn a_full_scan_over_a_store_streaming_backwards_deletes_nothing_and_warns(
         let engine = world
             .engine(Arc::clone(&store), "node-a", poller, 1)
             .unwrap();
-        let recorder = Recorder::default();
-        engine.on(POLLER, recorder.handler()).unwrap();
+        let recorder = Recorder::attached(&engine).unwrap();
         world.tick(&engine).await.unwrap();
         assert_eq!(recorder.events().len(), 30, "{defect:?}");
 

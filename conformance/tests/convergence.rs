@@ -306,8 +306,7 @@ async fn every_strategy_converges_under_random_change() {
             let engine = world
                 .engine(memory(), "node-a", convergence_poller(&world, kind), seed)
                 .unwrap();
-            let recorder = Recorder::default();
-            engine.on(POLLER, recorder.handler()).unwrap();
+            let recorder = Recorder::attached(&engine).unwrap();
             let mut mutator = Mutator::new(seed);
             // The clock's advances come from a fork, so they do not depend on how many values
             // the mutations drew.
@@ -357,8 +356,7 @@ async fn the_checker_catches_a_lost_change_and_a_reordering() {
             1,
         )
         .unwrap();
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler()).unwrap();
+    let recorder = Recorder::attached(&engine).unwrap();
     learn_all("checker", &world, &engine, &recorder, 4).await;
     world
         .api
@@ -396,8 +394,7 @@ async fn timestamp_without_lag_misses_a_write_in_the_watermark_millisecond() {
             .build()
             .unwrap();
         let engine = world.engine(memory(), "node-a", poller, 1).unwrap();
-        let recorder = Recorder::default();
-        engine.on(POLLER, recorder.handler()).unwrap();
+        let recorder = Recorder::attached(&engine).unwrap();
 
         // A write, then a poll in the same millisecond, then a write with a smaller id in that
         // millisecond again.
@@ -428,8 +425,7 @@ async fn timestamp_does_not_refetch_a_page_it_held_back() {
     let world = World::new(3, 3).unwrap();
     let poller = convergence_poller(&world, StrategyKind::Timestamp);
     let engine = world.engine(memory(), "node-a", poller, 1).unwrap();
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler()).unwrap();
+    let recorder = Recorder::attached(&engine).unwrap();
     learn_all("first", &world, &engine, &recorder, 3).await;
 
     // A full page written in the poll's own millisecond: every item is held back by the lag.
@@ -558,8 +554,7 @@ async fn invalid_items_are_quarantined_and_never_block_delivery() {
             .build()
             .unwrap();
         let engine = world.engine(memory(), "node-a", poller, 1).unwrap();
-        let recorder = Recorder::default();
-        engine.on(POLLER, recorder.handler()).unwrap();
+        let recorder = Recorder::attached(&engine).unwrap();
 
         let result = world.tick(&engine).await.unwrap();
         assert_no_errors(&label, &result);
@@ -633,8 +628,7 @@ async fn on_invalid_fail_reports_a_validation_error_instead() {
             .build()
             .unwrap();
         let engine = world.engine(memory(), "node-a", poller, 1).unwrap();
-        let recorder = Recorder::default();
-        engine.on(POLLER, recorder.handler()).unwrap();
+        let recorder = Recorder::attached(&engine).unwrap();
 
         let result = world.tick(&engine).await.unwrap();
         let error = result.polled[0]
@@ -690,8 +684,7 @@ async fn snapshot_diff_does_not_delete_an_item_that_became_invalid() {
         let engine = world
             .engine(memory(), "node-a", builder.build().unwrap(), 1)
             .unwrap();
-        let recorder = Recorder::default();
-        engine.on(POLLER, recorder.handler()).unwrap();
+        let recorder = Recorder::attached(&engine).unwrap();
         assert_no_errors(&label, &world.tick(&engine).await.unwrap());
         assert_eq!(recorder.events().len(), 9, "{label}");
 
@@ -755,8 +748,7 @@ async fn garbage_pages_are_quarantined_and_the_engine_recovers() {
         let engine = world
             .engine(memory(), "node-a", world.poller(kind).build().unwrap(), 1)
             .unwrap();
-        let recorder = Recorder::default();
-        engine.on(POLLER, recorder.handler()).unwrap();
+        let recorder = Recorder::attached(&engine).unwrap();
         learn_all(&label, &world, &engine, &recorder, 9).await;
 
         // The API answers 200 with `[42, "x", {"no-id": true}]`.
@@ -811,8 +803,7 @@ async fn a_non_string_identity_is_quarantined_and_the_engine_recovers() {
         let tamper = Tamper::default();
         let poller = poller_of::<Value>(&world, kind, &tamper).build().unwrap();
         let engine = world.engine(memory(), "node-a", poller, 1).unwrap();
-        let recorder = Recorder::default();
-        engine.on(POLLER, recorder.handler()).unwrap();
+        let recorder = Recorder::attached(&engine).unwrap();
         learn_all(&label, &world, &engine, &recorder, 9).await;
 
         let changed = world
@@ -886,8 +877,7 @@ async fn a_nan_fingerprint_quarantines_the_item_and_the_page_goes_through() {
         let engine = world
             .engine(Arc::clone(&store), "node-a", poller, 1)
             .unwrap();
-        let recorder = Recorder::default();
-        engine.on(POLLER, recorder.handler()).unwrap();
+        let recorder = Recorder::attached(&engine).unwrap();
         for _ in 0..2 {
             assert_no_errors(&label, &world.tick(&engine).await.unwrap());
             world.advance(Duration::from_secs(120));
@@ -915,8 +905,7 @@ async fn a_nan_fingerprint_quarantines_the_item_and_the_page_goes_through() {
             .build()
             .unwrap();
         let engine = world.engine(memory(), "node-a", poller, 1).unwrap();
-        let recorder = Recorder::default();
-        engine.on(POLLER, recorder.handler()).unwrap();
+        let recorder = Recorder::attached(&engine).unwrap();
         learn_all(&label, &world, &engine, &recorder, 9).await;
 
         world
@@ -1036,8 +1025,7 @@ async fn a_full_scan_sends_no_conditional_requests_so_an_unchanged_first_page_hi
             1,
         )
         .unwrap();
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler()).unwrap();
+    let recorder = Recorder::attached(&engine).unwrap();
     learn_all("etags", &world, &engine, &recorder, 9).await;
     let conditional = |api: &FakeApi| api.log().iter().filter(|e| e.status == Some(304)).count();
 

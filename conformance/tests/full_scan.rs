@@ -115,8 +115,7 @@ fn engine(listing: &Listing, store: Arc<dyn Store>) -> (Engine, Recorder) {
         .instance_id("node-a")
         .build()
         .unwrap();
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler()).unwrap();
+    let recorder = Recorder::attached(&engine).unwrap();
     (engine, recorder)
 }
 

@@ -37,8 +37,7 @@ fn option_of(error: Error) -> String {
 fn engine(world: &World, store: &Arc<MemoryStore>, poller: Poller) -> (Engine, Recorder) {
     let store: Arc<dyn Store> = Arc::clone(store) as Arc<dyn Store>;
     let engine = world.engine(store, "node-a", poller, 7).unwrap();
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler()).unwrap();
+    let recorder = Recorder::attached(&engine).unwrap();
     (engine, recorder)
 }
 
@@ -234,8 +233,7 @@ async fn the_daemon_does_not_re_list_a_capped_reconcile_in_a_hot_loop() {
         .instance_id("daemon")
         .build()
         .unwrap();
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler()).unwrap();
+    let recorder = Recorder::attached(&engine).unwrap();
     let t0 = clock.now_ms();
     engine.start().await.unwrap();
     // Five virtual minutes, a second at a time.

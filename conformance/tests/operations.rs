@@ -41,13 +41,6 @@ fn option_of(error: Error) -> String {
     }
 }
 
-/// A [`Recorder`] on the engine's events of [`POLLER`].
-fn record(engine: &Engine) -> Recorder {
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler()).unwrap();
-    recorder
-}
-
 /// An engine on a fresh memory store as node-a (rng seed 1) whose hooks go to a [`HookLog`].
 fn hooked(world: &World, poller: Poller) -> (Engine, Arc<HookLog>) {
     let hooks = Arc::new(HookLog::default());
@@ -221,7 +214,7 @@ impl Hooks for HookLog {
 async fn trigger_runs_a_key_that_is_not_due_on_the_next_tick() {
     let world = World::new(3, 10).unwrap();
     let engine = timestamp_engine(&world, memory());
-    let recorder = record(&engine);
+    let recorder = Recorder::attached(&engine).unwrap();
     world.tick(&engine).await.unwrap();
     assert_eq!(recorder.events().len(), 3);
 
@@ -279,7 +272,7 @@ async fn trigger_keeps_an_open_circuit_open_and_the_forced_run_is_a_probe() {
         .build()
         .unwrap();
     let (engine, hooks) = hooked(&world, poller);
-    let recorder = record(&engine);
+    let recorder = Recorder::attached(&engine).unwrap();
 
     // `circuit.failures` failing cycles open the circuit.
     world.api.fail_next(Fault::http(500), 3);
@@ -373,7 +366,7 @@ async fn caught_up_says_whether_everything_seen_is_delivered() {
     // No consumer: the first cycle's events stay pending.
     world.tick(&engine).await.unwrap();
     assert!(!engine.caught_up().await.unwrap(), "truncated, and pending");
-    let recorder = record(&engine);
+    let recorder = Recorder::attached(&engine).unwrap();
     world.tick(&engine).await.unwrap();
     assert_eq!(recorder.ids().len(), 5);
     assert!(engine.caught_up().await.unwrap());
@@ -405,7 +398,7 @@ async fn pause_skips_the_key_and_keeps_its_outbox_until_resume() {
 
     engine.pause(POLLER, None).await.unwrap();
     assert!(only(&engine).await.paused);
-    let recorder = record(&engine);
+    let recorder = Recorder::attached(&engine).unwrap();
     world
         .api
         .update("item-001", json!({ "value": 10 }))
@@ -468,8 +461,7 @@ async fn reset_cursor_with_a_cleared_snapshot_recreates_every_item_with_the_same
         let world = World::new(5, 2).unwrap();
         let poller = world.poller(kind).build().unwrap();
         let engine = world.engine(memory(), "node-a", poller, 1).unwrap();
-        let recorder = Recorder::default();
-        engine.on(POLLER, recorder.handler()).unwrap();
+        let recorder = Recorder::attached(&engine).unwrap();
         world.tick(&engine).await.unwrap();
         let first = recorder.events();
         assert_eq!(first.len(), 5, "{kind:?}");
@@ -511,7 +503,7 @@ async fn reset_cursor_with_a_cleared_snapshot_recreates_every_item_with_the_same
 async fn reset_cursor_to_a_raw_value_moves_the_live_cursor() {
     let world = World::new(5, 10).unwrap();
     let engine = timestamp_engine(&world, memory());
-    let recorder = record(&engine);
+    let recorder = Recorder::attached(&engine).unwrap();
     world.tick(&engine).await.unwrap();
     assert_eq!(
         only(&engine).await.cursors.live,
@@ -1266,7 +1258,7 @@ fn alive_tasks() -> usize {
 async fn the_daemon_delivers_changes_on_its_own_and_stops_cleanly() {
     let (world, clock) = tokio_world(3, 10);
     let engine = daemon_engine(&world, &clock, memory(), "node-a");
-    let recorder = record(&engine);
+    let recorder = Recorder::attached(&engine).unwrap();
     assert_eq!(engine.status(), Status::Idle);
 
     engine.start().await.unwrap();
@@ -1330,7 +1322,7 @@ async fn the_daemon_delivers_changes_on_its_own_and_stops_cleanly() {
 async fn a_trigger_wakes_the_daemon() {
     let (world, clock) = tokio_world(2, 10);
     let engine = daemon_engine(&world, &clock, memory(), "node-a");
-    let recorder = record(&engine);
+    let recorder = Recorder::attached(&engine).unwrap();
     engine.start().await.unwrap();
     assert!(run_until(&clock, 60, || recorder.events().len() >= 2).await);
     // Let the schedule grow to its maximum (30 s): idle cycles back off.
@@ -1549,7 +1541,7 @@ async fn hooks_follow_the_lifecycle_order_over_several_pages() {
     let world = World::new(5, 2).unwrap();
     let poller = world.poller(StrategyKind::Timestamp).build().unwrap();
     let (engine, hooks) = hooked(&world, poller);
-    let _recorder = record(&engine);
+    let _recorder = Recorder::attached(&engine).unwrap();
     world.tick(&engine).await.unwrap();
 
     // Pages of 2, 2 and 1 items.
@@ -1643,7 +1635,7 @@ async fn on_error_reports_the_fetch_phase_and_on_invalid_a_quarantined_item() {
         .build()
         .unwrap();
     let (engine, hooks) = hooked(&world, poller);
-    let recorder = record(&engine);
+    let recorder = Recorder::attached(&engine).unwrap();
 
     world.api.fail_next(Fault::http(500), 1);
     let result = world.tick(&engine).await.unwrap();

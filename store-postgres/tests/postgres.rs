@@ -10,19 +10,13 @@ use std::time::Duration;
 use common::{Database, OrFail, ensure, fail, pool, with_database, with_schema};
 use sqlx::{Connection, PgConnection, Row};
 use watukuy_conformance::CaseError;
+use watukuy_conformance::cases::fixtures::{T0, TTL, item, key};
 use watukuy_core::{
     CommitBatch, Error, ErrorCode, Event, EventType, ItemRow, Json, Lane, Lease, LogQuery,
-    OutboxRow, PKey, ParkedError, ParkedKind, ParkedQuery, ParkedRow, PollerState, ScheduleState,
+    OutboxRow, ParkedError, ParkedKind, ParkedQuery, ParkedRow, PollerState, ScheduleState,
     SerializedError, StatePatch, Store, StoreErrorKind,
 };
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};
-
-const T0: i64 = 1_767_225_600_000;
-const TTL: i64 = 30_000;
-
-fn key() -> PKey {
-    PKey::new("orders", "")
-}
 
 fn event(id: &str, sequence: i64, data: &str) -> Result<Event, CaseError> {
     Ok(Event {
@@ -41,17 +35,6 @@ fn event(id: &str, sequence: i64, data: &str) -> Result<Event, CaseError> {
         attempt: 0,
         traceparent: None,
     })
-}
-
-fn item(identity: &str, hash: &str) -> ItemRow {
-    ItemRow {
-        identity: identity.to_owned(),
-        version: None,
-        hash: hash.to_owned(),
-        schema_version: 1,
-        payload: None,
-        seen_at: T0,
-    }
 }
 
 /// One page: items, their events (logged) and a patch moving the sequence.

@@ -39,8 +39,7 @@ fn recorded(
     instance: &str,
 ) -> Result<(Engine, Recorder), CaseError> {
     let engine = engine(w, Arc::clone(store), instance, StrategyKind::Timestamp)?;
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler())?;
+    let recorder = Recorder::attached(&engine)?;
     Ok((engine, recorder))
 }
 
@@ -57,8 +56,7 @@ fn traced(
         .engine_builder(store, "node-a", poller, seed)
         .hooks(trace.clone())
         .build()?;
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler())?;
+    let recorder = Recorder::attached(&engine)?;
     Ok((engine, recorder, trace))
 }
 
@@ -313,8 +311,7 @@ pub async fn g5_stale_holder_is_fenced_out(env: Env) -> CaseResult {
 async fn scripted(store: Arc<dyn Store>) -> Result<(Vec<Event>, Vec<TickResult>), CaseError> {
     let w = world(4)?;
     let engine = engine(&w, store, "node-a", StrategyKind::SnapshotDiff)?;
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler())?;
+    let recorder = Recorder::attached(&engine)?;
     let mut ticks = vec![tick(&w, &engine).await?];
     for step in 0..4_i64 {
         match step {

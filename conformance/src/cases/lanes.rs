@@ -56,8 +56,7 @@ fn engine(
         builder = builder.hooks(hooks);
     }
     let engine = builder.build()?;
-    let recorder = Recorder::default();
-    engine.on(POLLER, recorder.handler())?;
+    let recorder = Recorder::attached(&engine)?;
     Ok((engine, recorder))
 }
 
