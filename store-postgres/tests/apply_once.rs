@@ -19,13 +19,12 @@ use std::time::Duration;
 use common::{OrFail, Schema, ensure, fail, with_schema};
 use sqlx::{PgPool, Postgres, Row, Transaction};
 use watukuy_conformance::CaseError;
-use watukuy_conformance::cases::fixtures::{NODE_A, T0, acquire, event, key};
+use watukuy_conformance::cases::fixtures::{
+    CrashBeforeAck, NODE_A, PendingDelivery, T0, event, key,
+};
 use watukuy_conformance::world::{POLLER, StrategyKind, World};
 use watukuy_core::delivery::{ApplyError, ApplyOutcome};
-use watukuy_core::{
-    CommitBatch, DeliveryOptions, Dispatcher, DrainContext, Engine, Event, EventType,
-    HandlerContext, HandlerError, ManualClock, OutboxRow, SeededRng, Store,
-};
+use watukuy_core::{Engine, Event, EventType, HandlerContext, HandlerError, ManualClock};
 use watukuy_store_postgres::{PostgresOptions, PostgresStore, ProcessedEvents};
 
 /// The test's schema with the processed-events table `processed` and read models.
@@ -75,6 +74,16 @@ impl Db {
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
             .collect::<Result<_, sqlx::Error>>()
             .or_fail_with("sql")
+    }
+
+    /// `apply_once` of `e` with the projection into `rm`; `what` names a failure.
+    async fn apply(&self, e: &Event, what: &str) -> Result<ApplyOutcome<()>, CaseError> {
+        self.processed
+            .apply_once(&self.pool, e, |tx| {
+                Box::pin(project(tx, &self.schema, "rm", e))
+            })
+            .await
+            .map_err(|err| fail(format!("{what}: {err}")))
     }
 
     async fn markers(&self) -> Result<i64, CaseError> {
@@ -168,25 +177,13 @@ async fn crash_before_commit_applies_nothing_and_the_redelivery_applies_once() {
         );
 
         // The redelivery applies it (once the dropped transaction has rolled back) ...
-        let outcome = db
-            .processed
-            .apply_once(&db.pool, &e, |tx| {
-                Box::pin(project(tx, &db.schema, "rm", &e))
-            })
-            .await
-            .map_err(|err| fail(format!("redelivery failed: {err}")))?;
+        let outcome = db.apply(&e, "redelivery failed").await?;
         ensure!(
             outcome.is_applied(),
             "the redelivery was not applied: {outcome:?}"
         );
         // ... and a further one is a duplicate.
-        let again = db
-            .processed
-            .apply_once(&db.pool, &e, |tx| {
-                Box::pin(project(tx, &db.schema, "rm", &e))
-            })
-            .await
-            .map_err(|err| fail(format!("second redelivery failed: {err}")))?;
+        let again = db.apply(&e, "second redelivery failed").await?;
         ensure!(
             again.is_deduplicated(),
             "the second redelivery applied again"
@@ -212,31 +209,17 @@ async fn crash_after_commit_before_ack_is_redelivered_and_detected_as_duplicate(
             db.pool.clone(),
             PostgresOptions::default().schema(db.schema.as_str()),
         )?);
-        store.migrate().await?;
-        let k = key();
-        let lease = acquire(&*store, &k, NODE_A, T0).await?;
-        let batch = CommitBatch::default().events(vec![OutboxRow::pending(order("evt-1", "o1"), T0)]);
-        store.commit_poll(&k, &lease, &batch).await?;
-        let clock = ManualClock::new(T0);
-        let dispatcher = Dispatcher::new(
-            "orders",
-            store.clone(),
-            Arc::new(clock.clone()),
-            Arc::new(SeededRng::new(1)),
-            DeliveryOptions::default(),
-            100,
-        )?;
+        let bench = PendingDelivery::new(store, order("evt-1", "o1")).await?;
         // The first attempt commits its projection, then "crashes" before the acknowledgement
         // (the handler fails after apply_once returned).
-        let crashed = Arc::new(Mutex::new(false));
-        let outcomes = Arc::new(Mutex::new(Vec::new()));
-        dispatcher.on({
+        let crash = CrashBeforeAck::default();
+        bench.dispatcher.on({
             let (pool, processed, schema) =
                 (db.pool.clone(), db.processed.clone(), db.schema.clone());
-            let (crashed, outcomes) = (crashed.clone(), outcomes.clone());
+            let crash = crash.clone();
             move |event: Event, ctx: HandlerContext| {
                 let (pool, processed, schema) = (pool.clone(), processed.clone(), schema.clone());
-                let (crashed, outcomes) = (crashed.clone(), outcomes.clone());
+                let crash = crash.clone();
                 async move {
                     let outcome = processed
                         .apply_once(&pool, &event, |tx| {
@@ -244,22 +227,11 @@ async fn crash_after_commit_before_ack_is_redelivered_and_detected_as_duplicate(
                         })
                         .await?
                         .report(&ctx);
-                    outcomes
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .push(outcome.is_applied());
-                    let mut crashed = crashed.lock().unwrap_or_else(PoisonError::into_inner);
-                    if !*crashed {
-                        *crashed = true;
-                        return Err(HandlerError::transient("crashed before the ack"));
-                    }
-                    Ok(())
+                    crash.after(outcome.is_applied())
                 }
             }
         })?;
-        let report = dispatcher
-            .drain(&k, &lease, &DrainContext::default())
-            .await?;
+        let report = bench.drain().await?;
         ensure!(
             report.failed == 1 && report.delivered == 0,
             "first drain: {report:?}"
@@ -271,18 +243,13 @@ async fn crash_after_commit_before_ack_is_redelivered_and_detected_as_duplicate(
         );
 
         // The retry is due after the backoff: the event is redelivered and found applied.
-        clock.advance(Duration::from_secs(60));
-        let report = dispatcher
-            .drain(&k, &lease, &DrainContext::default())
-            .await?;
+        bench.clock.advance(Duration::from_secs(60));
+        let report = bench.drain().await?;
         ensure!(
             report.delivered == 1 && report.remaining == 0,
             "redelivery: {report:?}"
         );
-        let seen = outcomes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let seen = crash.applied();
         ensure!(
             seen == vec![true, false],
             "applied/deduplicated per attempt: {seen:?}"
@@ -291,7 +258,7 @@ async fn crash_after_commit_before_ack_is_redelivered_and_detected_as_duplicate(
             db.rows("rm").await? == after_first,
             "the duplicate changed the projection"
         );
-        let counters = dispatcher.counters("");
+        let counters = bench.dispatcher.counters("");
         ensure!(
             serde_json::to_value(counters).ok() == Some(serde_json::json!({"received": 2, "applied": 0, "deduplicated": 1, "skipped": 0, "failed": 1})),
             "counters: {counters:?}"
@@ -447,13 +414,7 @@ async fn a_projection_failure_rolls_back_the_marker() {
             "classification lost: {handler_error:?}"
         );
         // The next delivery applies normally.
-        let outcome = db
-            .processed
-            .apply_once(&db.pool, &e, |tx| {
-                Box::pin(project(tx, &db.schema, "rm", &e))
-            })
-            .await
-            .map_err(|err| fail(err.to_string()))?;
+        let outcome = db.apply(&e, "the next delivery").await?;
         ensure!(outcome.is_applied(), "not applied after the failures");
         ensure!(db.markers().await? == 1, "markers");
         Ok(())

@@ -15,13 +15,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use rusqlite::{Connection, Transaction};
-use watukuy_conformance::cases::fixtures::{NODE_A, T0, acquire, event, key};
+use watukuy_conformance::cases::fixtures::{
+    CrashBeforeAck, NODE_A, PendingDelivery, T0, event, key,
+};
 use watukuy_conformance::world::{POLLER, StrategyKind, World};
 use watukuy_core::delivery::{ApplyError, ApplyOutcome};
-use watukuy_core::{
-    CommitBatch, DeliveryOptions, Dispatcher, DrainContext, Event, EventType, HandlerContext,
-    HandlerError, HandlerErrorKind, ManualClock, OutboxRow, SeededRng, Store,
-};
+use watukuy_core::{Event, EventType, HandlerContext, HandlerError, HandlerErrorKind, ManualClock};
 use watukuy_store_sqlite::{ProcessedEvents, SqliteOptions, SqliteStore};
 
 fn temp_dir() -> tempfile::TempDir {
@@ -101,6 +100,19 @@ fn project(tx: &Transaction<'_>, table: &str, event: &Event) -> rusqlite::Result
     Ok(())
 }
 
+/// `apply_once` of `e` with the projection into `rm`, which succeeds.
+async fn apply(
+    processed: &ProcessedEvents,
+    conn: &Arc<Mutex<Connection>>,
+    e: &Event,
+) -> ApplyOutcome<()> {
+    let projected = e.clone();
+    processed
+        .apply_once(conn, e, move |tx| project(tx, "rm", &projected))
+        .await
+        .unwrap()
+}
+
 fn order(id: &str, subject: &str) -> Event {
     event(&key(), id, 1, subject)
 }
@@ -146,21 +158,9 @@ async fn crash_before_commit_applies_nothing_and_the_redelivery_applies_once() {
     assert_eq!(markers(&reader), 0);
 
     // The redelivery (on the connection whose mutex the panic poisoned) applies it once.
-    let outcome = processed
-        .apply_once(&conn, &e, {
-            let e = e.clone();
-            move |tx| project(tx, "rm", &e)
-        })
-        .await
-        .unwrap();
+    let outcome = apply(&processed, &conn, &e).await;
     assert!(outcome.is_applied());
-    let again = processed
-        .apply_once(&conn, &e, {
-            let e = e.clone();
-            move |tx| project(tx, "rm", &e)
-        })
-        .await
-        .unwrap();
+    let again = apply(&processed, &conn, &e).await;
     assert!(again.is_deduplicated());
     let rows = rows(&reader, "rm");
     assert_eq!(rows.len(), 1);
@@ -175,55 +175,29 @@ async fn crash_after_commit_before_ack_is_redelivered_and_detected_as_duplicate(
     let processed = setup(&path);
     let store =
         Arc::new(SqliteStore::open(SqliteOptions::file(dir.path().join("store.sqlite"))).unwrap());
-    store.migrate().await.unwrap();
-    let k = key();
-    let lease = acquire(&*store, &k, NODE_A, T0).await.unwrap();
-    let batch = CommitBatch::default().events(vec![OutboxRow::pending(order("evt-1", "o1"), T0)]);
-    store.commit_poll(&k, &lease, &batch).await.unwrap();
-    let clock = ManualClock::new(T0);
-    let dispatcher = Dispatcher::new(
-        "orders",
-        store.clone(),
-        Arc::new(clock.clone()),
-        Arc::new(SeededRng::new(1)),
-        DeliveryOptions::default(),
-        100,
-    )
-    .unwrap();
+    let bench = PendingDelivery::new(store, order("evt-1", "o1"))
+        .await
+        .unwrap();
     let conn = shared(connect(&path));
-    let crashed = Arc::new(Mutex::new(false));
-    let outcomes = Arc::new(Mutex::new(Vec::new()));
-    dispatcher
+    let crash = CrashBeforeAck::default();
+    bench
+        .dispatcher
         .on({
-            let (conn, processed) = (conn.clone(), processed.clone());
-            let (crashed, outcomes) = (crashed.clone(), outcomes.clone());
+            let (conn, processed, crash) = (conn.clone(), processed.clone(), crash.clone());
             move |event: Event, ctx: HandlerContext| {
-                let (conn, processed) = (conn.clone(), processed.clone());
-                let (crashed, outcomes) = (crashed.clone(), outcomes.clone());
+                let (conn, processed, crash) = (conn.clone(), processed.clone(), crash.clone());
                 async move {
                     let projected = event.clone();
                     let outcome = processed
                         .apply_once(&conn, &event, move |tx| project(tx, "rm", &projected))
                         .await?
                         .report(&ctx);
-                    outcomes
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .push(outcome.is_applied());
-                    let mut crashed = crashed.lock().unwrap_or_else(PoisonError::into_inner);
-                    if !*crashed {
-                        *crashed = true;
-                        return Err(HandlerError::transient("crashed before the ack"));
-                    }
-                    Ok(())
+                    crash.after(outcome.is_applied())
                 }
             }
         })
         .unwrap();
-    let report = dispatcher
-        .drain(&k, &lease, &DrainContext::default())
-        .await
-        .unwrap();
+    let report = bench.drain().await.unwrap();
     assert_eq!((report.failed, report.delivered), (1, 0), "{report:?}");
     let reader = connect(&path);
     let after_first = rows(&reader, "rm");
@@ -233,23 +207,17 @@ async fn crash_after_commit_before_ack_is_redelivered_and_detected_as_duplicate(
         "the first attempt's commit is missing"
     );
 
-    clock.advance(Duration::from_secs(60));
-    let report = dispatcher
-        .drain(&k, &lease, &DrainContext::default())
-        .await
-        .unwrap();
+    bench.clock.advance(Duration::from_secs(60));
+    let report = bench.drain().await.unwrap();
     assert_eq!((report.delivered, report.remaining), (1, 0), "{report:?}");
-    assert_eq!(
-        *outcomes.lock().unwrap_or_else(PoisonError::into_inner),
-        vec![true, false]
-    );
+    assert_eq!(crash.applied(), vec![true, false]);
     assert_eq!(
         rows(&reader, "rm"),
         after_first,
         "the duplicate changed the projection"
     );
     assert_eq!(
-        serde_json::to_value(dispatcher.counters("")).unwrap(),
+        serde_json::to_value(bench.dispatcher.counters("")).unwrap(),
         serde_json::json!({"received": 2, "applied": 0, "deduplicated": 1, "skipped": 0, "failed": 1})
     );
 }
@@ -370,13 +338,7 @@ async fn a_projection_failure_rolls_back_the_marker() {
         &HandlerErrorKind::Permanent
     );
 
-    let outcome = processed
-        .apply_once(&conn, &e, {
-            let e = e.clone();
-            move |tx| project(tx, "rm", &e)
-        })
-        .await
-        .unwrap();
+    let outcome = apply(&processed, &conn, &e).await;
     assert!(outcome.is_applied());
     assert_eq!(markers(&reader), 1);
 }

@@ -1,8 +1,11 @@
 //! Shared values for the cases: the reference suite's constants, keys, rows and small helpers.
 
+use std::sync::{Arc, Mutex, PoisonError};
+
 use watukuy_core::{
-    Error, Event, EventType, ItemRow, Json, Lane, Lease, OutboxRow, PKey, ParkedError, ParkedKind,
-    ParkedRow, SerializedError, Store, ValidationIssue,
+    CommitBatch, DeliveryOptions, Dispatcher, DrainContext, DrainReport, Error, Event, EventType,
+    HandlerError, ItemRow, Json, Lane, Lease, ManualClock, OutboxRow, PKey, ParkedError,
+    ParkedKind, ParkedRow, SeededRng, SerializedError, Store, ValidationIssue,
 };
 
 use crate::harness::{CaseError, CaseResult};
@@ -333,4 +336,83 @@ pub async fn write_validator(
         validator: validator.clone(),
     }]);
     store.commit_poll(key, lease, &batch).await
+}
+
+/// A consumer's test bench against real redeliveries: `event` committed as pending on
+/// [`key`]'s outbox in `store` under node-a's lease, and a dispatcher for `orders` over it on a
+/// manual clock at `T0` (seed 1, default delivery options).
+pub struct PendingDelivery {
+    /// The dispatcher; drain it with [`key`] and [`lease`](Self::lease).
+    pub dispatcher: Dispatcher,
+    /// The dispatcher's clock: advance it past a retry's backoff.
+    pub clock: ManualClock,
+    /// Node-a's lease on [`key`].
+    pub lease: Lease,
+}
+
+impl PendingDelivery {
+    /// Migrates `store`, commits `event` and builds the dispatcher.
+    pub async fn new(store: Arc<dyn Store>, event: Event) -> Result<Self, CaseError> {
+        store.migrate().await?;
+        let k = key();
+        let lease = acquire(&*store, &k, NODE_A, T0).await?;
+        let batch = CommitBatch::default().events(vec![OutboxRow::pending(event, T0)]);
+        store.commit_poll(&k, &lease, &batch).await?;
+        let clock = ManualClock::new(T0);
+        let dispatcher = Dispatcher::new(
+            "orders",
+            store,
+            Arc::new(clock.clone()),
+            Arc::new(SeededRng::new(1)),
+            DeliveryOptions::default(),
+            100,
+        )?;
+        Ok(Self {
+            dispatcher,
+            clock,
+            lease,
+        })
+    }
+
+    /// One drain of [`key`]'s outbox.
+    pub async fn drain(&self) -> Result<DrainReport, CaseError> {
+        Ok(self
+            .dispatcher
+            .drain(&key(), &self.lease, &DrainContext::default())
+            .await?)
+    }
+}
+
+/// The part of a consumer's handler that plays a crash after its commit and before the
+/// acknowledgement: it records, attempt by attempt, whether the event was applied, and fails
+/// the first attempt (transiently) once it has run, so the event is redelivered.
+#[derive(Clone, Default)]
+pub struct CrashBeforeAck {
+    crashed: Arc<Mutex<bool>>,
+    applied: Arc<Mutex<Vec<bool>>>,
+}
+
+impl CrashBeforeAck {
+    /// Ends an attempt that `applied` the event or not: an error the first time.
+    pub fn after(&self, applied: bool) -> Result<(), HandlerError> {
+        self.applied
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(applied);
+        let mut crashed = self.crashed.lock().unwrap_or_else(PoisonError::into_inner);
+        if *crashed {
+            Ok(())
+        } else {
+            *crashed = true;
+            Err(HandlerError::transient("crashed before the ack"))
+        }
+    }
+
+    /// Whether each attempt so far applied the event.
+    pub fn applied(&self) -> Vec<bool> {
+        self.applied
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }
