@@ -1,6 +1,7 @@
 //! [`Json`]: JSON text carried through the engine and the stores byte for byte.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
@@ -29,19 +30,20 @@ pub fn encode_for_store<T: Serialize + ?Sized>(what: &str, value: &T) -> crate::
 ///
 /// Payloads, cursors and raw items travel through the outbox and the stores as `Json`, so a store
 /// never re-serializes them: big integers, key order and unicode escapes round-trip byte for byte.
-/// Two values are equal when their texts are equal.
+/// Two values are equal when their texts are equal. The text is shared: cloning a `Json` (an
+/// event handed to a handler, a row loaded from the memory store) copies a pointer, not the text.
 #[derive(Clone)]
-pub struct Json(Box<RawValue>);
+pub struct Json(Arc<RawValue>);
 
 impl Json {
     /// Parses `text`, failing with the parser's message when it is not one JSON value.
     pub fn parse(text: &str) -> Result<Self, serde_json::Error> {
-        RawValue::from_string(text.to_owned()).map(Self)
+        RawValue::from_string(text.to_owned()).map(Self::shared)
     }
 
     /// Serializes any value into compact JSON text.
     pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Self, serde_json::Error> {
-        serde_json::value::to_raw_value(value).map(Self)
+        serde_json::value::to_raw_value(value).map(Self::shared)
     }
 
     /// Converts a [`serde_json::Value`] into JSON text (never fails: a `Value` is always valid).
@@ -52,7 +54,11 @@ impl Json {
 
     /// The JSON `null` literal.
     pub fn null() -> Self {
-        Self(RawValue::NULL.to_owned())
+        Self::shared(RawValue::NULL.to_owned())
+    }
+
+    fn shared(text: Box<RawValue>) -> Self {
+        Self(Arc::from(text))
     }
 
     /// The JSON text exactly as stored.
@@ -119,7 +125,7 @@ impl Serialize for Json {
 
 impl<'de> Deserialize<'de> for Json {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Box::<RawValue>::deserialize(deserializer).map(Self)
+        Box::<RawValue>::deserialize(deserializer).map(Self::shared)
     }
 }
 
