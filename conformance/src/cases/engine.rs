@@ -419,11 +419,21 @@ pub async fn g6_shared_budget_is_never_exceeded(env: Env) -> CaseResult {
     engine.on("alpha", ra.handler())?;
     engine.on("beta", rb.handler())?;
     let started = w.now();
-    let result = tick_while_time_passes(&w, &engine).await?;
-    check!(
-        result.polled.iter().all(|p| p.error.is_none()),
-        "{result:?}"
-    );
+    // The clock runs while the tick waits on the store too, so on a slow machine a request may
+    // wait past its budget's limit: that is a deferral (no error, the key is due again), and the
+    // next tick goes on. What G6 promises is checked on the API's log below.
+    for _ in 0..10 {
+        let result = tick_while_time_passes(&w, &engine).await?;
+        check!(
+            result.polled.iter().all(|p| p.error.is_none()),
+            "{result:?}"
+        );
+        if (ra.ids().len(), rb.ids().len()) == (6, 6) {
+            break;
+        }
+        // A deferred key is due again once the bucket refilled.
+        w.advance(Duration::from_secs(10));
+    }
     check_eq!(
         (ra.ids().len(), rb.ids().len()),
         (6, 6),
