@@ -937,6 +937,20 @@ impl FakeApi {
 
     // ----- adapters -----
 
+    /// [`fetch_since`](Self::fetch_since) as a poller's fetch function, on a clone of this API.
+    pub fn since_fetch(
+        &self,
+    ) -> impl Fn(FetchContext) -> futures::future::BoxFuture<'static, Result<Page, BoxError>>
+    + Send
+    + Sync
+    + 'static {
+        let api = self.clone();
+        move |ctx: FetchContext| {
+            let api = api.clone();
+            Box::pin(async move { api.fetch_since(&ctx).await })
+        }
+    }
+
     /// A poller fetch for the `timestamp` strategy: reads [`Cursor::Timestamp`] `{ value,
     /// tie_break }` and lists [`/since`](Self::list_since) from `value`, after `tie_break`, one
     /// page-size page at a time. `has_more` is `items.len() == page size` (like an API that

@@ -129,6 +129,14 @@ impl World {
         Ok((world, clock))
     }
 
+    /// The schedule of a world's pollers: 5 s to 30 s, without jitter.
+    pub fn schedule() -> ScheduleOptions {
+        ScheduleOptions::default()
+            .min(Duration::from_secs(5))
+            .max(Duration::from_secs(30))
+            .jitter(0.0)
+    }
+
     /// A poller `items` over the API with the given strategy: identity `id`, schedule 5 s to
     /// 30 s without jitter, 3 delivery attempts with a 1 s to 4 s backoff, no handler timeout.
     pub fn poller(&self, kind: StrategyKind) -> PollerBuilder<serde_json::Value> {
@@ -141,12 +149,7 @@ impl World {
         let api = self.api.clone();
         let builder = Poller::builder::<serde_json::Value>(name)
             .identity_field("id")
-            .schedule(
-                ScheduleOptions::default()
-                    .min(Duration::from_secs(5))
-                    .max(Duration::from_secs(30))
-                    .jitter(0.0),
-            )
+            .schedule(Self::schedule())
             // No handler timeout: world tests hold handlers open on purpose (stops, lost
             // leases); the timeout is tested on its own in `tests/handlers.rs`.
             .delivery(
@@ -178,6 +181,18 @@ impl World {
         seed: u32,
     ) -> Result<Engine> {
         self.engine_builder(store, instance, poller, seed).build()
+    }
+
+    /// An [`engine`](Self::engine) on `store` as node-a (rng seed 1), with a [`Recorder`]
+    /// attached.
+    pub fn recorded_engine(
+        &self,
+        store: Arc<dyn Store>,
+        poller: Poller,
+    ) -> Result<(Engine, Recorder)> {
+        let engine = self.engine(store, "node-a", poller, 1)?;
+        let recorder = Recorder::attached(&engine)?;
+        Ok((engine, recorder))
     }
 
     /// The builder [`engine`](Self::engine) builds, for a test that adds to it (hooks, more

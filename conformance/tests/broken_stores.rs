@@ -283,7 +283,7 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
 async fn a_full_scan_over_a_store_streaming_backwards_deletes_nothing_and_warns() {
     use std::time::Duration;
 
-    use watukuy_conformance::world::{POLLER, Recorder, StrategyKind, World};
+    use watukuy_conformance::world::{POLLER, StrategyKind, World};
     use watukuy_core::EventType;
 
     warnings();
@@ -295,10 +295,7 @@ async fn a_full_scan_over_a_store_streaming_backwards_deletes_nothing_and_warns(
             .delete_confirmation(watukuy_core::DeleteConfirmation::Immediate)
             .build()
             .unwrap();
-        let engine = world
-            .engine(Arc::clone(&store), "node-a", poller, 1)
-            .unwrap();
-        let recorder = Recorder::attached(&engine).unwrap();
+        let (engine, recorder) = world.recorded_engine(Arc::clone(&store), poller).unwrap();
         world.tick(&engine).await.unwrap();
         assert_eq!(recorder.events().len(), 30, "{defect:?}");
 

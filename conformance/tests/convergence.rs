@@ -12,7 +12,6 @@ use serde_json::{Value, json};
 use watukuy_conformance::world::{POLLER, Recorder, StrategyKind, World};
 use watukuy_conformance::{FakeApi, Fault};
 use watukuy_core::cursor;
-use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
     Backoff, DeliveryOptions, Engine, Event, EventType, FetchContext, OnInvalid, ParkedKind,
     ParkedQuery, ParkedRow, Poller, PollerBuilder, SeededRng, Store, TickResult,
@@ -393,8 +392,7 @@ async fn timestamp_without_lag_misses_a_write_in_the_watermark_millisecond() {
             )
             .build()
             .unwrap();
-        let engine = world.engine(memory(), "node-a", poller, 1).unwrap();
-        let recorder = Recorder::attached(&engine).unwrap();
+        let (engine, recorder) = world.recorded_engine(memory(), poller).unwrap();
 
         // A write, then a poll in the same millisecond, then a write with a smaller id in that
         // millisecond again.
@@ -424,8 +422,7 @@ async fn timestamp_without_lag_misses_a_write_in_the_watermark_millisecond() {
 async fn timestamp_does_not_refetch_a_page_it_held_back() {
     let world = World::new(3, 3).unwrap();
     let poller = convergence_poller(&world, StrategyKind::Timestamp);
-    let engine = world.engine(memory(), "node-a", poller, 1).unwrap();
-    let recorder = Recorder::attached(&engine).unwrap();
+    let (engine, recorder) = world.recorded_engine(memory(), poller).unwrap();
     learn_all("first", &world, &engine, &recorder, 3).await;
 
     // A full page written in the poll's own millisecond: every item is held back by the lag.
@@ -513,12 +510,7 @@ where
     let (cursor, fetch) = kind.reader();
     Poller::builder::<T>(POLLER)
         .identity_field("id")
-        .schedule(
-            ScheduleOptions::default()
-                .min(Duration::from_secs(5))
-                .max(Duration::from_secs(30))
-                .jitter(0.0),
-        )
+        .schedule(World::schedule())
         .delivery(DeliveryOptions::default().attempts(3).backoff(Backoff::new(
             Duration::from_secs(1),
             2.0,
@@ -553,8 +545,7 @@ async fn invalid_items_are_quarantined_and_never_block_delivery() {
         let poller = poller_of::<Item>(&world, kind, &Tamper::default())
             .build()
             .unwrap();
-        let engine = world.engine(memory(), "node-a", poller, 1).unwrap();
-        let recorder = Recorder::attached(&engine).unwrap();
+        let (engine, recorder) = world.recorded_engine(memory(), poller).unwrap();
 
         let result = world.tick(&engine).await.unwrap();
         assert_no_errors(&label, &result);
@@ -627,8 +618,7 @@ async fn on_invalid_fail_reports_a_validation_error_instead() {
             .on_invalid(OnInvalid::Fail)
             .build()
             .unwrap();
-        let engine = world.engine(memory(), "node-a", poller, 1).unwrap();
-        let recorder = Recorder::attached(&engine).unwrap();
+        let (engine, recorder) = world.recorded_engine(memory(), poller).unwrap();
 
         let result = world.tick(&engine).await.unwrap();
         let error = result.polled[0]
@@ -681,10 +671,9 @@ async fn snapshot_diff_does_not_delete_an_item_that_became_invalid() {
                     }
                 });
         }
-        let engine = world
-            .engine(memory(), "node-a", builder.build().unwrap(), 1)
+        let (engine, recorder) = world
+            .recorded_engine(memory(), builder.build().unwrap())
             .unwrap();
-        let recorder = Recorder::attached(&engine).unwrap();
         assert_no_errors(&label, &world.tick(&engine).await.unwrap());
         assert_eq!(recorder.events().len(), 9, "{label}");
 
@@ -745,10 +734,9 @@ async fn garbage_pages_are_quarantined_and_the_engine_recovers() {
     for kind in StrategyKind::ALL {
         let label = format!("{kind:?}");
         let world = World::new(9, 3).unwrap();
-        let engine = world
-            .engine(memory(), "node-a", world.poller(kind).build().unwrap(), 1)
+        let (engine, recorder) = world
+            .recorded_engine(memory(), world.poller(kind).build().unwrap())
             .unwrap();
-        let recorder = Recorder::attached(&engine).unwrap();
         learn_all(&label, &world, &engine, &recorder, 9).await;
 
         // The API answers 200 with `[42, "x", {"no-id": true}]`.
@@ -802,8 +790,7 @@ async fn a_non_string_identity_is_quarantined_and_the_engine_recovers() {
         let world = World::new(9, 3).unwrap();
         let tamper = Tamper::default();
         let poller = poller_of::<Value>(&world, kind, &tamper).build().unwrap();
-        let engine = world.engine(memory(), "node-a", poller, 1).unwrap();
-        let recorder = Recorder::attached(&engine).unwrap();
+        let (engine, recorder) = world.recorded_engine(memory(), poller).unwrap();
         learn_all(&label, &world, &engine, &recorder, 9).await;
 
         let changed = world
@@ -874,10 +861,7 @@ async fn a_nan_fingerprint_quarantines_the_item_and_the_page_goes_through() {
             .fingerprint(|_: &Value| f64::NAN)
             .build()
             .unwrap();
-        let engine = world
-            .engine(Arc::clone(&store), "node-a", poller, 1)
-            .unwrap();
-        let recorder = Recorder::attached(&engine).unwrap();
+        let (engine, recorder) = world.recorded_engine(Arc::clone(&store), poller).unwrap();
         for _ in 0..2 {
             assert_no_errors(&label, &world.tick(&engine).await.unwrap());
             world.advance(Duration::from_secs(120));
@@ -904,8 +888,7 @@ async fn a_nan_fingerprint_quarantines_the_item_and_the_page_goes_through() {
             .fingerprint(ratio_fingerprint)
             .build()
             .unwrap();
-        let engine = world.engine(memory(), "node-a", poller, 1).unwrap();
-        let recorder = Recorder::attached(&engine).unwrap();
+        let (engine, recorder) = world.recorded_engine(memory(), poller).unwrap();
         learn_all(&label, &world, &engine, &recorder, 9).await;
 
         world

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use watukuy_conformance::world::{Recorder, StrategyKind, World};
+use watukuy_conformance::world::{StrategyKind, World};
 use watukuy_core::{EventType, Store};
 use watukuy_store_memory::MemoryStore;
 
@@ -12,10 +12,9 @@ async fn a_tick_polls_commits_and_delivers_for_every_strategy() {
     for kind in StrategyKind::ALL {
         let world = World::new(7, 3).unwrap();
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-        let engine = world
-            .engine(store, "node-a", world.poller(kind).build().unwrap(), 1)
+        let (engine, recorder) = world
+            .recorded_engine(store, world.poller(kind).build().unwrap())
             .unwrap();
-        let recorder = Recorder::attached(&engine).unwrap();
         let result = world.tick(&engine).await.unwrap();
         let events = recorder.events();
         assert_eq!(events.len(), 7, "{kind:?}: {result:?}");
@@ -80,10 +79,7 @@ async fn a_stream_of_pages_is_processed_page_by_page_until_it_ends() {
         .build()
         .unwrap();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let engine = world
-        .engine(Arc::clone(&store), "node-a", poller, 1)
-        .unwrap();
-    let recorder = Recorder::attached(&engine).unwrap();
+    let (engine, recorder) = world.recorded_engine(Arc::clone(&store), poller).unwrap();
     let result = world.tick(&engine).await.unwrap();
     assert_eq!(recorder.events().len(), 10, "{result:?}");
     let sequences: Vec<i64> = recorder.events().iter().map(|e| e.sequence).collect();

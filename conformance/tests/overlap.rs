@@ -84,6 +84,28 @@ fn engine(
         .unwrap()
 }
 
+/// Registers the handler: item-001's delivery waits until page 2 has been fetched when `wait`,
+/// and is poison (a permanent failure) when `poison`; every other delivery succeeds.
+fn handle_item_001(engine: &Engine, log: &Arc<Log>, wait: bool, poison: bool) {
+    let log = Arc::clone(log);
+    engine
+        .on(POLLER, move |event: Event, _ctx: HandlerContext| {
+            let log = Arc::clone(&log);
+            async move {
+                if event.subject == "item-001" {
+                    if wait {
+                        log.second_page.notified().await;
+                    }
+                    if poison {
+                        return Err(HandlerError::permanent("item-001 is poison"));
+                    }
+                }
+                Ok(())
+            }
+        })
+        .unwrap();
+}
+
 /// The first event's handler waits until page 2 has been fetched: only an overlapped drain
 /// lets the cycle go on (the reference lifecycle would wait for the handler forever). Every
 /// event is still delivered once, in order, and the last page is drained before the tick ends.
@@ -93,18 +115,7 @@ async fn a_page_drains_while_the_next_is_fetched() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let log = Arc::new(Log::default());
     let engine = engine(&world, Arc::clone(&store), &log, PoisonAction::Park, true);
-    let handler_log = Arc::clone(&log);
-    engine
-        .on(POLLER, move |event: Event, _ctx: HandlerContext| {
-            let log = Arc::clone(&handler_log);
-            async move {
-                if event.subject == "item-001" {
-                    log.second_page.notified().await;
-                }
-                Ok::<(), HandlerError>(())
-            }
-        })
-        .unwrap();
+    handle_item_001(&engine, &log, true, false);
 
     let tick = tokio::time::timeout(Duration::from_secs(3_600), world.tick(&engine))
         .await
@@ -146,21 +157,7 @@ async fn a_halt_stops_the_cycle_and_keeps_the_circuit_open() {
             PoisonAction::Halt,
             overlap,
         );
-        let handler_log = Arc::clone(&log);
-        engine
-            .on(POLLER, move |event: Event, _ctx: HandlerContext| {
-                let log = Arc::clone(&handler_log);
-                async move {
-                    if event.subject == "item-001" {
-                        if overlap {
-                            log.second_page.notified().await;
-                        }
-                        return Err(HandlerError::permanent("item-001 is poison"));
-                    }
-                    Ok(())
-                }
-            })
-            .unwrap();
+        handle_item_001(&engine, &log, overlap, true);
 
         let tick = tokio::time::timeout(Duration::from_secs(3_600), world.tick(&engine))
             .await

@@ -41,6 +41,16 @@ pub const PAGE_SIZE: usize = 3;
 /// How often the reconcile lane lists everything.
 pub const RECONCILE_EVERY: Duration = Duration::from_secs(10);
 
+/// The catalog's items at the start: ids and prices.
+pub const INITIAL_ITEMS: [(&str, u32); 6] = [
+    ("item-01", 100),
+    ("item-02", 200),
+    ("item-03", 300),
+    ("item-04", 400),
+    ("item-05", 500),
+    ("item-06", 600),
+];
+
 /// One catalog item, as the API returns it.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -470,17 +480,7 @@ fn script() -> Vec<Vec<Change>> {
 pub async fn scenario() -> Result<Report, BoxError> {
     let clock = ManualClock::new(1_767_225_600_000); // 2026-01-01T00:00:00Z
     let shared_clock: Arc<dyn Clock> = Arc::new(clock.clone());
-    let catalog = Catalog::new(
-        Arc::clone(&shared_clock),
-        &[
-            ("item-01", 100),
-            ("item-02", 200),
-            ("item-03", 300),
-            ("item-04", 400),
-            ("item-05", 500),
-            ("item-06", 600),
-        ],
-    );
+    let catalog = Catalog::new(Arc::clone(&shared_clock), &INITIAL_ITEMS);
     let base = serve(Arc::clone(&catalog)).await?;
     let store = Arc::new(MemoryStore::new());
     let consumer = Arc::new(Consumer::default());

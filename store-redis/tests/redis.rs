@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::time::Duration;
 
+use common::servers::{hash_tag, tag_slot};
 use common::{Server, store_at, unique_prefix, with_server};
 use futures::TryStreamExt;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -301,7 +302,7 @@ async fn weird_names_keep_one_slot_and_never_collide() {
                     continue;
                 }
                 data_keys += 1;
-                slots.insert(slot(tag));
+                slots.insert(tag_slot(tag));
             }
             ensure!(
                 data_keys == 14 && slots.len() == 1,
@@ -764,39 +765,11 @@ async fn scan(server: &Server, prefix: &str) -> Result<Vec<Vec<u8>>, CaseError> 
     }
 }
 
-/// The part of a key Redis Cluster hashes: between the first `{` and the next `}` if non-empty,
-/// else the whole key.
-fn hash_tag(key: &[u8]) -> &[u8] {
-    if let Some(open) = key.iter().position(|b| *b == b'{')
-        && let Some(len) = key[open + 1..].iter().position(|b| *b == b'}')
-        && len > 0
-    {
-        return &key[open + 1..open + 1 + len];
-    }
-    key
-}
-
-/// Redis Cluster's slot: CRC16-XMODEM of the hash tag, modulo 16384.
-fn slot(tag: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for byte in tag {
-        crc ^= u16::from(*byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
-}
-
 #[test]
 fn slot_matches_the_redis_cluster_spec() {
     // The reference value from the Redis Cluster specification.
     // CRC16-XMODEM("123456789") is 0x31C3, below 16384.
-    assert_eq!(slot(b"123456789"), 0x31C3);
+    assert_eq!(tag_slot(b"123456789"), 0x31C3);
     assert_eq!(hash_tag(b"user:{1000}:following"), b"1000");
     assert_eq!(hash_tag(b"foo{}{bar}"), b"foo{}{bar}");
 }

@@ -8,8 +8,7 @@ use std::sync::Arc;
 
 use watukuy_conformance::{FakeApi, FakeApiOptions};
 use watukuy_core::{
-    Engine, Event, FetchContext, HandlerContext, HandlerError, Poller, SystemClock, TickOptions,
-    cursor,
+    Engine, Event, HandlerContext, HandlerError, Poller, SystemClock, TickOptions, cursor,
 };
 use watukuy_examples::custom_store::CountingStore;
 use watukuy_store_memory::MemoryStore;
@@ -32,13 +31,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let orders = Poller::builder::<Order>("orders")
         .identity(|order: &Order| order.id.clone())
         .cursor(cursor::timestamp("updatedAt").tie_break("id"))
-        .fetch({
-            let api = api.clone();
-            move |ctx: FetchContext| {
-                let api = api.clone();
-                async move { api.fetch_since(&ctx).await }
-            }
-        })
+        .fetch(api.since_fetch())
         .build()?;
     let engine = Engine::builder(Arc::clone(&store) as Arc<dyn watukuy_core::Store>)
         .poller(orders)

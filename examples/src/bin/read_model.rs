@@ -19,8 +19,8 @@ use sqlx::Row;
 use watukuy_conformance::{FakeApi, FakeApiOptions};
 use watukuy_core::delivery::ApplyOutcome;
 use watukuy_core::{
-    Backoff, Clock, DeliveryOptions, Engine, Event, EventType, FetchContext, HandlerContext,
-    HandlerError, Poller, SystemClock, TickOptions, cursor,
+    Backoff, Clock, DeliveryOptions, Engine, Event, EventType, HandlerContext, HandlerError,
+    Poller, SystemClock, TickOptions, cursor,
 };
 use watukuy_store_postgres::{PgPool, PostgresOptions, PostgresStore, ProcessedEvents};
 
@@ -107,13 +107,7 @@ async fn run_example(
             2.0,
             Duration::from_millis(400),
         )))
-        .fetch({
-            let api = api.clone();
-            move |ctx: FetchContext| {
-                let api = api.clone();
-                async move { api.fetch_since(&ctx).await }
-            }
-        })
+        .fetch(api.since_fetch())
         .build()?;
     let engine = Engine::builder(Arc::new(store)).poller(orders).build()?;
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use watukuy_core::{Clock, StopOptions, SystemClock};
 use watukuy_examples::reconcile::{
-    Catalog, Change, Consumer, RECONCILE_EVERY, engine, poller, scenario, serve,
+    Catalog, Change, Consumer, INITIAL_ITEMS, RECONCILE_EVERY, engine, poller, scenario, serve,
 };
 use watukuy_store_memory::MemoryStore;
 
@@ -47,17 +47,7 @@ async fn main() -> Result<(), watukuy_core::BoxError> {
 /// The catalog changes every second, forever; the engine runs as a daemon until a signal.
 async fn daemon() -> Result<(), watukuy_core::BoxError> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let catalog = Catalog::new(
-        Arc::clone(&clock),
-        &[
-            ("item-01", 100),
-            ("item-02", 200),
-            ("item-03", 300),
-            ("item-04", 400),
-            ("item-05", 500),
-            ("item-06", 600),
-        ],
-    );
+    let catalog = Catalog::new(Arc::clone(&clock), &INITIAL_ITEMS);
     let base = serve(Arc::clone(&catalog)).await?;
     let store = Arc::new(MemoryStore::new());
     let consumer = Arc::new(Consumer::default());

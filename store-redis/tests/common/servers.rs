@@ -422,14 +422,23 @@ fn primaries_seen_by(port: u16) -> Option<Vec<u16>> {
 
 /// The Redis Cluster slot of a key: CRC16 (XMODEM) of its hash tag, modulo 16384.
 pub fn slot(key: &str) -> u16 {
-    let bytes = key.as_bytes();
-    let tag = match bytes.iter().position(|b| *b == b'{') {
-        Some(open) => match bytes[open + 1..].iter().position(|b| *b == b'}') {
-            Some(len) if len > 0 => &bytes[open + 1..open + 1 + len],
-            _ => bytes,
-        },
-        None => bytes,
-    };
+    tag_slot(hash_tag(key.as_bytes()))
+}
+
+/// The part of a key Redis Cluster hashes: between the first `{` and the next `}` if non-empty,
+/// else the whole key.
+pub fn hash_tag(key: &[u8]) -> &[u8] {
+    if let Some(open) = key.iter().position(|b| *b == b'{')
+        && let Some(len) = key[open + 1..].iter().position(|b| *b == b'}')
+        && len > 0
+    {
+        return &key[open + 1..open + 1 + len];
+    }
+    key
+}
+
+/// Redis Cluster's slot of a hash tag: CRC16-XMODEM, modulo 16384.
+pub fn tag_slot(tag: &[u8]) -> u16 {
     let mut crc: u16 = 0;
     for byte in tag {
         crc ^= u16::from(*byte) << 8;
