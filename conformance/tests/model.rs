@@ -113,6 +113,21 @@ enum Step {
 }
 
 impl Model {
+    /// The start: `concurrency` handlers at a time, the lease held, nothing committed.
+    fn new(concurrency: usize) -> Self {
+        Self {
+            concurrency,
+            next_seq: 0,
+            lease: LeaseState::Held,
+            pending: Vec::new(),
+            parked: Vec::new(),
+            fail: [0; KEYS],
+            crash_on: None,
+            delivered: Vec::new(),
+            discarded: BTreeSet::new(),
+        }
+    }
+
     fn keys_held(&self) -> BTreeSet<u8> {
         self.parked.iter().map(|e| e.key).collect()
     }
@@ -254,17 +269,7 @@ impl ReferenceStateMachine for DeliveryModel {
 
     fn init_state() -> BoxedStrategy<Model> {
         prop_oneof![3 => Just(1_usize), 1 => Just(3_usize)]
-            .prop_map(|concurrency| Model {
-                concurrency,
-                next_seq: 0,
-                lease: LeaseState::Held,
-                pending: Vec::new(),
-                parked: Vec::new(),
-                fail: [0; KEYS],
-                crash_on: None,
-                delivered: Vec::new(),
-                discarded: BTreeSet::new(),
-            })
+            .prop_map(Model::new)
             .boxed()
     }
 
@@ -557,6 +562,16 @@ impl Sut {
             .collect()
     }
 
+    /// Retries or discards every event parked for `key`, and checks that each one was.
+    fn resolve_parked(&self, key: u8, action: watukuy_core::ParkedAction) {
+        let ids = self.parked_ids(key);
+        let resolved = self
+            .runtime
+            .block_on(self.store.resolve_parked(&self.key, &ids, action))
+            .unwrap_or_else(|e| panic!("resolve_parked {action:?}: {e}"));
+        assert_eq!(resolved, ids.len() as u64);
+    }
+
     fn delivered(&self) -> Vec<(u8, i64, String)> {
         self.script
             .lock()
@@ -594,29 +609,9 @@ impl StateMachineTest for DeliveryTest {
             Step::Crash => sut.faulty.kill("crash"),
             Step::StealLease => sut.steal(),
             Step::Drain => sut.drain(),
-            Step::RetryParked(key) => {
-                let ids = sut.parked_ids(key);
-                let moved = sut
-                    .runtime
-                    .block_on(sut.store.resolve_parked(
-                        &sut.key,
-                        &ids,
-                        watukuy_core::ParkedAction::Retry,
-                    ))
-                    .expect("retry_parked");
-                assert_eq!(moved, ids.len() as u64);
-            }
+            Step::RetryParked(key) => sut.resolve_parked(key, watukuy_core::ParkedAction::Retry),
             Step::DiscardParked(key) => {
-                let ids = sut.parked_ids(key);
-                let gone = sut
-                    .runtime
-                    .block_on(sut.store.resolve_parked(
-                        &sut.key,
-                        &ids,
-                        watukuy_core::ParkedAction::Discard,
-                    ))
-                    .expect("discard_parked");
-                assert_eq!(gone, ids.len() as u64);
+                sut.resolve_parked(key, watukuy_core::ParkedAction::Discard);
             }
         }
         sut
@@ -735,17 +730,7 @@ prop_state_machine! {
 // ----- pinned sequences -----
 
 fn run(concurrency: usize, steps: Vec<Step>) {
-    let mut model = Model {
-        concurrency,
-        next_seq: 0,
-        lease: LeaseState::Held,
-        pending: Vec::new(),
-        parked: Vec::new(),
-        fail: [0; KEYS],
-        crash_on: None,
-        delivered: Vec::new(),
-        discarded: BTreeSet::new(),
-    };
+    let mut model = Model::new(concurrency);
     let mut sut = DeliveryTest::init_test(&model);
     for step in steps {
         model = DeliveryModel::apply(model, &step);

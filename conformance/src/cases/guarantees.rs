@@ -130,6 +130,29 @@ impl Seen {
             .map(|(e, _)| e.id)
             .collect()
     }
+
+    /// A handler that succeeds when `ok` says so and otherwise fails with
+    /// `"{why} (attempt n)"`, recording each delivery and its outcome here.
+    fn judge(
+        &self,
+        why: &'static str,
+        ok: impl Fn(&Event, &HandlerContext) -> bool + Send + Sync + 'static,
+    ) -> impl Fn(Event, HandlerContext) -> futures::future::Ready<HandlerResult> + Send + Sync + 'static
+    {
+        let seen = self.clone();
+        move |event: Event, ctx: HandlerContext| {
+            let ok = ok(&event, &ctx);
+            seen.push(&event, ok);
+            futures::future::ready(if ok {
+                Ok(())
+            } else {
+                Err(HandlerError::from(format!(
+                    "{why} (attempt {})",
+                    ctx.attempt
+                )))
+            })
+        }
+    }
 }
 
 fn ids(events: &[Event]) -> Vec<String> {
@@ -237,23 +260,7 @@ pub async fn g1_failing_handler_is_retried(env: Env) -> CaseResult {
     let events = w.commit(&["a"], 1).await?;
     let dispatcher = w.dispatcher(Arc::clone(&w.store), fast_retries(5), 100)?;
     let seen = Seen::default();
-    dispatcher.on({
-        let seen = seen.clone();
-        move |event: Event, ctx: HandlerContext| {
-            let ok = ctx.attempt >= 3;
-            seen.push(&event, ok);
-            async move {
-                if ok {
-                    Ok(())
-                } else {
-                    Err(HandlerError::from(format!(
-                        "downstream unavailable (attempt {})",
-                        ctx.attempt
-                    )))
-                }
-            }
-        }
-    })?;
+    dispatcher.on(seen.judge("downstream unavailable", |_, ctx| ctx.attempt >= 3))?;
     for attempt in 1..=2u32 {
         let now = w.clock_now();
         let report = w.drain(&dispatcher).await?;
@@ -381,21 +388,16 @@ pub async fn g3_per_key_order_under_concurrency_and_failures(env: Env) -> CaseRe
     let overlap = Arc::new(AtomicBool::new(false));
     let (current, max_in_flight) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     dispatcher.on({
-        let (seen, in_flight, overlap) =
-            (seen.clone(), Arc::clone(&in_flight), Arc::clone(&overlap));
-        let (current, max_in_flight, poison_id) = (
+        let shared = (
+            seen.clone(),
+            Arc::clone(&in_flight),
+            Arc::clone(&overlap),
             Arc::clone(&current),
             Arc::clone(&max_in_flight),
             poison_id.clone(),
         );
         move |event: Event, ctx: HandlerContext| {
-            let (seen, in_flight, overlap) =
-                (seen.clone(), Arc::clone(&in_flight), Arc::clone(&overlap));
-            let (current, max_in_flight, poison_id) = (
-                Arc::clone(&current),
-                Arc::clone(&max_in_flight),
-                poison_id.clone(),
-            );
+            let (seen, in_flight, overlap, current, max_in_flight, poison_id) = shared.clone();
             async move {
                 if !in_flight
                     .lock()
@@ -535,23 +537,10 @@ async fn poisoned(
     let seen = Seen::default();
     let failing = Arc::new(AtomicBool::new(true));
     let poison_id = events[1].id.clone();
-    dispatcher.on({
-        let (seen, failing) = (seen.clone(), Arc::clone(&failing));
-        move |event: Event, ctx: HandlerContext| {
-            let ok = !(event.id == poison_id && failing.load(Ordering::SeqCst));
-            seen.push(&event, ok);
-            async move {
-                if ok {
-                    Ok(())
-                } else {
-                    Err(HandlerError::from(format!(
-                        "cannot handle b (attempt {})",
-                        ctx.attempt
-                    )))
-                }
-            }
-        }
-    })?;
+    dispatcher.on(seen.judge("cannot handle b", {
+        let failing = Arc::clone(&failing);
+        move |event, _| !(event.id == poison_id && failing.load(Ordering::SeqCst))
+    }))?;
     let first = w.drain(&dispatcher).await?;
     let mut report = first;
     for _ in 0..10 {
