@@ -13,13 +13,12 @@ use serde_json::json;
 use watukuy_conformance::{FaultyStore, KillPoint, KillSwitch, backend_url};
 use watukuy_core::cursor::{self, Cursor};
 use watukuy_core::{
-    Engine, Event, EventType, FetchContext, HandlerContext, HandlerError, ManualClock, Poller,
-    SeededRng, Store, TickOptions,
+    Engine, Event, EventType, FetchContext, ManualClock, Poller, SeededRng, Store, TickOptions,
 };
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
 
-use common::{Item, Reply, Server, T0, client};
+use common::{Item, Reply, Server, T0, client, collect_events};
 
 const POLLER: &str = "orders";
 
@@ -72,16 +71,7 @@ fn engine(
         .lease(Duration::from_secs(30), None)
         .build()
         .unwrap();
-    let events = Arc::new(std::sync::Mutex::new(Vec::new()));
-    engine
-        .on(POLLER, {
-            let events = Arc::clone(&events);
-            move |event: Event, _ctx: HandlerContext| {
-                events.lock().unwrap().push(event);
-                async { Ok::<(), HandlerError>(()) }
-            }
-        })
-        .unwrap();
+    let events = collect_events(&engine, POLLER);
     (engine, events)
 }
 

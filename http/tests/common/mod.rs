@@ -266,16 +266,7 @@ impl Harness {
             .build()
             .unwrap();
         engine.migrate().await.unwrap();
-        let events = Arc::new(Mutex::new(Vec::new()));
-        engine
-            .on(POLLER, {
-                let events = Arc::clone(&events);
-                move |event: Event, _ctx: HandlerContext| {
-                    events.lock().unwrap().push(event);
-                    async { Ok::<(), HandlerError>(()) }
-                }
-            })
-            .unwrap();
+        let events = collect_events(&engine, POLLER);
         Self {
             engine,
             store,
@@ -341,4 +332,20 @@ pub(crate) fn http_status(error: &Error) -> Option<u16> {
         Error::Http { status, .. } => *status,
         _ => None,
     }
+}
+
+/// Registers a handler of `poller` on `engine` that keeps every event it is delivered, in
+/// order; returns them.
+pub(crate) fn collect_events(engine: &Engine, poller: &str) -> Arc<Mutex<Vec<Event>>> {
+    let events = Arc::new(Mutex::new(Vec::new()));
+    engine
+        .on(poller, {
+            let events = Arc::clone(&events);
+            move |event: Event, _ctx: HandlerContext| {
+                events.lock().unwrap().push(event);
+                async { Ok::<(), HandlerError>(()) }
+            }
+        })
+        .unwrap();
+    events
 }
