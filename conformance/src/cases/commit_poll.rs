@@ -8,8 +8,8 @@ use watukuy_core::{
 };
 
 use super::fixtures::{
-    NODE_A, T0, acquire, commit_events, event, invalid, item, json, key, owned_ids, pending,
-    pending_ids,
+    NODE_A, T0, acquire, commit_events, event, invalid, item, json, key, leased, owned_ids,
+    pending, pending_ids,
 };
 use crate::harness::{CaseError, CaseResult, Env};
 use crate::{check, check_eq};
@@ -29,9 +29,7 @@ fn logged(row: &OutboxRow) -> LoggedEvent {
 /// `PollerState::patched(None, &patch)` (zero state plus patch), a later commit's state equals the
 /// earlier state plus its patch, and deletes remove rows an earlier commit wrote.
 pub async fn applies_everything_together(env: Env) -> CaseResult {
-    let store = env.store();
-    let k = key();
-    let lease = acquire(store, &k, NODE_A, T0).await?;
+    let (store, k, lease) = leased(&env).await?;
 
     let lanes = Lanes {
         live: Some(LaneCursor {
@@ -224,9 +222,7 @@ pub async fn appends_log_only_when_asked(env: Env) -> CaseResult {
 /// included (reset to 0 after a `record_attempt`); committing it with status `Delivered` takes it
 /// out of the pending rows; committing it pending again brings it back (at its new sequence).
 pub async fn recommitting_event_overwrites_row(env: Env) -> CaseResult {
-    let store = env.store();
-    let k = key();
-    let lease = acquire(store, &k, NODE_A, T0).await?;
+    let (store, k, lease) = leased(&env).await?;
 
     let e2 = pending(&k, "evt-2", 2, "o2");
     commit_events(
@@ -293,9 +289,7 @@ pub async fn recommitting_event_overwrites_row(env: Env) -> CaseResult {
 /// (creating the zero state plus patch on a fresh key, patching on top afterwards) and writes
 /// nothing else; a batch with an empty patch leaves the state as it was.
 pub async fn empty_batch_applies_patch(env: Env) -> CaseResult {
-    let store = env.store();
-    let k = key();
-    let lease = acquire(store, &k, NODE_A, T0).await?;
+    let (store, k, lease) = leased(&env).await?;
 
     let patch = StatePatch {
         sequence: Some(5),
@@ -370,9 +364,7 @@ fn url_validator(url_hash: &str, etag: Option<&str>, stored_at: i64) -> UrlValid
 /// field set to `None` is cleared) and leaves the other alone; a commit without validators
 /// changes none; another key sees none of them.
 pub async fn writes_validators_with_the_page(env: Env) -> CaseResult {
-    let store = env.store();
-    let k = key();
-    let lease = acquire(store, &k, NODE_A, T0).await?;
+    let (store, k, lease) = leased(&env).await?;
     let (a, b) = (
         url_validator("url-a", Some("W/\"a1\""), T0),
         url_validator("url-b", Some("\"b1\""), T0),

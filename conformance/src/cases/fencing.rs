@@ -23,7 +23,7 @@ use watukuy_core::{
 
 use super::fixtures::{
     NODE_A, NODE_B, Observation, T0, TTL, acquire, event, expect_lease_lost, invalid, item, key,
-    key_b, observe, pending, poison,
+    key_b, leased, observe, pending, poison,
 };
 use crate::harness::{CaseError, CaseResult, Env};
 use crate::{check, check_eq};
@@ -396,9 +396,7 @@ pub async fn fenced_writes_without_lease_are_rejected(env: Env) -> CaseResult {
 /// `commit_poll`) fail with `LeaseLost`, the state is unchanged, the lease is not resurrected and
 /// `renew_lease` returns `false`.
 pub async fn released_lease_fails_fence(env: Env) -> CaseResult {
-    let store = env.store();
-    let key = key();
-    let lease = acquire(store, &key, NODE_A, T0).await?;
+    let (store, key, lease) = leased(&env).await?;
     let first = StatePatch {
         sequence: Some(1),
         updated_at: Some(T0),

@@ -8,7 +8,7 @@ use watukuy_core::{
     ParkedKind, ParkedRow, SeededRng, SerializedError, Store, ValidationIssue,
 };
 
-use crate::harness::{CaseError, CaseResult};
+use crate::harness::{CaseError, CaseResult, Env};
 
 /// 2026-01-01T00:00:00Z in epoch ms: the suite's start of time.
 pub const T0: i64 = 1_767_225_600_000;
@@ -22,6 +22,15 @@ pub const NODE_B: &str = "node-b";
 /// `orders/""`.
 pub fn key() -> PKey {
     PKey::new("orders", "")
+}
+
+/// The store under test, [`key`], and node-a's lease on it taken at `T0`: where most cases
+/// start.
+pub async fn leased(env: &Env) -> Result<(&dyn Store, PKey, Lease), CaseError> {
+    let store = env.store();
+    let k = key();
+    let lease = acquire(store, &k, NODE_A, T0).await?;
+    Ok((store, k, lease))
 }
 
 /// `orders/"tenant-b"`: another partition of the same poller.

@@ -6,7 +6,9 @@ use std::collections::{HashMap, HashSet};
 use watukuy_core::store::DEFAULT_IDENTITY_BATCH;
 use watukuy_core::{CommitBatch, ItemRow, Json, Lease, PKey, StatePatch, Store};
 
-use super::fixtures::{NODE_A, T0, acquire, identity_batches, item, json, key, key_b, key_other};
+use super::fixtures::{
+    NODE_A, T0, acquire, identity_batches, item, json, key, key_b, key_other, leased,
+};
 use crate::harness::{CaseError, CaseResult, Env};
 use crate::{check, check_eq};
 
@@ -48,9 +50,7 @@ async fn versions(
 /// comes back byte for byte), `version: None` round-trips, empty input gives an empty map and
 /// another key sees nothing.
 pub async fn load_versions_returns_present_rows(env: Env) -> CaseResult {
-    let store = env.store();
-    let k = key();
-    let lease = acquire(store, &k, NODE_A, T0).await?;
+    let (store, k, lease) = leased(&env).await?;
 
     let no_payload = item("no-payload", "hash-1");
     let null_payload = ItemRow {
@@ -163,9 +163,7 @@ pub async fn load_versions_returns_present_rows(env: Env) -> CaseResult {
 /// the old one, payload and version included) and deletes remove them; deleting an identity that
 /// never existed is fine, and a deleted identity can be upserted again.
 pub async fn upserts_replace_and_deletes_remove(env: Env) -> CaseResult {
-    let store = env.store();
-    let k = key();
-    let lease = acquire(store, &k, NODE_A, T0).await?;
+    let (store, k, lease) = leased(&env).await?;
 
     let first = ItemRow {
         identity: "a".to_owned(),
@@ -365,9 +363,7 @@ const ORDER_PAIRS: &[(&str, &str)] = &[
 pub async fn stream_identities_in_byte_order(env: Env) -> CaseResult {
     use futures::StreamExt;
 
-    let store = env.store();
-    let k = key();
-    let lease = acquire(store, &k, NODE_A, T0).await?;
+    let (store, k, lease) = leased(&env).await?;
     let long_a = "x".repeat(300);
     let long_b = format!("{}y", "x".repeat(299));
     let mut written: Vec<String> = ORDER_IDENTITIES.iter().map(|id| (*id).to_owned()).collect();

@@ -3,7 +3,9 @@
 
 use watukuy_core::{Lease, StatePatch, Store};
 
-use super::fixtures::{NODE_A, NODE_B, T0, TTL, acquire, expect_lease_lost, key, key_b, key_other};
+use super::fixtures::{
+    NODE_A, NODE_B, T0, TTL, acquire, expect_lease_lost, key, key_b, key_other, leased,
+};
 use crate::harness::{CaseResult, Env};
 use crate::{check, check_eq};
 
@@ -61,9 +63,7 @@ pub async fn acquire_on_empty_key_returns_epoch_1(env: Env) -> CaseResult {
 /// T0+TTL−1) node-b gets `None`, the holder is unchanged, and the refused attempts do not consume
 /// epochs (the eventual steal at T0+TTL still gets epoch 2).
 pub async fn other_owner_cannot_acquire_valid_lease(env: Env) -> CaseResult {
-    let store = env.store();
-    let key = key();
-    let held = acquire(store, &key, NODE_A, T0).await?;
+    let (store, key, held) = leased(&env).await?;
     for now in [T0 + 1_000, T0 + TTL - 1] {
         let got = store.acquire_lease(&key, NODE_B, TTL, now).await?;
         check_eq!(
@@ -93,9 +93,7 @@ pub async fn other_owner_cannot_acquire_valid_lease(env: Env) -> CaseResult {
 /// and a new expiry; renewing with the old lease returns `false`, a fenced write with it fails
 /// with `LeaseLost`, and `get_lease` is the second lease.
 pub async fn same_owner_reacquire_bumps_epoch(env: Env) -> CaseResult {
-    let store = env.store();
-    let key = key();
-    let first = acquire(store, &key, NODE_A, T0).await?;
+    let (store, key, first) = leased(&env).await?;
     let now = T0 + 1_000;
     let second = acquire(store, &key, NODE_A, now).await?;
     check_eq!(
@@ -134,9 +132,7 @@ pub async fn same_owner_reacquire_bumps_epoch(env: Env) -> CaseResult {
 /// `Store::acquire_lease` contract 4: at exactly `expires_at` (T0+TTL) another owner takes the
 /// lease with the next epoch (2) and a fresh expiry; the old holder's renew then fails.
 pub async fn expired_lease_is_stolen_with_next_epoch(env: Env) -> CaseResult {
-    let store = env.store();
-    let key = key();
-    let old = acquire(store, &key, NODE_A, T0).await?;
+    let (store, key, old) = leased(&env).await?;
     let now = old.expires_at;
     check_eq!(now, T0 + TTL, "node-a's expiry");
     let stolen = store.acquire_lease(&key, NODE_B, TTL, now).await?;
@@ -162,9 +158,7 @@ pub async fn expired_lease_is_stolen_with_next_epoch(env: Env) -> CaseResult {
 /// epoch (older or newer), another owner or another key (unleased, or leased by someone else)
 /// returns `false` and changes no lease.
 pub async fn renew_succeeds_for_current_epoch_only(env: Env) -> CaseResult {
-    let store = env.store();
-    let key = key();
-    let lease = acquire(store, &key, NODE_A, T0).await?;
+    let (store, key, lease) = leased(&env).await?;
     let other = acquire(store, &key_other(), NODE_B, T0).await?;
 
     let now = T0 + 10_000;
@@ -246,9 +240,7 @@ pub async fn renew_succeeds_for_current_epoch_only(env: Env) -> CaseResult {
 /// `get_lease` is `None` and another owner acquires at once (before the old expiry) with epoch 2;
 /// the counter keeps increasing across further releases (epoch 3 next).
 pub async fn release_then_acquire_keeps_epoch_monotonic(env: Env) -> CaseResult {
-    let store = env.store();
-    let key = key();
-    let first = acquire(store, &key, NODE_A, T0).await?;
+    let (store, key, first) = leased(&env).await?;
     check_eq!(first.epoch, 1, "the first acquisition's epoch");
     store.release_lease(&key, &first).await?;
     expect_holder(store, &key, None, "after node-a released").await?;
@@ -280,9 +272,7 @@ pub async fn release_then_acquire_keeps_epoch_monotonic(env: Env) -> CaseResult 
 /// owner or on another key (unleased, or leased by someone else) is a silent no-op: `Ok(())`
 /// and every lease intact.
 pub async fn release_with_stale_lease_is_noop(env: Env) -> CaseResult {
-    let store = env.store();
-    let key = key();
-    let superseded = acquire(store, &key, NODE_A, T0).await?;
+    let (store, key, superseded) = leased(&env).await?;
     let current = acquire(store, &key, NODE_A, T0 + 1_000).await?;
     check_eq!(
         current.epoch,
@@ -351,9 +341,7 @@ pub async fn get_lease_is_none_then_holder(env: Env) -> CaseResult {
 /// next acquisition gets a higher epoch than any before, and a lease taken before the delete
 /// (same owner, old epoch) fails the fence of the re-created key.
 pub async fn epochs_survive_delete_key(env: Env) -> CaseResult {
-    let store = env.store();
-    let k = key();
-    let first = acquire(store, &k, NODE_A, T0).await?;
+    let (store, k, first) = leased(&env).await?;
     let second = acquire(store, &k, NODE_A, T0 + 1).await?;
     check_eq!(second.epoch, first.epoch + 1);
     store.delete_key(&k).await?;

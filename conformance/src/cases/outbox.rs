@@ -3,7 +3,7 @@
 use watukuy_core::{OutboxRow, OutboxStatus, SerializedError};
 
 use super::fixtures::{
-    NODE_A, T0, acquire, commit_events, event, key, key_b, key_other, owned_ids, pending,
+    NODE_A, T0, acquire, commit_events, event, key, key_b, key_other, leased, owned_ids, pending,
     pending_ids,
 };
 use crate::harness::{CaseResult, Env};
@@ -17,9 +17,7 @@ const YEAR_MS: i64 = 365 * 24 * 60 * 60 * 1_000;
 /// rows whose `next_attempt_at` lies far in the future are still returned, and another key sees
 /// none of them.
 pub async fn load_pending_orders_by_sequence(env: Env) -> CaseResult {
-    let store = env.store();
-    let k = key();
-    let lease = acquire(store, &k, NODE_A, T0).await?;
+    let (store, k, lease) = leased(&env).await?;
 
     // Ids sort opposite to sequences, creation times run backwards, and the rows arrive in two
     // batches in scrambled order.
@@ -157,9 +155,7 @@ pub async fn count_pending_counts_pending_only(env: Env) -> CaseResult {
 /// `Store::ack_events` contract 1: acked rows leave the outbox, the others stay exactly as they
 /// were; unknown ids, already-acked ids, repeated ids and an empty list are no-ops.
 pub async fn ack_removes_rows_ignores_unknown(env: Env) -> CaseResult {
-    let store = env.store();
-    let k = key();
-    let lease = acquire(store, &k, NODE_A, T0).await?;
+    let (store, k, lease) = leased(&env).await?;
     let e1 = pending(&k, "evt-1", 1, "o1");
     let e2 = pending(&k, "evt-2", 2, "o2");
     let e3 = pending(&k, "evt-3", 3, "o3");
@@ -205,9 +201,7 @@ pub async fn ack_removes_rows_ignores_unknown(env: Env) -> CaseResult {
 /// nested cause) and `next_attempt_at`, which may be `None`; nothing else of the row changes,
 /// other rows are untouched, and an unknown id is a no-op that creates no row.
 pub async fn record_attempt_updates_row(env: Env) -> CaseResult {
-    let store = env.store();
-    let k = key();
-    let lease = acquire(store, &k, NODE_A, T0).await?;
+    let (store, k, lease) = leased(&env).await?;
     let e1 = pending(&k, "evt-1", 1, "o1");
     let e2 = pending(&k, "evt-2", 2, "o2");
     commit_events(store, &k, &lease, vec![e1.clone(), e2.clone()], false).await?;

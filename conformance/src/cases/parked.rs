@@ -7,8 +7,8 @@ use watukuy_core::{
 };
 
 use super::fixtures::{
-    NODE_A, T0, acquire, commit_events, event, invalid, key, key_b, key_other, owned_ids, pending,
-    pending_ids, poison,
+    NODE_A, T0, acquire, commit_events, event, invalid, key, key_b, key_other, leased, owned_ids,
+    pending, pending_ids, poison,
 };
 use crate::harness::{CaseError, CaseResult, Env};
 use crate::{check, check_eq};
@@ -218,9 +218,7 @@ pub async fn park_event_removes_outbox_row_and_holds(env: Env) -> CaseResult {
 /// order they were parked in, by `park_event` or by `commit_poll`), the kind filter keeps one
 /// kind, and the limit (alone or with the filter; 0 gives none) is honoured.
 pub async fn list_parked_filters_orders_limits(env: Env) -> CaseResult {
-    let store = env.store();
-    let k = key();
-    let lease = acquire(store, &k, NODE_A, T0).await?;
+    let (store, k, lease) = leased(&env).await?;
 
     let p_b = poison(event(&k, "p-b", 2, "o2"), Some("o2"), T0 + 2_000);
     let p_a = poison(event(&k, "p-a", 1, "o1"), Some("o1"), T0 + 2_000);
@@ -399,9 +397,7 @@ async fn commit_parked(
 /// parked row and its hold are gone; invalid rows and unknown ids are ignored; the count of moved
 /// rows is returned; a second retry and an empty id list return 0.
 pub async fn retry_parked_moves_poison_back(env: Env) -> CaseResult {
-    let store = env.store();
-    let k = key();
-    let lease = acquire(store, &k, NODE_A, T0).await?;
+    let (store, k, lease) = leased(&env).await?;
     let e1 = pending(&k, "evt-1", 1, "o1");
     let e2 = pending(&k, "evt-2", 2, "o2");
     let e3 = pending(&k, "evt-3", 3, "o1");
@@ -547,9 +543,7 @@ pub async fn retry_parked_moves_poison_back(env: Env) -> CaseResult {
 /// unknown and already-discarded ids not at all); a hold key disappears once no row holds it;
 /// discarded events do not come back to the outbox, which is untouched.
 pub async fn discard_parked_returns_count(env: Env) -> CaseResult {
-    let store = env.store();
-    let k = key();
-    let lease = acquire(store, &k, NODE_A, T0).await?;
+    let (store, k, lease) = leased(&env).await?;
     let e4 = pending(&k, "evt-4", 4, "o4");
     commit_events(
         store,

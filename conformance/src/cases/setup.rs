@@ -2,7 +2,7 @@
 
 use watukuy_core::{PollerState, StatePatch};
 
-use super::fixtures::{NODE_A, Observation, T0, acquire, key, observe};
+use super::fixtures::{NODE_A, Observation, T0, acquire, key, leased, observe};
 use crate::harness::{CaseResult, Env};
 use crate::{check, check_eq};
 
@@ -84,9 +84,7 @@ pub async fn migrate_is_idempotent(env: Env) -> CaseResult {
 /// committed before the close (the store reopened) or fails with `Error::Store`, and never
 /// panics.
 pub async fn close_is_idempotent_and_keeps_data(env: Env) -> CaseResult {
-    let store = env.store();
-    let key = key();
-    let lease = acquire(store, &key, NODE_A, T0).await?;
+    let (store, key, lease) = leased(&env).await?;
     let patch = StatePatch {
         sequence: Some(3),
         updated_at: Some(T0),

@@ -7,8 +7,8 @@ use watukuy_core::{
 };
 
 use super::fixtures::{
-    NODE_A, NODE_B, Observation, T0, acquire, event, invalid, item, key, key_b, key_other, observe,
-    pending, poison,
+    NODE_A, NODE_B, Observation, T0, acquire, event, invalid, item, key, key_b, key_other, leased,
+    observe, pending, poison,
 };
 use crate::harness::{CaseError, CaseResult, Env};
 use crate::{check, check_eq};
@@ -246,9 +246,7 @@ pub async fn load_state_is_none_for_unknown_key(env: Env) -> CaseResult {
 /// unicode JSON in cursors) round-trips exactly, and `created_at` becomes the first patch's
 /// `updated_at`; a later save keeps `created_at`.
 pub async fn save_state_round_trips_every_field(env: Env) -> CaseResult {
-    let store = env.store();
-    let key = key();
-    let lease = acquire(store, &key, NODE_A, T0).await?;
+    let (store, key, lease) = leased(&env).await?;
     let first_at = T0 + 5_000;
     let patch = full_patch(first_at);
     store.save_state(&key, &lease, &patch).await?;
@@ -343,9 +341,7 @@ pub async fn unfenced_save_without_updated_at_uses_zero(env: Env) -> CaseResult 
 /// mention, a `schedule` patch drops the schedule's old fields, untouched fields are kept, and an
 /// unfenced patch keeps `sequence`, `created_at` and the lease.
 pub async fn patches_replace_top_level_fields(env: Env) -> CaseResult {
-    let store = env.store();
-    let key = key();
-    let lease = acquire(store, &key, NODE_A, T0).await?;
+    let (store, key, lease) = leased(&env).await?;
     let schedule = full_schedule();
     let first = StatePatch {
         lanes: Some(Lanes {
