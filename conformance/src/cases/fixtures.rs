@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use watukuy_core::{
     CommitBatch, DeliveryOptions, Dispatcher, DrainContext, DrainReport, Error, Event, EventType,
-    HandlerError, ItemRow, Json, Lane, Lease, ManualClock, OutboxRow, PKey, ParkedError,
+    HandlerError, ItemRow, Json, KeyCounts, Lane, Lease, ManualClock, OutboxRow, PKey, ParkedError,
     ParkedKind, ParkedRow, SeededRng, SerializedError, Store, ValidationIssue,
 };
 
@@ -31,6 +31,39 @@ pub async fn leased(env: &Env) -> Result<(&dyn Store, PKey, Lease), CaseError> {
     let k = key();
     let lease = acquire(store, &k, NODE_A, T0).await?;
     Ok((store, k, lease))
+}
+
+/// The opening of a `counts` case: checks that `count` of [`key`], never written, is 0, then
+/// takes node-a's lease on it at `T0`.
+pub async fn leased_after_zero_count(
+    env: &Env,
+    count: fn(KeyCounts) -> u64,
+) -> Result<(&dyn Store, PKey, Lease), CaseError> {
+    let store = env.store();
+    let k = key();
+    crate::check_eq!(
+        store.counts(&k).await.map(count)?,
+        0,
+        "a key never written counts 0"
+    );
+    let lease = acquire(store, &k, NODE_A, T0).await?;
+    Ok((store, k, lease))
+}
+
+/// The close of a `counts` case: `count` of another partition ([`key_b`]) and of another
+/// poller ([`key_other`]) is 0.
+pub async fn others_count_zero(store: &dyn Store, count: fn(KeyCounts) -> u64) -> CaseResult {
+    crate::check_eq!(
+        store.counts(&key_b()).await.map(count)?,
+        0,
+        "another partition counts 0"
+    );
+    crate::check_eq!(
+        store.counts(&key_other()).await.map(count)?,
+        0,
+        "another poller counts 0"
+    );
+    Ok(())
 }
 
 /// `orders/"tenant-b"`: another partition of the same poller.

@@ -8,6 +8,7 @@ use watukuy_core::{CommitBatch, ItemRow, Json, Lease, PKey, StatePatch, Store};
 
 use super::fixtures::{
     NODE_A, T0, acquire, identity_batches, item, json, key, key_b, key_other, leased,
+    leased_after_zero_count, others_count_zero,
 };
 use crate::harness::{CaseError, CaseResult, Env};
 use crate::{check, check_eq};
@@ -465,15 +466,7 @@ fn check_covers_once(batches: &[Vec<String>], expected: &HashSet<String>) -> Cas
 /// `Store::count_items` contract 1: the count follows upserts (new identities add, replacements
 /// do not) and deletes (unknown identities do not subtract), per key.
 pub async fn count_items_counts_snapshot(env: Env) -> CaseResult {
-    let store = env.store();
-    let k = key();
-    check_eq!(
-        store.counts(&k).await.map(|c| c.items)?,
-        0,
-        "a key never written counts 0"
-    );
-
-    let lease = acquire(store, &k, NODE_A, T0).await?;
+    let (store, k, lease) = leased_after_zero_count(&env, |c| c.items).await?;
     check_eq!(
         store.counts(&k).await.map(|c| c.items)?,
         0,
@@ -520,15 +513,5 @@ pub async fn count_items_counts_snapshot(env: Env) -> CaseResult {
 
     commit_items(store, &k, &lease, vec![item("e", "h1")], &[]).await?;
     check_eq!(store.counts(&k).await.map(|c| c.items)?, 1);
-    check_eq!(
-        store.counts(&key_b()).await.map(|c| c.items)?,
-        0,
-        "another partition counts 0"
-    );
-    check_eq!(
-        store.counts(&key_other()).await.map(|c| c.items)?,
-        0,
-        "another poller counts 0"
-    );
-    Ok(())
+    others_count_zero(store, |c| c.items).await
 }

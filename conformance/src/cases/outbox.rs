@@ -3,8 +3,8 @@
 use watukuy_core::{OutboxRow, OutboxStatus, SerializedError};
 
 use super::fixtures::{
-    NODE_A, T0, acquire, commit_events, event, key, key_b, key_other, leased, owned_ids, pending,
-    pending_ids,
+    T0, commit_events, event, key_b, key_other, leased, leased_after_zero_count, others_count_zero,
+    owned_ids, pending, pending_ids,
 };
 use crate::harness::{CaseResult, Env};
 use crate::{check, check_eq};
@@ -84,14 +84,7 @@ pub async fn load_pending_orders_by_sequence(env: Env) -> CaseResult {
 /// `Delivered` do not), acks decrement the count, unknown and repeated acks do not, and another
 /// key counts 0.
 pub async fn count_pending_counts_pending_only(env: Env) -> CaseResult {
-    let store = env.store();
-    let k = key();
-    check_eq!(
-        store.counts(&k).await.map(|c| c.pending)?,
-        0,
-        "a key never written counts 0"
-    );
-    let lease = acquire(store, &k, NODE_A, T0).await?;
+    let (store, k, lease) = leased_after_zero_count(&env, |c| c.pending).await?;
 
     let delivered = OutboxRow {
         status: OutboxStatus::Delivered,
@@ -139,17 +132,7 @@ pub async fn count_pending_counts_pending_only(env: Env) -> CaseResult {
         .ack_events(&k, &lease, &owned_ids(&["evt-2", "evt-3"]))
         .await?;
     check_eq!(store.counts(&k).await.map(|c| c.pending)?, 0);
-    check_eq!(
-        store.counts(&key_b()).await.map(|c| c.pending)?,
-        0,
-        "another partition counts 0"
-    );
-    check_eq!(
-        store.counts(&key_other()).await.map(|c| c.pending)?,
-        0,
-        "another poller counts 0"
-    );
-    Ok(())
+    others_count_zero(store, |c| c.pending).await
 }
 
 /// `Store::ack_events` contract 1: acked rows leave the outbox, the others stay exactly as they

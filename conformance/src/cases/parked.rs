@@ -7,8 +7,8 @@ use watukuy_core::{
 };
 
 use super::fixtures::{
-    NODE_A, T0, acquire, commit_events, event, invalid, key, key_b, key_other, leased, owned_ids,
-    pending, pending_ids, poison,
+    NODE_A, T0, acquire, commit_events, event, invalid, key, key_b, key_other, leased,
+    leased_after_zero_count, others_count_zero, owned_ids, pending, pending_ids, poison,
 };
 use crate::harness::{CaseError, CaseResult, Env};
 use crate::{check, check_eq};
@@ -299,14 +299,7 @@ pub async fn list_parked_filters_orders_limits(env: Env) -> CaseResult {
 /// `Store::count_parked` contract 1: every kind counts; re-parking an id (by `park_event` or by
 /// `commit_poll`) replaces the row instead of adding one.
 pub async fn count_parked_counts_every_kind(env: Env) -> CaseResult {
-    let store = env.store();
-    let k = key();
-    check_eq!(
-        store.counts(&k).await.map(|c| c.parked)?,
-        0,
-        "a key never written counts 0"
-    );
-    let lease = acquire(store, &k, NODE_A, T0).await?;
+    let (store, k, lease) = leased_after_zero_count(&env, |c| c.parked).await?;
     check_eq!(store.counts(&k).await.map(|c| c.parked)?, 0);
 
     let p1 = poison(event(&k, "evt-1", 1, "o1"), Some("o1"), T0 + 1_000);
@@ -361,17 +354,7 @@ pub async fn count_parked_counts_every_kind(env: Env) -> CaseResult {
         vec![p1_again, i1_again],
         "both rows were replaced (attempts 5, new issues, new parked_at)"
     );
-    check_eq!(
-        store.counts(&key_b()).await.map(|c| c.parked)?,
-        0,
-        "another partition counts 0"
-    );
-    check_eq!(
-        store.counts(&key_other()).await.map(|c| c.parked)?,
-        0,
-        "another poller counts 0"
-    );
-    Ok(())
+    others_count_zero(store, |c| c.parked).await
 }
 
 /// Commits a batch holding only parked rows.
