@@ -9,7 +9,7 @@ use watukuy_core::{
 
 use super::fixtures::{
     NODE_A, T0, acquire, commit_events, event, invalid, item, json, key, leased, owned_ids,
-    pending, pending_ids,
+    pending, pending_ids, progress,
 };
 use crate::harness::{CaseError, CaseResult, Env};
 use crate::{check, check_eq};
@@ -291,11 +291,7 @@ pub async fn recommitting_event_overwrites_row(env: Env) -> CaseResult {
 pub async fn empty_batch_applies_patch(env: Env) -> CaseResult {
     let (store, k, lease) = leased(&env).await?;
 
-    let patch = StatePatch {
-        sequence: Some(5),
-        updated_at: Some(T0 + 100),
-        ..StatePatch::default()
-    };
+    let patch = progress(5, T0 + 100);
     let batch = CommitBatch::default().state_patch(patch.clone());
     store.commit_poll(&k, &lease, &batch).await?;
     let state = PollerState::patched(None, &patch);
@@ -370,11 +366,7 @@ pub async fn writes_validators_with_the_page(env: Env) -> CaseResult {
         url_validator("url-b", Some("\"b1\""), T0),
     );
     let batch = CommitBatch::default()
-        .state_patch(StatePatch {
-            sequence: Some(1),
-            updated_at: Some(T0),
-            ..StatePatch::default()
-        })
+        .state_patch(progress(1, T0))
         .events(vec![pending(&k, "e1", 1, "i1")])
         .upserts(vec![item("i1", "h1")])
         .validators(vec![a.clone(), b.clone()]);

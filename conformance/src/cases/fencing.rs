@@ -23,7 +23,7 @@ use watukuy_core::{
 
 use super::fixtures::{
     NODE_A, NODE_B, Observation, T0, TTL, acquire, event, expect_lease_lost, invalid, item, key,
-    key_b, leased, observe, pending, poison,
+    key_b, leased, observe, pending, poison, progress,
 };
 use crate::harness::{CaseError, CaseResult, Env};
 use crate::{check, check_eq};
@@ -78,11 +78,7 @@ async fn seed(store: &dyn Store) -> Result<(Seeded, Lease), CaseError> {
     let log = store.capabilities().log;
     let stale = acquire(store, &key, NODE_A, T0).await?;
     let batch = CommitBatch::default()
-        .state_patch(StatePatch {
-            sequence: Some(1),
-            updated_at: Some(T0),
-            ..StatePatch::default()
-        })
+        .state_patch(progress(1, T0))
         .upserts(vec![item("i1", "h1")])
         .events(vec![pending(&key, "e1", 1, "i1")])
         .log(log);
@@ -397,11 +393,7 @@ pub async fn fenced_writes_without_lease_are_rejected(env: Env) -> CaseResult {
 /// `renew_lease` returns `false`.
 pub async fn released_lease_fails_fence(env: Env) -> CaseResult {
     let (store, key, lease) = leased(&env).await?;
-    let first = StatePatch {
-        sequence: Some(1),
-        updated_at: Some(T0),
-        ..StatePatch::default()
-    };
+    let first = progress(1, T0);
     store.save_state(&key, &lease, &first).await?;
     store.release_lease(&key, &lease).await?;
     let before = observe(store, &key, &[URL]).await?;

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use watukuy_core::{
     CommitBatch, DeliveryOptions, Dispatcher, DrainContext, DrainReport, Error, Event, EventType,
     HandlerError, ItemRow, Json, KeyCounts, Lane, Lease, ManualClock, OutboxRow, PKey, ParkedError,
-    ParkedKind, ParkedRow, SeededRng, SerializedError, Store, ValidationIssue,
+    ParkedKind, ParkedRow, SeededRng, SerializedError, StatePatch, Store, ValidationIssue,
 };
 
 use crate::harness::{CaseError, CaseResult, Env};
@@ -64,6 +64,15 @@ pub async fn others_count_zero(store: &dyn Store, count: fn(KeyCounts) -> u64) -
         "another poller counts 0"
     );
     Ok(())
+}
+
+/// A state patch that sets the sequence to `sequence` and `updated_at` to `at`, and nothing else.
+pub fn progress(sequence: i64, at: i64) -> StatePatch {
+    StatePatch {
+        sequence: Some(sequence),
+        updated_at: Some(at),
+        ..StatePatch::default()
+    }
 }
 
 /// `orders/"tenant-b"`: another partition of the same poller.

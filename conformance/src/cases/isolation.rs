@@ -7,7 +7,7 @@ use watukuy_core::{
 
 use super::fixtures::{
     NODE_A, Observation, T0, TTL, acquire, event, expect_lease_lost, invalid, item, json, key,
-    key_b, key_other, observe, owned_ids, pending, poison,
+    key_b, key_other, observe, owned_ids, pending, poison, progress,
 };
 use crate::harness::{CaseResult, Env};
 use crate::{check, check_eq};
@@ -280,15 +280,7 @@ async fn check_isolated(store: &dyn Store, other: &PKey) -> CaseResult {
     )
     .await?;
     store
-        .save_state(
-            other,
-            &lease_o,
-            &StatePatch {
-                sequence: Some(10),
-                updated_at: Some(T0 + 6_000),
-                ..StatePatch::default()
-            },
-        )
+        .save_state(other, &lease_o, &progress(10, T0 + 6_000))
         .await?;
     store
         .save_state_unfenced(

@@ -2,7 +2,7 @@
 
 use watukuy_core::{PollerState, StatePatch};
 
-use super::fixtures::{NODE_A, Observation, T0, acquire, key, leased, observe};
+use super::fixtures::{NODE_A, Observation, T0, acquire, key, leased, observe, progress};
 use crate::harness::{CaseResult, Env};
 use crate::{check, check_eq};
 
@@ -85,11 +85,7 @@ pub async fn migrate_is_idempotent(env: Env) -> CaseResult {
 /// panics.
 pub async fn close_is_idempotent_and_keeps_data(env: Env) -> CaseResult {
     let (store, key, lease) = leased(&env).await?;
-    let patch = StatePatch {
-        sequence: Some(3),
-        updated_at: Some(T0),
-        ..StatePatch::default()
-    };
+    let patch = progress(3, T0);
     store.save_state(&key, &lease, &patch).await?;
     store.close().await?;
     store.close().await?;

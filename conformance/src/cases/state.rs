@@ -8,7 +8,7 @@ use watukuy_core::{
 
 use super::fixtures::{
     NODE_A, NODE_B, Observation, T0, acquire, event, invalid, item, key, key_b, key_other, leased,
-    observe, pending, poison,
+    observe, pending, poison, progress,
 };
 use crate::harness::{CaseError, CaseResult, Env};
 use crate::{check, check_eq};
@@ -465,11 +465,7 @@ pub async fn list_keys_filters_by_poller(env: Env) -> CaseResult {
             &key_other(),
             &other,
             &CommitBatch::default()
-                .state_patch(StatePatch {
-                    sequence: Some(1),
-                    updated_at: Some(T0),
-                    ..StatePatch::default()
-                })
+                .state_patch(progress(1, T0))
                 .upserts(vec![item("i1", "h1")]),
         )
         .await?;
