@@ -358,6 +358,13 @@ async fn suite(args: &Args) -> Result<(), BoxError> {
             fmt_ratio(apalis, lb),
         );
     }
+    let calls = pipeline::calls_per_page(&p).await?;
+    let total: f64 = calls.iter().map(|(_, n)| n).sum();
+    let each: Vec<String> = calls.iter().map(|(op, n)| format!("{op} {n:.2}")).collect();
+    println!(
+        "\nStore calls per page of 100 events, end to end (counted on the memory store; every store gets the same calls): {total:.2} in all: {}",
+        each.join(", ")
+    );
     println!("\nEvery repetition (events/s):\n");
     for (backend, s) in &rows {
         let list = |v: &[f64]| {

@@ -21,7 +21,7 @@ use watukuy_core::{
     StatePatch, Store, SystemClock, SystemRng, TickOptions,
 };
 
-use crate::measure::{Stopwatch, peak_rss_kb, percentile, rate, reset_peak_rss};
+use crate::measure::{Stopwatch, as_f64, peak_rss_kb, percentile, rate, reset_peak_rss};
 use crate::workload::{self, Params};
 
 /// What one end-to-end run measured.
@@ -184,6 +184,37 @@ pub(crate) async fn end_to_end(store: Arc<dyn Store>, p: &Params) -> Result<EndT
         p99_us: percentile(&mut samples, 99),
         peak_rss_kb: peak,
     })
+}
+
+/// Store calls per page of an end-to-end run, counted on a memory store (the engine makes the
+/// same calls on every store; only what each call costs differs): `(operation, calls per page)`
+/// for every operation called at least once.
+pub(crate) async fn calls_per_page(p: &Params) -> Result<Vec<(String, f64)>, BoxError> {
+    use watukuy_conformance::{FaultyStore, Op};
+    let counted = Arc::new(FaultyStore::new(Arc::new(
+        watukuy_store_memory::MemoryStore::new(),
+    )));
+    end_to_end(Arc::clone(&counted) as Arc<dyn Store>, p).await?;
+    let pages = as_f64(p.events.div_ceil(PAGE_SIZE as u64));
+    let ops = [
+        Op::LoadState,
+        Op::AcquireLease,
+        Op::RenewLease,
+        Op::LoadVersions,
+        Op::CommitPoll,
+        Op::HeldKeys,
+        Op::LoadPending,
+        Op::AckEvents,
+        Op::Counts,
+        Op::SaveState,
+        Op::ReleaseLease,
+    ];
+    Ok(ops
+        .into_iter()
+        .map(|op| (op, counted.calls(op)))
+        .filter(|(_, calls)| *calls > 0)
+        .map(|(op, calls)| (format!("{op:?}"), as_f64(calls) / pages))
+        .collect())
 }
 
 /// Items per page of the end-to-end fake API.

@@ -61,6 +61,8 @@ pub enum Op {
     HeldKeys,
     /// `counts`.
     Counts,
+    /// `load_versions`.
+    LoadVersions,
 }
 
 /// Whether an injected failure happens before the call reaches the store (nothing written) or
@@ -762,8 +764,9 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
         key: &PKey,
         identities: &[String],
     ) -> Result<HashMap<String, ItemRow>> {
-        self.alive()?;
-        self.inner.load_versions(key, identities).await
+        self.before(Op::LoadVersions)?;
+        let result = self.inner.load_versions(key, identities).await;
+        self.after(Op::LoadVersions, result)
     }
 
     fn stream_identities<'a>(

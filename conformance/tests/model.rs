@@ -156,7 +156,7 @@ impl Model {
         }
     }
 
-    /// The dispatcher's drain, one group at a time: slices of `BATCH` rows in sequence order,
+    /// The dispatcher's drain, one group at a time: slices of `BATCH` rows (plus one) in sequence order,
     /// groups by key in order of first appearance, held and blocked keys skipped, the window
     /// doubling (up to 16 slices) when a full slice had nothing eligible, until a pass makes no
     /// progress.
@@ -166,11 +166,12 @@ impl Model {
         let mut window = BATCH;
         let mut blocked: BTreeSet<u8> = BTreeSet::new();
         loop {
-            let rows: Vec<Ev> = self.pending.iter().take(window).copied().collect();
+            // One row more than the window: a full read says more rows follow.
+            let rows: Vec<Ev> = self.pending.iter().take(window + 1).copied().collect();
             if rows.is_empty() {
                 return;
             }
-            let slice_full = rows.len() >= window;
+            let slice_full = rows.len() > window;
             let held = self.keys_held();
             let mut groups: Vec<(u8, Vec<Ev>)> = Vec::new();
             for row in rows {

@@ -6,7 +6,8 @@ use super::*;
 impl Dispatcher {
     /// Delivers the pending events of `key` under `lease`.
     ///
-    /// Loads the outbox a slice at a time (in sequence order), skips keys that are held by a
+    /// Loads the outbox a slice at a time (in sequence order; a slice is `dispatch_batch_size`
+    /// rows plus one, which tells whether more follow), skips keys that are held by a
     /// parked event or already waiting in this drain, and delivers the rest with up to
     /// `concurrency` keys in flight. A row whose next attempt lies in the future blocks its key
     /// for this drain and is reported in `next_retry_at`. Stops when a pass makes no progress,
@@ -34,13 +35,18 @@ impl Dispatcher {
         // Known without asking the store when the last slice held every pending row.
         let mut remaining: Option<u64> = None;
         while !cancel.is_cancelled() {
-            let rows = self.store.load_pending(key, window).await?;
+            // One row more than the window: a slice that holds them all says more rows follow,
+            // and one that does not ends the drain without another read.
+            let rows = self
+                .store
+                .load_pending(key, window.saturating_add(1))
+                .await?;
             if rows.is_empty() {
                 remaining = Some(0);
                 break;
             }
             let slice_len = rows.len() as u64;
-            let slice_full = rows.len() >= window;
+            let slice_full = rows.len() > window;
             let held = match held {
                 Some(ref held) => held,
                 None => held.insert(self.store.held_keys(key).await?.into_iter().collect()),
