@@ -52,6 +52,25 @@ impl From<crate::FakeApiError> for CaseError {
 /// The result of one case.
 pub type CaseResult = Result<(), CaseError>;
 
+/// Any error (a driver's, JSON, a task's join error, a number conversion) as a failed case:
+/// `.or_fail()?` with the error's message, `.or_fail_with("what")?` with `what: ` before it.
+pub trait OrFail<T> {
+    /// The error's message as the failure.
+    fn or_fail(self) -> Result<T, CaseError>;
+    /// `what: <the error's message>` as the failure.
+    fn or_fail_with(self, what: impl fmt::Display) -> Result<T, CaseError>;
+}
+
+impl<T, E: fmt::Display> OrFail<T> for Result<T, E> {
+    fn or_fail(self) -> Result<T, CaseError> {
+        self.map_err(|e| CaseError::failed(e.to_string()))
+    }
+
+    fn or_fail_with(self, what: impl fmt::Display) -> Result<T, CaseError> {
+        self.map_err(|e| CaseError::failed(format!("{what}: {e}")))
+    }
+}
+
 /// Which case is asking for a store (harnesses may use it to name a namespace).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CaseContext {

@@ -21,7 +21,8 @@ pub use faulty::{
     simulated_crash,
 };
 pub use harness::{
-    CaseContext, CaseError, CaseResult, Env, Fresh, Harness, REQUIRE_BACKENDS_ENV, backend_url,
+    CaseContext, CaseError, CaseResult, Env, Fresh, Harness, OrFail, REQUIRE_BACKENDS_ENV,
+    backend_url,
 };
 pub use runner::{Case, Outcome, Report, run_all, run_case, run_test};
 

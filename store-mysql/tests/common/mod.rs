@@ -36,23 +36,9 @@ macro_rules! ensure {
 #[allow(unused_imports)]
 pub(crate) use ensure;
 
-/// Any error as a failed test: `.or_fail()?`, or `.or_fail_with("what")?` with `what: ` first.
-pub trait OrFail<T> {
-    /// The error's message as the failure.
-    fn or_fail(self) -> Result<T, CaseError>;
-    /// `what: <the error's message>` as the failure.
-    fn or_fail_with(self, what: impl std::fmt::Display) -> Result<T, CaseError>;
-}
-
-impl<T, E: std::fmt::Display> OrFail<T> for Result<T, E> {
-    fn or_fail(self) -> Result<T, CaseError> {
-        self.map_err(|e| fail(e.to_string()))
-    }
-
-    fn or_fail_with(self, what: impl std::fmt::Display) -> Result<T, CaseError> {
-        self.map_err(|e| fail(format!("{what}: {e}")))
-    }
-}
+/// Any error as a failed test (`.or_fail()?`, `.or_fail_with("what")?`).
+#[allow(unused_imports)]
+pub use watukuy_conformance::OrFail;
 
 /// A database name unique to this process and call (`wk_<pid>_<n>_<what>`), at most 64 bytes.
 /// No randomness: the process id and a counter.

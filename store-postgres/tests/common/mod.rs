@@ -133,24 +133,9 @@ macro_rules! ensure {
 #[allow(unused_imports)]
 pub(crate) use ensure;
 
-/// Any error (`sqlx`, JSON, a task's join error, a number conversion) as a failed test:
-/// `.or_fail()?` with the error's message, `.or_fail_with("what")?` with `what: ` before it.
-pub trait OrFail<T> {
-    /// The error's message as the failure.
-    fn or_fail(self) -> Result<T, CaseError>;
-    /// `what: <the error's message>` as the failure.
-    fn or_fail_with(self, what: impl std::fmt::Display) -> Result<T, CaseError>;
-}
-
-impl<T, E: std::fmt::Display> OrFail<T> for Result<T, E> {
-    fn or_fail(self) -> Result<T, CaseError> {
-        self.map_err(|e| fail(e.to_string()))
-    }
-
-    fn or_fail_with(self, what: impl std::fmt::Display) -> Result<T, CaseError> {
-        self.map_err(|e| fail(format!("{what}: {e}")))
-    }
-}
+/// Any error as a failed test (`.or_fail()?`, `.or_fail_with("what")?`).
+#[allow(unused_imports)]
+pub use watukuy_conformance::OrFail;
 
 /// A fresh, empty schema of a test's own on the test database (a stale one of the same name is
 /// dropped first), with a pool and the database's URL for connections of the test's own. A
