@@ -93,10 +93,19 @@ impl LeaseKeeper {
         }
     }
 
-    /// Renews now; false when the lease is gone.
+    /// Renews now, unless the lease was renewed (or taken) less than `renew_every` ago; false
+    /// when the lease is gone. Skipping costs nothing in safety, since every write is fenced:
+    /// a lease lost meanwhile fails the next write.
     pub(super) async fn renew_now(&self, shared: &Shared, key: &PKey, lease: &Lease) -> bool {
         if self.lost.is_cancelled() {
             return false;
+        }
+        let expires_at = *self.expires_at.lock().unwrap_or_else(PoisonError::into_inner);
+        let fresh_until = expires_at
+            .saturating_sub(shared.lease_ttl_ms)
+            .saturating_add(shared.renew_every_ms);
+        if shared.clock.now_ms() < fresh_until {
+            return true;
         }
         let ok = renew(
             &*shared.store,
