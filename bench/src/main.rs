@@ -435,9 +435,11 @@ async fn series(
     })
 }
 
-/// One sweep: its title, x axis, x values, one series per store and its plot's file name.
+/// One sweep: its title, its plot's (shorter) title, x axis, x values, one series per store and
+/// its plot's file name.
 struct Sweep {
     title: String,
+    plot_title: String,
     x_name: &'static str,
     xs: Vec<u64>,
     series: Vec<plot::Series>,
@@ -458,6 +460,7 @@ async fn sweep(args: &Args) -> Result<(), BoxError> {
                 base.keys,
                 window_label(&base)
             ),
+            plot_title: format!("Throughput vs concurrency ({} keys)", base.keys),
             x_name: "concurrency",
             xs: to_u64(&args.sweep_concurrency),
             series: Vec::new(),
@@ -469,6 +472,7 @@ async fn sweep(args: &Args) -> Result<(), BoxError> {
                 base.concurrency,
                 window_label(&base)
             ),
+            plot_title: format!("Throughput vs keys (concurrency {})", base.concurrency),
             x_name: "keys",
             xs: args.sweep_keys.clone(),
             series: Vec::new(),
@@ -480,6 +484,10 @@ async fn sweep(args: &Args) -> Result<(), BoxError> {
                 base.keys,
                 base.concurrency,
                 base.ack_delay.as_millis()
+            ),
+            plot_title: format!(
+                "Throughput vs ack window ({} keys, concurrency {})",
+                base.keys, base.concurrency
             ),
             x_name: "ack window",
             xs: to_u64(&args.sweep_ack_window),
@@ -528,7 +536,7 @@ async fn sweep(args: &Args) -> Result<(), BoxError> {
                 let path = args.plots.join(sweep.file);
                 plot::chart(
                     &path,
-                    &format!("{} — {} events", sweep.title, base.events),
+                    &format!("{}, {} events", sweep.plot_title, base.events),
                     sweep.x_name,
                     &sweep.series,
                 )?;

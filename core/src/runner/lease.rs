@@ -100,7 +100,10 @@ impl LeaseKeeper {
         if self.lost.is_cancelled() {
             return false;
         }
-        let expires_at = *self.expires_at.lock().unwrap_or_else(PoisonError::into_inner);
+        let expires_at = *self
+            .expires_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let fresh_until = expires_at
             .saturating_sub(shared.lease_ttl_ms)
             .saturating_add(shared.renew_every_ms);
