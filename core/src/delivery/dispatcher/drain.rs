@@ -9,7 +9,9 @@ impl Dispatcher {
     /// Loads the outbox a slice at a time (in sequence order; a slice is `dispatch_batch_size`
     /// rows plus one, which tells whether more follow), skips keys that are held by a
     /// parked event or already waiting in this drain, and delivers the rest with up to
-    /// `concurrency` keys in flight. A row whose next attempt lies in the future blocks its key
+    /// `concurrency` handlers running at once (and, with an ack window, up to its `max_events`
+    /// keys waiting for their acks to be flushed). A row whose next attempt lies in the future
+    /// blocks its key
     /// for this drain and is reported in `next_retry_at`. Stops when a pass makes no progress,
     /// on a `halt`, on cancellation, or on the first store error (`LeaseLost` included; in-flight
     /// handlers are then cancelled).
