@@ -356,15 +356,20 @@ async fn acks_of_different_keys_share_store_calls_without_reordering_a_key() {
 #[tokio::test]
 async fn a_drain_reads_the_store_once_per_slice() {
     use watukuy_conformance::{FaultyStore, Op};
-    let subjects: Vec<String> = (0..250).map(|i| format!("k{i}")).collect();
-    let refs: Vec<&str> = subjects.iter().map(String::as_str).collect();
-    let s = setup(&refs).await;
-    let faulty = Arc::new(FaultyStore::new(s.store.clone()));
-    let d = s.dispatcher_over(faulty.clone(), DeliveryOptions::default());
-    d.on(|_event: Event, _ctx: HandlerContext| async { Ok::<(), HandlerError>(()) })
-        .unwrap();
-    let report = s.drain(&d).await.unwrap();
-    assert_eq!((report.delivered, report.remaining), (250, 0));
+    // `n` events of distinct keys drained through a counting store by a handler that succeeds.
+    async fn drained(n: u64) -> Arc<FaultyStore<dyn Store>> {
+        let subjects: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+        let refs: Vec<&str> = subjects.iter().map(String::as_str).collect();
+        let s = setup(&refs).await;
+        let faulty: Arc<FaultyStore<dyn Store>> = Arc::new(FaultyStore::new(s.store.clone()));
+        let d = s.dispatcher_over(faulty.clone(), DeliveryOptions::default());
+        d.on(|_event: Event, _ctx: HandlerContext| async { Ok::<(), HandlerError>(()) })
+            .unwrap();
+        let report = s.drain(&d).await.unwrap();
+        assert_eq!((report.delivered, report.remaining), (n, 0));
+        faulty
+    }
+    let faulty = drained(250).await;
     assert_eq!(
         (
             faulty.calls(Op::LoadPending),
@@ -377,15 +382,7 @@ async fn a_drain_reads_the_store_once_per_slice() {
 
     // Exactly one slice of rows: the extra row the load asks for is not there, so the drain
     // knows it is done without a second read.
-    let subjects: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
-    let refs: Vec<&str> = subjects.iter().map(String::as_str).collect();
-    let s = setup(&refs).await;
-    let faulty = Arc::new(FaultyStore::new(s.store.clone()));
-    let d = s.dispatcher_over(faulty.clone(), DeliveryOptions::default());
-    d.on(|_event: Event, _ctx: HandlerContext| async { Ok::<(), HandlerError>(()) })
-        .unwrap();
-    let report = s.drain(&d).await.unwrap();
-    assert_eq!((report.delivered, report.remaining), (100, 0));
+    let faulty = drained(100).await;
     assert_eq!(
         faulty.calls(Op::LoadPending),
         1,
