@@ -301,6 +301,11 @@ impl LeaseAudit {
         self.lock().violations.clone()
     }
 
+    fn accepted_ack(&self, ids: usize) {
+        let mut state = self.lock();
+        state.largest_ack = state.largest_ack.max(ids);
+    }
+
     /// The most event ids one accepted `ack_events` call carried.
     pub fn largest_ack(&self) -> usize {
         self.lock().largest_ack
@@ -822,8 +827,7 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
         let result = self.defect.ack_events(&*self.inner, key, lease, ids).await;
         self.audit_write(key, lease, "ack_events", &result);
         if let (Some(audit), Ok(())) = (&self.audit, &result) {
-            let mut state = audit.lock();
-            state.largest_ack = state.largest_ack.max(ids.len());
+            audit.accepted_ack(ids.len());
         }
         self.after(Op::AckEvents, result)
     }

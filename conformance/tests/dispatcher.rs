@@ -415,11 +415,18 @@ async fn a_drain_reads_the_store_once_per_slice() {
 
 /// Records the ids of every `ack_events` call, and a log that handlers may write to as well.
 #[derive(Default)]
-struct AckCalls(Mutex<Vec<Vec<String>>>, Mutex<Vec<String>>);
+struct AckCalls {
+    calls: Mutex<Vec<Vec<String>>>,
+    log: Mutex<Vec<String>>,
+}
 
 impl AckCalls {
     fn log(&self, line: String) {
-        self.1.lock().unwrap().push(line);
+        self.log.lock().unwrap().push(line);
+    }
+
+    fn calls(&self) -> Vec<Vec<String>> {
+        self.calls.lock().unwrap().clone()
     }
 }
 
@@ -432,7 +439,7 @@ impl watukuy_conformance::Defect<MemoryStore> for AckCalls {
         lease: &Lease,
         ids: &[String],
     ) -> watukuy_core::Result<()> {
-        self.0.lock().unwrap().push(ids.to_vec());
+        self.calls.lock().unwrap().push(ids.to_vec());
         let result = inner.ack_events(key, lease, ids).await;
         for id in ids {
             self.log(format!("ack {id}"));
@@ -474,17 +481,17 @@ async fn an_ack_window_flushes_many_keys_at_once_but_never_two_events_of_one_key
     .unwrap();
     let report = s.drain(&d).await.unwrap();
     assert_eq!((report.delivered, report.remaining), (200, 0));
-    let sizes: Vec<usize> = calls.0.lock().unwrap().iter().map(Vec::len).collect();
+    let sizes: Vec<usize> = calls.calls().iter().map(Vec::len).collect();
     assert!(
         sizes.len() <= 3 && sizes.contains(&100),
         "the first events of 100 keys share one flush, not one per handler turn: {sizes:?}"
     );
     let key_of = |id: &str| (id[1..].parse::<u64>().unwrap() - 1) % 100;
-    for call in calls.0.lock().unwrap().iter() {
+    for call in &calls.calls() {
         let keys: std::collections::HashSet<u64> = call.iter().map(|id| key_of(id)).collect();
         assert_eq!(keys.len(), call.len(), "two events of one key in {call:?}");
     }
-    let log = calls.1.lock().unwrap().clone();
+    let log = calls.log.lock().unwrap().clone();
     let at = |line: String| log.iter().position(|l| *l == line).unwrap();
     for n in 1..=100 {
         assert!(
@@ -533,13 +540,13 @@ async fn an_ack_window_flushes_after_its_delay_while_a_handler_keeps_running() {
     s.clock.advance(Duration::from_millis(49));
     settle().await;
     assert!(
-        calls.0.lock().unwrap().is_empty(),
+        calls.calls().is_empty(),
         "fast's ack waits for the window while slow still runs"
     );
     s.clock.advance(Duration::from_millis(1));
     settle().await;
     assert_eq!(
-        *calls.0.lock().unwrap(),
+        calls.calls(),
         [vec!["e2".to_owned()]],
         "50 ms later fast's ack is flushed alone"
     );
@@ -547,5 +554,5 @@ async fn an_ack_window_flushes_after_its_delay_while_a_handler_keeps_running() {
     release.notify_one();
     let report = drain.await.unwrap().unwrap();
     assert_eq!((report.delivered, report.remaining), (2, 0));
-    assert_eq!(calls.0.lock().unwrap().len(), 2);
+    assert_eq!(calls.calls().len(), 2);
 }

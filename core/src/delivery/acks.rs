@@ -35,8 +35,9 @@ pub(crate) struct Acks<'a> {
     max_events: usize,
     /// Flush once the oldest queued ack has waited this long (ms); `None` without a window.
     max_delay_ms: Option<i64>,
-    /// Handlers running at once.
-    handlers: Semaphore,
+    /// Handlers running at once; only needed with a window, since without one the drain runs
+    /// at most `concurrency` groups, each with at most one handler running.
+    handlers: Option<Semaphore>,
     state: Mutex<State>,
     /// Wakes the flush task when the queue or the waiting count changed.
     wake: Notify,
@@ -73,7 +74,8 @@ impl<'a> Acks<'a> {
             lease,
             max_events,
             max_delay_ms,
-            handlers: Semaphore::new(options.concurrency),
+            handlers: (options.unacked_bound() > options.concurrency)
+                .then(|| Semaphore::new(options.concurrency)),
             state: Mutex::new(State {
                 queue: Vec::new(),
                 oldest_at: 0,
@@ -89,8 +91,11 @@ impl<'a> Acks<'a> {
     }
 
     /// A turn to run a handler (at most `concurrency` at once).
-    pub(crate) async fn handler_turn(&self) -> SemaphorePermit<'_> {
-        acquired(self.handlers.acquire().await)
+    pub(crate) async fn handler_turn(&self) -> Option<SemaphorePermit<'_>> {
+        match &self.handlers {
+            Some(handlers) => Some(acquired(handlers.acquire().await)),
+            None => None,
+        }
     }
 
     /// Queues the ack of `id` and returns once it is durable (or its flush failed).

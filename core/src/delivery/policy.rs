@@ -83,11 +83,10 @@ pub(crate) fn flush_due(
     if queued >= max_events || all_waiting {
         return FlushDue::Now;
     }
+    // Without a window `max_events` is 1, so nothing queued reaches this point.
     match deadline {
         Some(at) if at > now => FlushDue::At(at),
-        Some(_) => FlushDue::Now,
-        // No window: `max_events` is 1, so this is not reached with anything queued.
-        None => FlushDue::Now,
+        _ => FlushDue::Now,
     }
 }
 
