@@ -10,6 +10,8 @@
 //! "Crashes" are a projection that panics after writing (its transaction is dropped while
 //! unwinding) and a connection closed with its transaction open; nothing sleeps.
 
+mod common;
+
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -23,12 +25,7 @@ use watukuy_core::delivery::{ApplyError, ApplyOutcome};
 use watukuy_core::{Event, EventType, HandlerContext, HandlerError, HandlerErrorKind, ManualClock};
 use watukuy_store_sqlite::{ProcessedEvents, SqliteOptions, SqliteStore};
 
-fn temp_dir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("watukuy-apply-once-")
-        .tempdir()
-        .expect("a temporary directory")
-}
+use common::{temp_db, temp_dir};
 
 /// A connection to the consumer's database (its read model lives there).
 fn connect(path: &Path) -> Connection {
@@ -119,8 +116,7 @@ fn order(id: &str, subject: &str) -> Event {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_before_commit_applies_nothing_and_the_redelivery_applies_once() {
-    let dir = temp_dir();
-    let path = dir.path().join("consumer.sqlite");
+    let (_dir, path) = temp_db("consumer.sqlite");
     let processed = setup(&path);
     let e = order("evt-1", "o1");
 
@@ -224,8 +220,7 @@ async fn crash_after_commit_before_ack_is_redelivered_and_detected_as_duplicate(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_duplicate_deliveries_apply_once() {
-    let dir = temp_dir();
-    let path = dir.path().join("consumer.sqlite");
+    let (_dir, path) = temp_db("consumer.sqlite");
     let processed = setup(&path);
 
     // Forced overlap on two connections: the first holds its transaction open after claiming
@@ -301,8 +296,7 @@ async fn concurrent_duplicate_deliveries_apply_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_projection_failure_rolls_back_the_marker() {
-    let dir = temp_dir();
-    let path = dir.path().join("consumer.sqlite");
+    let (_dir, path) = temp_db("consumer.sqlite");
     let processed = setup(&path);
     let conn = shared(connect(&path));
     let e = order("evt-1", "o1");
@@ -345,8 +339,7 @@ async fn a_projection_failure_rolls_back_the_marker() {
 
 #[tokio::test]
 async fn markers_are_pruned_by_age() {
-    let dir = temp_dir();
-    let path = dir.path().join("consumer.sqlite");
+    let (_dir, path) = temp_db("consumer.sqlite");
     let clock = ManualClock::new(T0);
     let processed = ProcessedEvents::new("processed")
         .unwrap()

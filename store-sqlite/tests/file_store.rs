@@ -2,21 +2,18 @@
 //! (lazy creation, WAL, migrations, reopening after close) and bad input (files that are not
 //! databases, corrupt data, places that cannot be written).
 
+mod common;
+
 use std::path::{Path, PathBuf};
+
+use common::{temp_db, temp_dir};
 
 use watukuy_conformance::cases::fixtures::{NODE_A, NODE_B, T0, TTL, item, key, pending};
 use watukuy_core::{
-    CommitBatch, Error, ErrorCode, Lease, LogQuery, PKey, ParkedQuery, StatePatch, Store,
-    StoreErrorKind,
+    CommitBatch, Error, ErrorCode, Lease, LogQuery, PKey, ParkedAction, ParkedQuery, StatePatch,
+    Store, StoreErrorKind,
 };
 use watukuy_store_sqlite::{SCHEMA_VERSION, SqliteOptions, SqliteStore, Synchronous, ddl};
-
-fn temp_dir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("watukuy-sqlite-test-")
-        .tempdir()
-        .expect("a temporary directory")
-}
 
 fn file_store(path: &Path) -> SqliteStore {
     SqliteStore::open(SqliteOptions::file(path)).expect("valid options")
@@ -40,6 +37,15 @@ fn page(key: &PKey, identities: &[&str], first_seq: i64) -> CommitBatch {
         .log(true)
 }
 
+/// Takes `key`'s free lease for `owner` at `T0`.
+async fn take_lease(store: &SqliteStore, key: &PKey, owner: &str) -> Lease {
+    store
+        .acquire_lease(key, owner, TTL, T0)
+        .await
+        .unwrap()
+        .expect("the key is free")
+}
+
 /// Takes `key`'s lease for `NODE_A` at `T0` and commits one page of `identities` under it.
 async fn leased_page(
     store: &SqliteStore,
@@ -47,16 +53,25 @@ async fn leased_page(
     identities: &[&str],
     first_seq: i64,
 ) -> Lease {
-    let lease = store
-        .acquire_lease(key, NODE_A, TTL, T0)
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = take_lease(store, key, NODE_A).await;
     store
         .commit_poll(key, &lease, &page(key, identities, first_seq))
         .await
         .unwrap();
     lease
+}
+
+/// A patch that only pauses the key.
+fn paused() -> StatePatch {
+    StatePatch {
+        paused: Some(true),
+        ..StatePatch::default()
+    }
+}
+
+/// Retries or discards `ids` among `key`'s parked rows; how many rows it resolved.
+async fn resolve(store: &SqliteStore, key: &PKey, ids: &[String], action: ParkedAction) -> u64 {
+    store.resolve_parked(key, ids, action).await.unwrap()
 }
 
 /// The store error's kind and transient flag, or a panic naming what came instead.
@@ -70,6 +85,17 @@ fn store_kind<T: std::fmt::Debug>(result: Result<T, Error>) -> (StoreErrorKind, 
         }) => (kind, transient, message),
         other => panic!("expected a Store error, got {other:?}"),
     }
+}
+
+/// The message of a permanent `Corrupt` store error, or a panic naming what came instead.
+fn corrupt_message<T: std::fmt::Debug>(result: Result<T, Error>) -> String {
+    let (kind, transient, message) = store_kind(result);
+    assert_eq!(
+        (kind, transient),
+        (StoreErrorKind::Corrupt, false),
+        "{message}"
+    );
+    message
 }
 
 fn expect_lease_lost<T: std::fmt::Debug>(result: Result<T, Error>, epoch: i64) {
@@ -93,8 +119,7 @@ fn raw(path: &Path, sql: &str) {
 /// with epoch + 1, A is fenced out, and each store sees the other's writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_stores_on_one_file_share_data_and_fencing() {
-    let dir = temp_dir();
-    let path = dir.path().join("shared.db");
+    let (_dir, path) = temp_db("shared.db");
     let a = file_store(&path);
     let b = file_store(&path);
     let (ma, mb) = tokio::join!(a.migrate(), b.migrate());
@@ -162,18 +187,7 @@ async fn two_stores_on_one_file_share_data_and_fencing() {
             .await,
         1,
     );
-    expect_lease_lost(
-        a.save_state(
-            &key,
-            &lease_a,
-            &StatePatch {
-                paused: Some(true),
-                ..StatePatch::default()
-            },
-        )
-        .await,
-        1,
-    );
+    expect_lease_lost(a.save_state(&key, &lease_a, &paused()).await, 1);
     assert!(!a.renew_lease(&key, &lease_a, TTL, T0 + TTL).await.unwrap());
 
     b.ack_events(&key, &lease_b, &["evt-1".into()])
@@ -205,23 +219,14 @@ async fn two_stores_on_one_file_share_data_and_fencing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_writers_on_one_file_all_land() {
     const PAGES: i64 = 40;
-    let dir = temp_dir();
-    let path = dir.path().join("race.db");
+    let (_dir, path) = temp_db("race.db");
     let a = file_store(&path);
     let b = file_store(&path);
     a.migrate().await.unwrap();
     let key_a = PKey::new("orders", "a");
     let key_b = PKey::new("orders", "b");
-    let lease_a = a
-        .acquire_lease(&key_a, NODE_A, TTL, T0)
-        .await
-        .unwrap()
-        .unwrap();
-    let lease_b = b
-        .acquire_lease(&key_b, NODE_B, TTL, T0)
-        .await
-        .unwrap()
-        .unwrap();
+    let lease_a = take_lease(&a, &key_a, NODE_A).await;
+    let lease_b = take_lease(&b, &key_b, NODE_B).await;
 
     let run = |store: &'static SqliteStore, key: PKey, lease: Lease| async move {
         for n in 1..=PAGES {
@@ -257,21 +262,12 @@ async fn concurrent_writers_on_one_file_all_land() {
 /// Two prefixes on one file are two independent stores: own schema version, own epochs, own data.
 #[tokio::test]
 async fn prefixes_share_a_file_independently() {
-    let dir = temp_dir();
-    let path = dir.path().join("prefixes.db");
+    let (_dir, path) = temp_db("prefixes.db");
     let first = SqliteStore::open(SqliteOptions::file(&path).table_prefix("first_")).unwrap();
     let second = SqliteStore::open(SqliteOptions::file(&path).table_prefix("")).unwrap();
     let key = key();
-    let l1 = first
-        .acquire_lease(&key, NODE_A, TTL, T0)
-        .await
-        .unwrap()
-        .unwrap();
-    let l2 = second
-        .acquire_lease(&key, NODE_B, TTL, T0)
-        .await
-        .unwrap()
-        .unwrap();
+    let l1 = take_lease(&first, &key, NODE_A).await;
+    let l2 = take_lease(&second, &key, NODE_B).await;
     assert_eq!(
         (l1.epoch, l2.epoch),
         (1, 1),
@@ -303,17 +299,9 @@ async fn long_id_lists_are_chunked() {
     let dir = temp_dir();
     let store = file_store(&dir.path().join("chunks.db"));
     let key = key();
-    let lease = store
-        .acquire_lease(&key, NODE_A, TTL, T0)
-        .await
-        .unwrap()
-        .unwrap();
     let ids: Vec<String> = (0..1_234).map(|n| format!("id-{n:05}")).collect();
     let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
-    store
-        .commit_poll(&key, &lease, &page(&key, &refs, 1))
-        .await
-        .unwrap();
+    let lease = leased_page(&store, &key, &refs, 1).await;
 
     // Every other id, plus ids that do not exist, and a duplicate.
     let mut asked: Vec<String> = ids.iter().step_by(2).cloned().collect();
@@ -346,20 +334,14 @@ async fn long_id_lists_are_chunked() {
     let mut retry: Vec<String> = events[1_000..1_100].to_vec();
     retry.extend((0..600).map(|n| format!("unknown-{n}")));
     assert_eq!(
-        store
-            .resolve_parked(&key, &retry, watukuy_core::ParkedAction::Retry)
-            .await
-            .unwrap(),
+        resolve(&store, &key, &retry, ParkedAction::Retry).await,
         100
     );
     assert_eq!(store.counts(&key).await.map(|c| c.pending).unwrap(), 100);
     let mut discard: Vec<String> = events.clone();
     discard.extend(events[1_100..].iter().cloned());
     assert_eq!(
-        store
-            .resolve_parked(&key, &discard, watukuy_core::ParkedAction::Discard)
-            .await
-            .unwrap(),
+        resolve(&store, &key, &discard, ParkedAction::Discard).await,
         134
     );
     assert_eq!(store.counts(&key).await.map(|c| c.parked).unwrap(), 0);
@@ -408,8 +390,7 @@ async fn no_file_is_touched_before_first_use() {
 /// File databases run in WAL mode.
 #[tokio::test]
 async fn file_databases_use_wal() {
-    let dir = temp_dir();
-    let path = dir.path().join("wal.db");
+    let (_dir, path) = temp_db("wal.db");
     let store = file_store(&path);
     store.migrate().await.unwrap();
     let mode: String = rusqlite::Connection::open(&path)
@@ -424,8 +405,7 @@ async fn file_databases_use_wal() {
 /// each keep their own level (it is a setting of the connection, not of the file).
 #[tokio::test]
 async fn synchronous_is_full_by_default_and_normal_when_asked() {
-    let dir = temp_dir();
-    let path = dir.path().join("sync.db");
+    let (_dir, path) = temp_db("sync.db");
     let full = file_store(&path);
     assert_eq!(
         full.synchronous_in_effect().await.unwrap(),
@@ -469,8 +449,7 @@ async fn synchronous_is_full_by_default_and_normal_when_asked() {
 /// path sees everything; a closed in-memory store keeps its data too.
 #[tokio::test]
 async fn reopen_after_close() {
-    let dir = temp_dir();
-    let path = dir.path().join("reopen.db");
+    let (_dir, path) = temp_db("reopen.db");
     let store = SqliteStore::open(SqliteOptions::file(&path).table_prefix("t_")).unwrap();
     let key = key();
     let lease = leased_page(&store, &key, &["a", "b"], 1).await;
@@ -490,14 +469,8 @@ async fn reopen_after_close() {
     let again = SqliteStore::open(SqliteOptions::file(&path).table_prefix("t_")).unwrap();
     assert_eq!(again.counts(&key).await.map(|c| c.items).unwrap(), 3);
     assert_eq!(again.get_lease(&key).await.unwrap(), Some(lease.clone()));
-    assert_eq!(
-        again
-            .read_log(&key, LogQuery::default(), 10)
-            .await
-            .unwrap()
-            .len(),
-        3
-    );
+    let logged = again.read_log(&key, LogQuery::default(), 10).await.unwrap();
+    assert_eq!(logged.len(), 3);
 
     let memory = SqliteStore::open(SqliteOptions::in_memory()).unwrap();
     leased_page(&memory, &key, &["m"], 1).await;
@@ -514,8 +487,7 @@ async fn reopen_after_close() {
 /// copied or moved) as soon as `close()` returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_returns_after_the_connections_are_closed() {
-    let dir = temp_dir();
-    let path = dir.path().join("closed.db");
+    let (_dir, path) = temp_db("closed.db");
     for synchronous in [Synchronous::Full, Synchronous::Normal] {
         let store = SqliteStore::open(SqliteOptions::file(&path).synchronous(synchronous)).unwrap();
         let key = key();
@@ -543,8 +515,7 @@ async fn close_returns_after_the_connections_are_closed() {
 /// The exported DDL lets a team create the schema itself; the store then finds it current.
 #[tokio::test]
 async fn externally_managed_schema_is_used_as_is() {
-    let dir = temp_dir();
-    let path = dir.path().join("managed.db");
+    let (_dir, path) = temp_db("managed.db");
     let text = ddl("managed_").unwrap();
     raw(&path, &text);
     raw(&path, &text);
@@ -565,8 +536,7 @@ async fn externally_managed_schema_is_used_as_is() {
 /// Invalid options are `Config` errors naming the option, at `open`, before any I/O.
 #[test]
 fn invalid_options_are_config_errors() {
-    let dir = temp_dir();
-    let path = dir.path().join("never.db");
+    let (_dir, path) = temp_db("never.db");
     for prefix in ["1x", "a-b", "x; DROP TABLE y", "é"] {
         let error =
             SqliteStore::open(SqliteOptions::file(&path).table_prefix(prefix)).expect_err(prefix);
@@ -589,18 +559,12 @@ fn invalid_options_are_config_errors() {
 /// file, at `migrate()` and at first use, and the file is left as it was.
 #[tokio::test]
 async fn a_non_sqlite_file_is_a_clear_store_error() {
-    let dir = temp_dir();
-    let path = dir.path().join("notes.txt");
+    let (_dir, path) = temp_db("notes.txt");
     let content = "these are my notes, not a database\n".repeat(200);
     std::fs::write(&path, &content).unwrap();
 
     let store = file_store(&path);
-    let (kind, transient, message) = store_kind(store.migrate().await);
-    assert_eq!(
-        (kind, transient),
-        (StoreErrorKind::Corrupt, false),
-        "{message}"
-    );
+    let message = corrupt_message(store.migrate().await);
     assert!(message.contains("not a SQLite database"), "{message}");
     assert!(message.contains("notes.txt"), "{message}");
 
@@ -617,21 +581,12 @@ async fn a_non_sqlite_file_is_a_clear_store_error() {
 /// A database whose pages were overwritten is a `Corrupt` store error, not a panic.
 #[tokio::test]
 async fn a_corrupt_database_is_a_clear_store_error() {
-    let dir = temp_dir();
-    let path = dir.path().join("corrupt.db");
+    let (_dir, path) = temp_db("corrupt.db");
     let store = file_store(&path);
     let key = key();
-    let lease = store
-        .acquire_lease(&key, NODE_A, TTL, T0)
-        .await
-        .unwrap()
-        .unwrap();
     let ids: Vec<String> = (0..300).map(|n| format!("item-{n:04}")).collect();
     let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
-    store
-        .commit_poll(&key, &lease, &page(&key, &refs, 1))
-        .await
-        .unwrap();
+    leased_page(&store, &key, &refs, 1).await;
     store.close().await.unwrap();
     drop(store);
     assert!(
@@ -648,12 +603,7 @@ async fn a_corrupt_database_is_a_clear_store_error() {
     std::fs::write(&path, &bytes).unwrap();
 
     let store = file_store(&path);
-    let (kind, transient, message) = store_kind(store.migrate().await);
-    assert_eq!(
-        (kind, transient),
-        (StoreErrorKind::Corrupt, false),
-        "{message}"
-    );
+    let message = corrupt_message(store.migrate().await);
     assert!(message.contains("corrupt.db"), "{message}");
     let (kind, _, _) = store_kind(store.counts(&key).await.map(|c| c.items));
     assert_eq!(kind, StoreErrorKind::Corrupt);
@@ -669,15 +619,10 @@ fn wal_path(path: &Path) -> PathBuf {
 /// write over a corrupt state changes nothing.
 #[tokio::test]
 async fn undecodable_rows_are_corrupt_errors() {
-    let dir = temp_dir();
-    let path = dir.path().join("rows.db");
+    let (_dir, path) = temp_db("rows.db");
     let store = file_store(&path);
     let key = key();
-    let lease = store
-        .acquire_lease(&key, NODE_A, TTL, T0)
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = take_lease(&store, &key, NODE_A).await;
     let mut batch = page(&key, &["i1"], 1);
     batch.upserts[0].payload = Some(watukuy_core::Json::parse(r#"{"ok":true}"#).unwrap());
     batch.parked = vec![watukuy_conformance::cases::fixtures::invalid(
@@ -724,16 +669,7 @@ async fn undecodable_rows_are_corrupt_errors() {
         "read_log",
     );
     corrupt(
-        store
-            .save_state(
-                &key,
-                &lease,
-                &StatePatch {
-                    paused: Some(true),
-                    ..StatePatch::default()
-                },
-            )
-            .await,
+        store.save_state(&key, &lease, &paused()).await,
         "save_state over a corrupt state",
     );
     let state: String = rusqlite::Connection::open(&path)
@@ -768,8 +704,7 @@ async fn undecodable_rows_are_corrupt_errors() {
 /// A database of a newer schema than this build knows is refused with a `Schema` error.
 #[tokio::test]
 async fn a_newer_schema_is_refused() {
-    let dir = temp_dir();
-    let path = dir.path().join("future.db");
+    let (_dir, path) = temp_db("future.db");
     file_store(&path).migrate().await.unwrap();
     raw(
         &path,
