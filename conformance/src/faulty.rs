@@ -47,7 +47,7 @@ pub enum Op {
     SaveState,
     /// `commit_poll`.
     CommitPoll,
-    /// `load_pending`.
+    /// `load_pending` (and `load_pending_with_holds`, which reads the same rows).
     LoadPending,
     /// `ack_events`.
     AckEvents,
@@ -448,6 +448,18 @@ pub trait Defect<S: Store + ?Sized = dyn Store>: Send + Sync {
         inner.load_pending(key, limit).await
     }
 
+    /// Loads the pending outbox rows and the held keys together. A defect that changes
+    /// [`load_pending`](Self::load_pending) changes this too if the dispatcher must see it: the
+    /// dispatcher reads a drain's first slice through this call.
+    async fn load_pending_with_holds(
+        &self,
+        inner: &S,
+        key: &PKey,
+        limit: usize,
+    ) -> Result<(Vec<OutboxRow>, Vec<String>)> {
+        inner.load_pending_with_holds(key, limit).await
+    }
+
     /// Acknowledges delivered events.
     async fn ack_events(&self, inner: &S, key: &PKey, lease: &Lease, ids: &[String]) -> Result<()> {
         inner.ack_events(key, lease, ids).await
@@ -816,6 +828,25 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
         self.max_pending_limit.fetch_max(limit, Ordering::Relaxed);
         let result = self.defect.load_pending(&*self.inner, key, limit).await;
         if let Ok(rows) = &result {
+            self.max_pending_rows
+                .fetch_max(rows.len(), Ordering::Relaxed);
+        }
+        self.after(Op::LoadPending, result)
+    }
+
+    /// Counted, failed and killed as one `load_pending` ([`Op::LoadPending`]).
+    async fn load_pending_with_holds(
+        &self,
+        key: &PKey,
+        limit: usize,
+    ) -> Result<(Vec<OutboxRow>, Vec<String>)> {
+        self.before(Op::LoadPending)?;
+        self.max_pending_limit.fetch_max(limit, Ordering::Relaxed);
+        let result = self
+            .defect
+            .load_pending_with_holds(&*self.inner, key, limit)
+            .await;
+        if let Ok((rows, _)) = &result {
             self.max_pending_rows
                 .fetch_max(rows.len(), Ordering::Relaxed);
         }

@@ -88,6 +88,7 @@ macro_rules! for_each_case {
             }
             outbox {
                 load_pending_orders_by_sequence,
+                load_pending_with_holds_reads_both,
                 count_pending_counts_pending_only,
                 ack_removes_rows_ignores_unknown,
                 record_attempt_updates_row,

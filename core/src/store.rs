@@ -329,6 +329,23 @@ pub trait Store: Send + Sync + 'static {
         Ok(held.into_iter().collect())
     }
 
+    /// The pending rows of [`load_pending`](Self::load_pending) and the hold keys of
+    /// [`held_keys`](Self::held_keys), read in one round trip where the backend allows. A drain
+    /// needs both before its first slice. Provided: the two calls one after the other; a store
+    /// overrides it with one statement, script or connection hop.
+    ///
+    /// **Contract**
+    /// 1. Returns exactly what `load_pending(key, limit)` and `held_keys(key)` return (the hold
+    ///    keys in any order, also when no row is pending) (`outbox::load_pending_with_holds_reads_both`).
+    async fn load_pending_with_holds(
+        &self,
+        key: &PKey,
+        limit: usize,
+    ) -> Result<(Vec<OutboxRow>, Vec<String>)> {
+        let rows = self.load_pending(key, limit).await?;
+        Ok((rows, self.held_keys(key).await?))
+    }
+
     /// The validators stored for a URL hash.
     ///
     /// **Contract**

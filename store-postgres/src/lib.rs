@@ -714,6 +714,37 @@ impl Store for PostgresStore {
         rows.iter().map(codec::decode_outbox).collect()
     }
 
+    async fn load_pending_with_holds(
+        &self,
+        key: &PKey,
+        limit_rows: usize,
+    ) -> Result<(Vec<OutboxRow>, Vec<String>)> {
+        let rows = self
+            .key_query(&self.sql.load_pending_with_holds, key)
+            .bind(limit(limit_rows))
+            .all_on(self)
+            .await?;
+        let held = match rows.first() {
+            Some(row) => row
+                .try_get::<Vec<String>, _>("held_keys")
+                .map_err(classify)?,
+            None => Vec::new(),
+        };
+        let mut pending = Vec::with_capacity(rows.len());
+        for row in &rows {
+            // The one row of an empty outbox carries the hold keys only.
+            if row
+                .try_get::<Option<String>, _>("event_id")
+                .map_err(classify)?
+                .is_some()
+            {
+                pending.push(codec::decode_outbox(row)?);
+            }
+        }
+        pending.sort_by(|a, b| (a.sequence, &a.event_id).cmp(&(b.sequence, &b.event_id)));
+        Ok((pending, held))
+    }
+
     async fn ack_events(&self, key: &PKey, lease: &Lease, ids: &[String]) -> Result<()> {
         // Even an empty list runs the fence, so a stale lease is reported either way.
         let chunks: Vec<&[String]> = if ids.is_empty() {

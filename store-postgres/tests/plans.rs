@@ -371,6 +371,24 @@ fn checks(schema: &str, lease: &Lease) -> Vec<Check> {
             }],
         },
         Check {
+            name: "load_pending_with_holds",
+            sql: statement(
+                include_str!("../sql/queries/load_pending_with_holds.sql"),
+                schema,
+            ),
+            args: vec![poller.clone(), partition.clone(), "101".to_owned()],
+            expect: vec![
+                Expect::Ordered {
+                    table: "watukuy_outbox",
+                    index: "watukuy_outbox_queue_idx",
+                },
+                Expect::Ordered {
+                    table: "watukuy_parked",
+                    index: "watukuy_parked_hold_idx",
+                },
+            ],
+        },
+        Check {
             name: "load_versions",
             sql: statement(include_str!("../sql/queries/load_versions.sql"), schema),
             args: vec![poller.clone(), partition.clone(), texts(&page)],
@@ -387,7 +405,8 @@ fn checks(schema: &str, lease: &Lease) -> Vec<Check> {
 
 /// 5,000 pending events and items committed through the store on a fresh schema, never
 /// analyzed: the ack, `record_attempt`, `commit_poll` and `load_versions` probe the primary key
-/// per id, and `load_pending` reads the partial queue index in order, with custom and generic
+/// per id, `load_pending` reads the partial queue index in order (and so does
+/// `load_pending_with_holds`, beside the partial hold index), with custom and generic
 /// plans, before and after `ANALYZE`.
 #[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -819,24 +819,40 @@ impl Store for RedisStore {
             return Ok(Vec::new());
         }
         let k = self.of(key);
-        let stop = i64::try_from(limit - 1).unwrap_or(i64::MAX);
         let call = SCRIPTS
             .load_pending
             .call(&[&k.outbox, &k.rows, &k.attempts, &k.errors])
-            .arg(stop.to_string());
+            .arg(last_rank(limit));
         let flat: Vec<Option<String>> = run(&self.conn, call).await?;
-        let mut rows = Vec::with_capacity(flat.len() / 4);
-        for quad in flat.chunks(4) {
-            let [_, Some(row), attempts, attempt] = quad else {
-                return Err(Error::store(
-                    StoreErrorKind::Corrupt,
-                    false,
-                    "unexpected reply from script load_pending",
-                ));
-            };
-            rows.push(outbox_row(row, attempts.as_deref(), attempt.as_deref())?);
-        }
-        Ok(rows)
+        outbox_rows(&flat)
+    }
+
+    async fn load_pending_with_holds(
+        &self,
+        key: &PKey,
+        limit: usize,
+    ) -> Result<(Vec<OutboxRow>, Vec<String>)> {
+        let k = self.of(key);
+        let call = SCRIPTS
+            .load_pending
+            .call(&[&k.outbox, &k.rows, &k.attempts, &k.errors, &k.hold])
+            .arg(last_rank(limit));
+        let flat: Vec<Option<String>> = run(&self.conn, call).await?;
+        let malformed = || {
+            Error::store(
+                StoreErrorKind::Corrupt,
+                false,
+                "unexpected reply from script load_pending (hold keys)",
+            )
+        };
+        let count: usize = flat
+            .first()
+            .and_then(|count| count.as_deref()?.parse().ok())
+            .ok_or_else(malformed)?;
+        let held = flat.get(1..=count).ok_or_else(malformed)?;
+        let held: BTreeSet<String> = held.iter().flatten().cloned().collect();
+        let rows = outbox_rows(&flat[count + 1..])?;
+        Ok((rows, held.into_iter().collect()))
     }
 
     async fn ack_events(&self, key: &PKey, lease: &Lease, ids: &[String]) -> Result<()> {
@@ -1069,4 +1085,28 @@ impl RedisStore {
         let n: i64 = run(&self.conn, call).await?;
         Ok(count(n))
     }
+}
+
+/// The last rank `load_pending.lua` reads for `limit` rows, as decimal text (`-1` for none).
+fn last_rank(limit: usize) -> String {
+    match limit {
+        0 => "-1".to_owned(),
+        n => i64::try_from(n - 1).unwrap_or(i64::MAX).to_string(),
+    }
+}
+
+/// The outbox rows of `load_pending.lua`'s reply: id, row, attempts, error for each.
+fn outbox_rows(flat: &[Option<String>]) -> Result<Vec<OutboxRow>> {
+    let mut rows = Vec::with_capacity(flat.len() / 4);
+    for quad in flat.chunks(4) {
+        let [_, Some(row), attempts, attempt] = quad else {
+            return Err(Error::store(
+                StoreErrorKind::Corrupt,
+                false,
+                "unexpected reply from script load_pending",
+            ));
+        };
+        rows.push(outbox_row(row, attempts.as_deref(), attempt.as_deref())?);
+    }
+    Ok(rows)
 }

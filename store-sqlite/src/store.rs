@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use async_trait::async_trait;
 use futures::stream::{self, BoxStream, StreamExt};
 use rusqlite::types::ToSql;
-use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::Mutex as AsyncMutex;
 use watukuy_core::{
     Capabilities, CommitBatch, Error, Event, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent,
@@ -169,16 +169,25 @@ impl SqliteStore {
         self.database().await?.0.read(f).await
     }
 
-    /// A fenced write: ONE immediate transaction that checks the lease, then runs `f`.
+    /// A write in a transaction of the writer's (see `Db::write_in_transaction`).
+    async fn write_in_transaction<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection, &Ctx) -> DbResult<T> + Send + 'static,
+    {
+        self.database().await?.0.write_in_transaction(f).await
+    }
+
+    /// A fenced write: checks the lease, then runs `f`, in ONE immediate transaction (maybe
+    /// shared with other writes, each in a savepoint of its own: `Db::write_in_transaction`).
     async fn fenced<T, F>(&self, key: &PKey, lease: &Lease, f: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&Transaction<'_>, &Ctx, &PKey) -> DbResult<T> + Send + 'static,
+        F: FnOnce(&Connection, &Ctx, &PKey) -> DbResult<T> + Send + 'static,
     {
         let key = key.clone();
         let lease = lease.clone();
-        self.write(move |conn, ctx| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        self.write_in_transaction(move |tx, ctx| {
             let holder = tx
                 .prepare_cached(&ctx.sql.lease_holder)?
                 .query_row(params![key.poller, key.partition], |r| {
@@ -190,31 +199,49 @@ impl SqliteStore {
                 Some((Some(owner), epoch)) if *owner == lease.owner && *epoch == lease.epoch
             );
             if !holds {
-                // Dropping the transaction rolls it back; nothing was written.
+                // Its savepoint is rolled back; nothing was written.
                 return Err(Error::lease_lost(&key, lease.epoch).into());
             }
-            let out = f(&tx, ctx, &key)?;
-            tx.commit()?;
-            Ok(out)
+            f(tx, ctx, &key)
         })
         .await
     }
 
-    /// An unfenced write: ONE immediate transaction running `f`.
+    /// An unfenced write: runs `f` in ONE immediate transaction (maybe shared, as `fenced`).
     async fn unfenced<T, F>(&self, key: &PKey, f: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&Transaction<'_>, &Ctx, &PKey) -> DbResult<T> + Send + 'static,
+        F: FnOnce(&Connection, &Ctx, &PKey) -> DbResult<T> + Send + 'static,
     {
         let key = key.clone();
-        self.write(move |conn, ctx| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let out = f(&tx, ctx, &key)?;
-            tx.commit()?;
-            Ok(out)
-        })
-        .await
+        self.write_in_transaction(move |tx, ctx| f(tx, ctx, &key))
+            .await
     }
+}
+
+/// Up to `limit` (at least 1) pending rows of `key` in sequence order. Blocking.
+fn pending_rows(
+    conn: &Connection,
+    ctx: &Ctx,
+    key: &PKey,
+    limit: usize,
+) -> DbResult<Vec<OutboxRow>> {
+    let mut statement = conn.prepare_cached(&ctx.sql.outbox_pending)?;
+    let mut rows = statement.query(params![key.poller, key.partition, to_limit(limit)])?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(codec::outbox_row(row)?);
+    }
+    Ok(out)
+}
+
+/// The distinct hold keys of `key`'s parked rows. Blocking.
+fn held_keys(conn: &Connection, ctx: &Ctx, key: &PKey) -> DbResult<Vec<String>> {
+    let mut statement = conn.prepare_cached(&ctx.sql.parked_held)?;
+    let held = statement
+        .query_map(params![key.poller, key.partition], |r| r.get(0))?
+        .collect::<rusqlite::Result<Vec<String>>>()?;
+    Ok(held)
 }
 
 /// Reads, patches and writes the key's state inside the caller's transaction. `fenced` writes
@@ -464,7 +491,7 @@ impl Store for SqliteStore {
         let key = key.clone();
         let owner = owner.to_owned();
         let expires_at = now_ms.saturating_add(ttl_ms);
-        self.write(move |conn, ctx| {
+        self.write_in_transaction(move |conn, ctx| {
             let lease = conn
                 .prepare_cached(&ctx.sql.lease_acquire)?
                 .query_row(
@@ -493,7 +520,7 @@ impl Store for SqliteStore {
         let key = key.clone();
         let lease = lease.clone();
         let expires_at = now_ms.saturating_add(ttl_ms);
-        self.write(move |conn, ctx| {
+        self.write_in_transaction(move |conn, ctx| {
             let changed = conn.prepare_cached(&ctx.sql.lease_renew)?.execute(params![
                 key.poller,
                 key.partition,
@@ -509,7 +536,7 @@ impl Store for SqliteStore {
     async fn release_lease(&self, key: &PKey, lease: &Lease) -> Result<()> {
         let key = key.clone();
         let lease = lease.clone();
-        self.write(move |conn, ctx| {
+        self.write_in_transaction(move |conn, ctx| {
             // A stale lease matches no row: a silent no-op, as the contract wants.
             conn.prepare_cached(&ctx.sql.lease_release)?
                 .execute(params![key.poller, key.partition, lease.owner, lease.epoch])?;
@@ -731,14 +758,22 @@ impl Store for SqliteStore {
             return Ok(Vec::new());
         }
         let key = key.clone();
+        self.read(move |conn, ctx| pending_rows(conn, ctx, &key, limit))
+            .await
+    }
+
+    async fn load_pending_with_holds(
+        &self,
+        key: &PKey,
+        limit: usize,
+    ) -> Result<(Vec<OutboxRow>, Vec<String>)> {
+        let key = key.clone();
         self.read(move |conn, ctx| {
-            let mut statement = conn.prepare_cached(&ctx.sql.outbox_pending)?;
-            let mut rows = statement.query(params![key.poller, key.partition, to_limit(limit)])?;
-            let mut out = Vec::new();
-            while let Some(row) = rows.next()? {
-                out.push(codec::outbox_row(row)?);
-            }
-            Ok(out)
+            let rows = match limit {
+                0 => Vec::new(),
+                _ => pending_rows(conn, ctx, &key, limit)?,
+            };
+            Ok((rows, held_keys(conn, ctx, &key)?))
         })
         .await
     }
@@ -816,14 +851,7 @@ impl Store for SqliteStore {
 
     async fn held_keys(&self, key: &PKey) -> Result<Vec<String>> {
         let key = key.clone();
-        self.read(move |conn, ctx| {
-            let mut statement = conn.prepare_cached(&ctx.sql.parked_held)?;
-            let held = statement
-                .query_map(params![key.poller, key.partition], |r| r.get(0))?
-                .collect::<rusqlite::Result<Vec<String>>>()?;
-            Ok(held)
-        })
-        .await
+        self.read(move |conn, ctx| held_keys(conn, ctx, &key)).await
     }
 
     async fn get_validator(&self, key: &PKey, url_hash: &str) -> Result<Option<Validator>> {

@@ -1,12 +1,12 @@
 //! Conformance cases: `outbox` — pending rows, acks and recorded attempts.
 
-use watukuy_core::{OutboxRow, OutboxStatus, SerializedError};
+use watukuy_core::{OutboxRow, OutboxStatus, ParkedAction, SerializedError};
 
 use super::fixtures::{
     T0, commit_events, event, key_b, key_other, leased, leased_after_zero_count, others_count_zero,
-    owned_ids, pending, pending_ids,
+    owned_ids, pending, pending_ids, poison,
 };
-use crate::harness::{CaseResult, Env};
+use crate::harness::{CaseError, CaseResult, Env};
 use crate::{check, check_eq};
 
 /// A year in milliseconds: "far in the future" for `next_attempt_at`.
@@ -75,6 +75,89 @@ pub async fn load_pending_orders_by_sequence(env: Env) -> CaseResult {
         check!(
             store.load_pending(&other, 100).await?.is_empty(),
             "{other} has no pending rows"
+        );
+    }
+    Ok(())
+}
+
+/// `Store::load_pending_with_holds` contract 1: the rows equal `load_pending`'s and the hold keys
+/// equal `held_keys`'s, whatever the limit, before and after parking with and without a hold key,
+/// after the hold is released, with nothing pending, and per key.
+pub async fn load_pending_with_holds_reads_both(env: Env) -> CaseResult {
+    let (store, k, lease) = leased(&env).await?;
+    let rows = vec![
+        pending(&k, "evt-1", 1, "o1"),
+        pending(&k, "evt-2", 2, "o2"),
+        pending(&k, "evt-3", 3, "o1"),
+        pending(&k, "evt-4", 4, "o4"),
+    ];
+    commit_events(store, &k, &lease, rows.clone(), false).await?;
+    let both = |limit: usize| {
+        let k = k.clone();
+        async move {
+            let (rows, mut held) = store.load_pending_with_holds(&k, limit).await?;
+            held.sort();
+            let mut expected_held = store.held_keys(&k).await?;
+            expected_held.sort();
+            check_eq!(
+                rows,
+                store.load_pending(&k, limit).await?,
+                "the rows of load_pending, limit {limit}"
+            );
+            check_eq!(held, expected_held, "the keys of held_keys, limit {limit}");
+            Ok::<_, CaseError>(held)
+        }
+    };
+    for limit in [0, 1, 3, 4, 100] {
+        check!(
+            both(limit).await?.is_empty(),
+            "nothing is held yet (limit {limit})"
+        );
+    }
+    store
+        .park_event(
+            &k,
+            &lease,
+            &poison(rows[0].event.clone(), Some("o1"), T0 + 1_000),
+        )
+        .await?;
+    store
+        .park_event(&k, &lease, &poison(rows[1].event.clone(), None, T0 + 1_000))
+        .await?;
+    store
+        .park_event(
+            &k,
+            &lease,
+            &poison(rows[3].event.clone(), Some("o4"), T0 + 1_000),
+        )
+        .await?;
+    for limit in [0, 1, 100] {
+        check_eq!(
+            both(limit).await?,
+            owned_ids(&["o1", "o4"]),
+            "limit {limit}"
+        );
+    }
+    store.ack_events(&k, &lease, &owned_ids(&["evt-3"])).await?;
+    check_eq!(
+        both(100).await?,
+        owned_ids(&["o1", "o4"]),
+        "hold keys are read with nothing pending"
+    );
+    let released = store
+        .resolve_parked(&k, &owned_ids(&["evt-1"]), ParkedAction::Retry)
+        .await?;
+    check_eq!(released, 1, "one row retried");
+    check_eq!(
+        both(100).await?,
+        owned_ids(&["o4"]),
+        "retrying evt-1 released o1"
+    );
+    for other in [key_b(), key_other()] {
+        let (rows, held) = store.load_pending_with_holds(&other, 100).await?;
+        check!(
+            rows.is_empty() && held.is_empty(),
+            "{other} sees none of it"
         );
     }
     Ok(())

@@ -30,8 +30,8 @@ impl Dispatcher {
         let cancel = ctx.cancel.child_token();
         let halted = AtomicBool::new(false);
         let mut blocked: HashSet<String> = HashSet::new();
-        // Read once per drain: keys parked with `hold_key` during the drain are `blocked` by
-        // their group, and a hold released meanwhile is seen by the next drain.
+        // Read once per drain, with its first slice: keys parked with `hold_key` during the drain
+        // are `blocked` by their group, and a hold released meanwhile is seen by the next drain.
         let mut held: Option<HashSet<String>> = None;
         let mut window = self.batch_size;
         // Known without asking the store when the last slice held every pending row.
@@ -39,20 +39,22 @@ impl Dispatcher {
         while !cancel.is_cancelled() {
             // One row more than the window: a slice that holds them all says more rows follow,
             // and one that does not ends the drain without another read.
-            let rows = self
-                .store
-                .load_pending(key, window.saturating_add(1))
-                .await?;
+            let limit = window.saturating_add(1);
+            let rows = match held {
+                Some(_) => self.store.load_pending(key, limit).await?,
+                None => {
+                    let (rows, keys) = self.store.load_pending_with_holds(key, limit).await?;
+                    held = Some(keys.into_iter().collect());
+                    rows
+                }
+            };
             if rows.is_empty() {
                 remaining = Some(0);
                 break;
             }
             let slice_len = rows.len() as u64;
             let slice_full = rows.len() > window;
-            let held = match held {
-                Some(ref held) => held,
-                None => held.insert(self.store.held_keys(key).await?.into_iter().collect()),
-            };
+            let held = held.get_or_insert_default();
             let groups =
                 policy::eligible_groups(rows, |r| self.options.key_of(&r.event), held, &blocked);
             if groups.is_empty() {
