@@ -28,14 +28,17 @@ use crate::sql::{IN_CHUNK, in_list};
 /// - **Lazy.** [`SqliteStore::open`] only checks the options; the file is created, switched to
 ///   WAL and migrated by [`Store::migrate`] or by the first call that needs the database.
 /// - **Off the runtime.** Writes go through one writer connection owned by a thread of the
-///   store's own, which runs them one after another; reads run on tokio's blocking pool through
+///   store's own, which runs them one after another; writes queued together (concurrent keys,
+///   acks beside a page's commit) share ONE transaction and its commit (group commit: one
+///   `fsync` for all of them under [`Synchronous::Full`]), each in a savepoint of its own, so a
+///   write that fails or loses its fence is rolled back alone; reads run on tokio's blocking pool through
 ///   up to `max_readers` read connections (see [`SqliteOptions::max_readers`]). Use the store
 ///   inside a tokio runtime.
 /// - **Durability** is [`SqliteOptions::synchronous`]: [`Synchronous::Full`] (the default) or
 ///   [`Synchronous::Normal`], which trades the last commits before a power loss for writes
 ///   without an `fsync` each.
-/// - **Fenced.** Every fenced write is ONE `BEGIN IMMEDIATE` transaction that first reads the
-///   key's lease owner and epoch and, on a mismatch, rolls back and fails with
+/// - **Fenced.** Every fenced write runs in ONE `BEGIN IMMEDIATE` transaction (its savepoint when
+///   grouped) that first reads the key's lease owner and epoch and, on a mismatch, rolls back and fails with
 ///   [`Error::LeaseLost`]. Lease acquisition is one upsert; epochs never go back, not even across
 ///   [`Store::delete_key`].
 /// - **Byte for byte.** Payloads, cursors and raw items are stored as the JSON text they came as;
