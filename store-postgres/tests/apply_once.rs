@@ -13,16 +13,17 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{OrFail, Schema, ensure, fail, with_schema};
 use sqlx::{PgPool, Postgres, Row, Transaction};
+use tokio::task::JoinHandle;
 use watukuy_conformance::CaseError;
 use watukuy_conformance::cases::fixtures::{
     CrashBeforeAck, NODE_A, PendingDelivery, T0, event, key,
 };
-use watukuy_conformance::world::{POLLER, StrategyKind, World};
+use watukuy_conformance::world::{POLLER, StrategyKind, World, lock};
 use watukuy_core::delivery::{ApplyError, ApplyOutcome};
 use watukuy_core::{Engine, Event, EventType, HandlerContext, HandlerError, ManualClock};
 use watukuy_store_postgres::{PostgresOptions, PostgresStore, ProcessedEvents};
@@ -86,6 +87,33 @@ impl Db {
             .map_err(|err| fail(format!("{what}: {err}")))
     }
 
+    /// Spawns `apply_once` of `e` with the projection into `rm`, which runs `after_write` once
+    /// it wrote, inside the still open transaction.
+    fn spawn_apply(
+        &self,
+        e: &Event,
+        after_write: impl Future<Output = ()> + Send + 'static,
+    ) -> JoinHandle<Result<ApplyOutcome<()>, ApplyError<sqlx::Error>>> {
+        let (pool, processed, schema, e) = (
+            self.pool.clone(),
+            self.processed.clone(),
+            self.schema.clone(),
+            e.clone(),
+        );
+        tokio::spawn(async move {
+            processed
+                .apply_once(&pool, &e, |tx| {
+                    let (schema, e) = (&schema, &e);
+                    Box::pin(async move {
+                        project(tx, schema, "rm", e).await?;
+                        after_write.await;
+                        Ok::<_, sqlx::Error>(())
+                    })
+                })
+                .await
+        })
+    }
+
     async fn markers(&self) -> Result<i64, CaseError> {
         sqlx::query_scalar(&format!(
             r#"SELECT count(*) FROM "{}"."processed""#,
@@ -124,40 +152,40 @@ async fn project(
     Ok(())
 }
 
+/// Runs `body` on a [`Db`] in a schema of its own (named after `what`).
+async fn with_db(what: &str, body: impl AsyncFnOnce(Db) -> Result<(), CaseError>) {
+    with_schema(what, 8, |schema| async move {
+        body(Db::new(&schema).await?).await
+    })
+    .await;
+}
+
+/// A test `$name` running `$body` ([`with_db`]) in a schema named after it.
+macro_rules! db_test {
+    ($name:ident, $body:expr) => {
+        #[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            with_db(stringify!($name), $body).await;
+        }
+    };
+}
+
 fn order(id: &str, subject: &str) -> Event {
     event(&key(), id, 1, subject)
 }
 
-#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn crash_before_commit_applies_nothing_and_the_redelivery_applies_once() {
-    with_schema("ao_crash_before", 8, |schema| async move {
-        let db = Db::new(&schema).await?;
+db_test!(
+    crash_before_commit_applies_nothing_and_the_redelivery_applies_once,
+    async |db| {
         let e = order("evt-1", "o1");
 
         // The projection writes, then the process "dies" before the commit: the task running
         // apply_once is aborted while the transaction is open.
         let (wrote_tx, wrote_rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn({
-            let (pool, processed, schema, e) = (
-                db.pool.clone(),
-                db.processed.clone(),
-                db.schema.clone(),
-                e.clone(),
-            );
-            async move {
-                processed
-                    .apply_once(&pool, &e, |tx| {
-                        let (schema, e) = (&schema, &e);
-                        Box::pin(async move {
-                            project(tx, schema, "rm", e).await?;
-                            let _ = wrote_tx.send(());
-                            std::future::pending::<()>().await;
-                            Ok::<_, sqlx::Error>(())
-                        })
-                    })
-                    .await
-            }
+        let task = db.spawn_apply(&e, async move {
+            let _ = wrote_tx.send(());
+            std::future::pending::<()>().await;
         });
         wrote_rx
             .await
@@ -195,15 +223,12 @@ async fn crash_before_commit_applies_nothing_and_the_redelivery_applies_once() {
         );
         ensure!(db.markers().await? == 1, "expected one marker");
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn crash_after_commit_before_ack_is_redelivered_and_detected_as_duplicate() {
-    with_schema("ao_crash_after", 8, |schema| async move {
-        let db = Db::new(&schema).await?;
+db_test!(
+    crash_after_commit_before_ack_is_redelivered_and_detected_as_duplicate,
+    async |db| {
         // The real dispatcher over a PostgresStore in the same schema.
         let store = Arc::new(PostgresStore::from_pool(
             db.pool.clone(),
@@ -260,173 +285,138 @@ async fn crash_after_commit_before_ack_is_redelivered_and_detected_as_duplicate(
         );
         let counters = bench.dispatcher.counters("");
         ensure!(
-            serde_json::to_value(counters).ok() == Some(serde_json::json!({"received": 2, "applied": 0, "deduplicated": 1, "skipped": 0, "failed": 1})),
+            serde_json::to_value(counters).ok()
+                == Some(
+                    serde_json::json!({"received": 2, "applied": 0, "deduplicated": 1, "skipped": 0, "failed": 1})
+                ),
             "counters: {counters:?}"
         );
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_duplicate_deliveries_apply_once() {
-    with_schema("ao_concurrent", 8, |schema| async move {
-        let db = Db::new(&schema).await?;
-
-        // Forced overlap: the first delivery holds its transaction open after claiming the id;
-        // the second blocks on the claim until the first commits, then finds the marker.
-        let e = order("evt-race", "o1");
-        let (claimed_tx, claimed_rx) = tokio::sync::oneshot::channel::<()>();
-        let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
-        let first = tokio::spawn({
-            let (pool, processed, schema, e) =
-                (db.pool.clone(), db.processed.clone(), db.schema.clone(), e.clone());
-            async move {
-                processed
-                    .apply_once(&pool, &e, |tx| {
-                        let (schema, e) = (&schema, &e);
-                        Box::pin(async move {
-                            project(tx, schema, "rm", e).await?;
-                            let _ = claimed_tx.send(());
-                            let _ = go_rx.await;
-                            Ok::<_, sqlx::Error>(())
-                        })
-                    })
-                    .await
-            }
-        });
-        claimed_rx.await.map_err(|_| fail("the first projection never ran"))?;
-        let second = tokio::spawn({
-            let (pool, processed, schema, e) =
-                (db.pool.clone(), db.processed.clone(), db.schema.clone(), e.clone());
-            async move {
-                processed
-                    .apply_once(&pool, &e, |tx| Box::pin(project(tx, &schema, "rm", &e)))
-                    .await
-            }
-        });
-        // Wait until the second delivery is blocked on the first one's marker (a lock wait in
-        // this schema), then let the first commit.
-        let waiting_sql = format!(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%\"{}\".\"processed\"%'",
-            db.schema
-        );
-        let mut blocked = false;
-        for _ in 0..100_000 {
-            let waiting: i64 = sqlx::query_scalar(&waiting_sql)
-                .fetch_one(&db.pool)
-                .await
-                .or_fail_with("sql")?;
-            if waiting > 0 {
-                blocked = true;
-                break;
-            }
-            tokio::task::yield_now().await;
+db_test!(concurrent_duplicate_deliveries_apply_once, async |db| {
+    // Forced overlap: the first delivery holds its transaction open after claiming the id;
+    // the second blocks on the claim until the first commits, then finds the marker.
+    let e = order("evt-race", "o1");
+    let (claimed_tx, claimed_rx) = tokio::sync::oneshot::channel::<()>();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = db.spawn_apply(&e, async move {
+        let _ = claimed_tx.send(());
+        let _ = go_rx.await;
+    });
+    claimed_rx
+        .await
+        .map_err(|_| fail("the first projection never ran"))?;
+    let second = db.spawn_apply(&e, async {});
+    // Wait until the second delivery is blocked on the first one's marker (a lock wait in
+    // this schema), then let the first commit.
+    let waiting_sql = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%\"{}\".\"processed\"%'",
+        db.schema
+    );
+    let mut blocked = false;
+    for _ in 0..100_000 {
+        let waiting: i64 = sqlx::query_scalar(&waiting_sql)
+            .fetch_one(&db.pool)
+            .await
+            .or_fail_with("sql")?;
+        if waiting > 0 {
+            blocked = true;
+            break;
         }
-        ensure!(blocked, "the second delivery never waited for the first");
-        let _ = go_tx.send(());
-        let first = first.await.or_fail()?;
-        let second = second.await.or_fail()?;
-        ensure!(
-            matches!(first, Ok(ApplyOutcome::Applied(()))),
-            "first: {first:?}"
-        );
-        ensure!(
-            matches!(second, Ok(ApplyOutcome::Deduplicated)),
-            "second: {second:?}"
-        );
+        tokio::task::yield_now().await;
+    }
+    ensure!(blocked, "the second delivery never waited for the first");
+    let _ = go_tx.send(());
+    let first = first.await.or_fail()?;
+    let second = second.await.or_fail()?;
+    ensure!(
+        matches!(first, Ok(ApplyOutcome::Applied(()))),
+        "first: {first:?}"
+    );
+    ensure!(
+        matches!(second, Ok(ApplyOutcome::Deduplicated)),
+        "second: {second:?}"
+    );
 
-        // Free-for-all: 20 ids, 4 concurrent deliveries each.
-        let mut tasks = Vec::new();
-        for n in 0..20 {
-            for _ in 0..4 {
-                let (pool, processed, schema) =
-                    (db.pool.clone(), db.processed.clone(), db.schema.clone());
-                let e = order(&format!("evt-{n}"), &format!("s{n}"));
-                tasks.push(tokio::spawn(async move {
-                    processed
-                        .apply_once(&pool, &e, |tx| Box::pin(project(tx, &schema, "rm", &e)))
-                        .await
-                        .map(|o| o.is_applied())
-                        .map_err(|err| err.to_string())
-                }));
-            }
+    // Free-for-all: 20 ids, 4 concurrent deliveries each.
+    let mut tasks = Vec::new();
+    for n in 0..20 {
+        let e = order(&format!("evt-{n}"), &format!("s{n}"));
+        for _ in 0..4 {
+            tasks.push(db.spawn_apply(&e, async {}));
         }
-        let mut applied = 0;
-        for task in tasks {
-            match task.await.or_fail()? {
-                Ok(true) => applied += 1,
-                Ok(false) => {}
-                Err(err) => return Err(fail(format!("a delivery failed: {err}"))),
-            }
+    }
+    let mut applied = 0;
+    for task in tasks {
+        match task.await.or_fail()? {
+            Ok(outcome) => applied += usize::from(outcome.is_applied()),
+            Err(err) => return Err(fail(format!("a delivery failed: {err}"))),
         }
-        ensure!(applied == 20, "{applied} deliveries applied, expected one per id");
-        let rows = db.rows("rm").await?;
-        ensure!(rows.len() == 21, "rows: {}", rows.len());
-        ensure!(rows.iter().all(|r| r.2 == 1), "a row was applied twice: {rows:?}");
-        ensure!(db.markers().await? == 21, "markers");
-        Ok(())
-    })
-    .await;
-}
+    }
+    ensure!(
+        applied == 20,
+        "{applied} deliveries applied, expected one per id"
+    );
+    let rows = db.rows("rm").await?;
+    ensure!(rows.len() == 21, "rows: {}", rows.len());
+    ensure!(
+        rows.iter().all(|r| r.2 == 1),
+        "a row was applied twice: {rows:?}"
+    );
+    ensure!(db.markers().await? == 21, "markers");
+    Ok(())
+});
 
-#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_projection_failure_rolls_back_the_marker() {
-    with_schema("ao_projection_failure", 8, |schema| async move {
-        let db = Db::new(&schema).await?;
-        let e = order("evt-1", "o1");
-        let result = db
-            .processed
-            .apply_once(&db.pool, &e, |tx| {
-                let (schema, e) = (&db.schema, &e);
-                Box::pin(async move {
-                    project(tx, schema, "rm", e).await?;
-                    // A failing statement after a successful write.
-                    sqlx::query("SELECT 1/0").execute(&mut **tx).await?;
-                    Ok::<_, sqlx::Error>(())
-                })
+db_test!(a_projection_failure_rolls_back_the_marker, async |db| {
+    let e = order("evt-1", "o1");
+    let result = db
+        .processed
+        .apply_once(&db.pool, &e, |tx| {
+            let (schema, e) = (&db.schema, &e);
+            Box::pin(async move {
+                project(tx, schema, "rm", e).await?;
+                // A failing statement after a successful write.
+                sqlx::query("SELECT 1/0").execute(&mut **tx).await?;
+                Ok::<_, sqlx::Error>(())
             })
-            .await;
-        ensure!(
-            matches!(result, Err(ApplyError::Projection(_))),
-            "expected a projection error, got {result:?}"
-        );
-        ensure!(
-            db.rows("rm").await?.is_empty(),
-            "the projection's first write survived"
-        );
-        ensure!(db.markers().await? == 0, "the marker survived the rollback");
-        // A projection error keeps its classification on the way to the dispatcher.
-        let permanent = db
-            .processed
-            .apply_once(&db.pool, &e, |_tx| {
-                Box::pin(async { Err::<(), _>(HandlerError::permanent("unknown product")) })
-            })
-            .await;
-        let handler_error = match permanent {
-            Err(err) => HandlerError::from(err),
-            Ok(outcome) => return Err(fail(format!("expected an error, got {outcome:?}"))),
-        };
-        ensure!(
-            handler_error.kind() == &watukuy_core::HandlerErrorKind::Permanent,
-            "classification lost: {handler_error:?}"
-        );
-        // The next delivery applies normally.
-        let outcome = db.apply(&e, "the next delivery").await?;
-        ensure!(outcome.is_applied(), "not applied after the failures");
-        ensure!(db.markers().await? == 1, "markers");
-        Ok(())
-    })
-    .await;
-}
+        })
+        .await;
+    ensure!(
+        matches!(result, Err(ApplyError::Projection(_))),
+        "expected a projection error, got {result:?}"
+    );
+    ensure!(
+        db.rows("rm").await?.is_empty(),
+        "the projection's first write survived"
+    );
+    ensure!(db.markers().await? == 0, "the marker survived the rollback");
+    // A projection error keeps its classification on the way to the dispatcher.
+    let permanent = db
+        .processed
+        .apply_once(&db.pool, &e, |_tx| {
+            Box::pin(async { Err::<(), _>(HandlerError::permanent("unknown product")) })
+        })
+        .await;
+    let handler_error = match permanent {
+        Err(err) => HandlerError::from(err),
+        Ok(outcome) => return Err(fail(format!("expected an error, got {outcome:?}"))),
+    };
+    ensure!(
+        handler_error.kind() == &watukuy_core::HandlerErrorKind::Permanent,
+        "classification lost: {handler_error:?}"
+    );
+    // The next delivery applies normally.
+    let outcome = db.apply(&e, "the next delivery").await?;
+    ensure!(outcome.is_applied(), "not applied after the failures");
+    ensure!(db.markers().await? == 1, "markers");
+    Ok(())
+});
 
-#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn markers_are_pruned_by_age_and_migrations_are_idempotent() {
-    with_schema("ao_prune", 8, |schema| async move {
-        let db = Db::new(&schema).await?;
+db_test!(
+    markers_are_pruned_by_age_and_migrations_are_idempotent,
+    async |db| {
         let clock = ManualClock::new(T0);
         let processed = ProcessedEvents::new(db.schema.as_str(), "processed")?
             .with_clock(Arc::new(clock.clone()));
@@ -465,9 +455,8 @@ async fn markers_are_pruned_by_age_and_migrations_are_idempotent() {
             "an old marker survived"
         );
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
 /// Where the replay test's handler projects: the read model table and its marker table.
 #[derive(Clone)]
@@ -513,13 +502,8 @@ impl Projected {
             );
             move |event: Event, ctx: HandlerContext| {
                 let (pool, schema) = (pool.clone(), schema.clone());
-                let Target { table, processed } = target
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clone();
-                seen.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(event.clone());
+                let Target { table, processed } = lock(&target).clone();
+                lock(&seen).push(event.clone());
                 async move {
                     processed
                         .apply_once(&pool, &event, |tx| {
@@ -544,7 +528,7 @@ impl Projected {
         db.create_read_model("rm_rebuilt").await?;
         let markers = ProcessedEvents::new(db.schema.as_str(), "processed_rebuilt")?;
         markers.migrate(&db.pool).await?;
-        *self.target.lock().unwrap_or_else(PoisonError::into_inner) = Target {
+        *lock(&self.target) = Target {
             table: "rm_rebuilt".to_owned(),
             processed: markers,
         };
@@ -552,11 +536,9 @@ impl Projected {
     }
 }
 
-#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replay_into_an_empty_read_model_rebuilds_it_exactly() {
-    with_schema("ao_replay", 8, |schema| async move {
-        let db = Db::new(&schema).await?;
+db_test!(
+    replay_into_an_empty_read_model_rebuilds_it_exactly,
+    async |db| {
         let fixture = Projected::new(&db, 5).await?;
         let (world, engine) = (&fixture.world, &fixture.engine);
 
@@ -620,22 +602,24 @@ async fn replay_into_an_empty_read_model_rebuilds_it_exactly() {
             "counters: {after:?}"
         );
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-/// A delete and a re-create with identical content: the engine gives the re-create the
-/// original `created` id, and a second delete the first one's `deleted` id. `apply_once`
-/// applies each of them anyway, because another event of the subject was applied since the id
-/// was: the item ends present after every re-create and absent after every delete, live and in
-/// a read model rebuilt from the log.
-#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_delete_then_a_re_create_with_identical_content_ends_with_the_item_present() {
-    with_schema("ao_recreate", 8, |schema| async move {
-        let db = Db::new(&schema).await?;
+// A delete and a re-create with identical content: the engine gives the re-create the
+// original `created` id, and a second delete the first one's `deleted` id. `apply_once`
+// applies each of them anyway, because another event of the subject was applied since the id
+// was: the item ends present after every re-create and absent after every delete, live and in
+// a read model rebuilt from the log.
+db_test!(
+    a_delete_then_a_re_create_with_identical_content_ends_with_the_item_present,
+    async |db| {
         let fixture = Projected::new(&db, 3).await?;
-        let (world, engine, seen) = (&fixture.world, &fixture.engine, &fixture.seen);
+        let Projected {
+            world,
+            engine,
+            seen,
+            ..
+        } = &fixture;
         let present =
             |rows: Vec<(String, Option<String>, i32)>| rows.iter().any(|r| r.0 == "item-002");
 
@@ -663,13 +647,12 @@ async fn a_delete_then_a_re_create_with_identical_content_ends_with_the_item_pre
                 "round {round}: the re-create was dropped"
             );
         }
-        let ids = |kind: EventType| -> Vec<String> {
-            let seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
+        let seen = lock(seen).clone();
+        let of_item = |kind| {
             seen.iter()
-                .filter(|e| e.subject == "item-002" && e.event_type == kind)
-                .map(|e| e.id.clone())
-                .collect()
+                .filter(move |e| e.subject == "item-002" && e.event_type == kind)
         };
+        let ids = |kind| of_item(kind).map(|e| e.id.clone()).collect::<Vec<_>>();
         let (created, deleted) = (ids(EventType::Created), ids(EventType::Deleted));
         ensure!(
             created.len() == 3
@@ -690,6 +673,5 @@ async fn a_delete_then_a_re_create_with_identical_content_ends_with_the_item_pre
             "the rebuilt read model differs"
         );
         Ok(())
-    })
-    .await;
-}
+    }
+);

@@ -13,14 +13,14 @@
 mod common;
 
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::{Connection, Transaction};
 use watukuy_conformance::cases::fixtures::{
     CrashBeforeAck, NODE_A, PendingDelivery, T0, event, key,
 };
-use watukuy_conformance::world::{POLLER, StrategyKind, World};
+use watukuy_conformance::world::{POLLER, StrategyKind, World, lock};
 use watukuy_core::delivery::{ApplyError, ApplyOutcome};
 use watukuy_core::{Event, EventType, HandlerContext, HandlerError, HandlerErrorKind, ManualClock};
 use watukuy_store_sqlite::{ProcessedEvents, SqliteOptions, SqliteStore};
@@ -412,13 +412,8 @@ impl Projected {
                 let (conn, target, seen) = (conn.clone(), target.clone(), seen.clone());
                 move |event: Event, ctx: HandlerContext| {
                     let conn = conn.clone();
-                    let Target { table, processed } = target
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .clone();
-                    seen.lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .push(event.clone());
+                    let Target { table, processed } = lock(&target).clone();
+                    lock(&seen).push(event.clone());
                     async move {
                         let projected = event.clone();
                         processed
@@ -443,10 +438,8 @@ impl Projected {
     fn rebuild_into_a_new_model(&self, reader: &Connection) {
         create_read_model(reader, "rm_rebuilt");
         let markers = ProcessedEvents::new("processed_rebuilt").unwrap();
-        markers
-            .migrate(&mut self.conn.lock().unwrap_or_else(PoisonError::into_inner))
-            .unwrap();
-        *self.target.lock().unwrap_or_else(PoisonError::into_inner) = Target {
+        markers.migrate(&mut lock(&self.conn)).unwrap();
+        *lock(&self.target) = Target {
             table: "rm_rebuilt",
             processed: markers,
         };
@@ -526,7 +519,12 @@ async fn a_delete_then_a_re_create_with_identical_content_ends_with_the_item_pre
     let dir = temp_dir();
     let path = dir.path().join("consumer.sqlite");
     let fixture = Projected::new(dir.path(), &path, 3).await;
-    let (world, engine, seen) = (&fixture.world, &fixture.engine, &fixture.seen);
+    let Projected {
+        world,
+        engine,
+        seen,
+        ..
+    } = &fixture;
     let reader = connect(&path);
     let present = |table: &str| rows(&reader, table).iter().any(|r| r.0 == "item-002");
     // A listing; a missing item is reported deleted by the second listing that misses it.
@@ -551,12 +549,12 @@ async fn a_delete_then_a_re_create_with_identical_content_ends_with_the_item_pre
         listings(1).await;
         assert!(present("rm"), "round {round}: the re-create was dropped");
     }
-    let ids = |kind: EventType| -> Vec<String> {
-        let seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
-        seen.iter()
-            .filter(|e| e.subject == "item-002" && e.event_type == kind)
-            .map(|e| e.id.clone())
-            .collect()
+    let ids = |kind| {
+        let seen = lock(seen);
+        let of_kind = seen
+            .iter()
+            .filter(|e| e.subject == "item-002" && e.event_type == kind);
+        of_kind.map(|e| e.id.clone()).collect::<Vec<_>>()
     };
     let (created, deleted) = (ids(EventType::Created), ids(EventType::Deleted));
     assert_eq!(created.len(), 3, "{created:?}");
