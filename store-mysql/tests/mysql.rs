@@ -14,9 +14,33 @@ use sqlx::{ConnectOptions, Executor, MySqlConnection};
 use watukuy_conformance::CaseError;
 use watukuy_conformance::cases::fixtures::{NODE_A, T0, TTL, item, json, key, pending};
 use watukuy_core::{
-    CommitBatch, ErrorCode, ItemRow, StatePatch, Store, StoreErrorKind, UrlValidator, Validator,
+    CommitBatch, ErrorCode, ItemRow, Lease, PKey, StatePatch, Store, StoreErrorKind, UrlValidator,
+    Validator,
 };
 use watukuy_store_mysql::{MySqlOptions, MySqlStore, SCHEMA_VERSION};
+
+/// A test `$name` running `$body` on a database of its own named after it, with a pool of
+/// `$connections` ([`with_database`]).
+macro_rules! db_test {
+    ($name:ident, $connections:literal, $body:expr) => {
+        #[watukuy_testenv::requires(mysql)]
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            with_database(stringify!($name), $connections, $body).await;
+        }
+    };
+}
+
+/// The default store on `database`, with the lease of `key()` taken for `NODE_A` at `T0`.
+async fn leased_store(database: &Database) -> Result<(MySqlStore, PKey, Lease), CaseError> {
+    let store = database.store(MySqlOptions::default()).await?;
+    let k = key();
+    let lease = store
+        .acquire_lease(&k, NODE_A, TTL, T0)
+        .await?
+        .ok_or_else(|| fail("no lease"))?;
+    Ok((store, k, lease))
+}
 
 /// A connection of the test's own on the database (not from the store's pool).
 async fn connection(database: &Database) -> Result<MySqlConnection, CaseError> {
@@ -66,17 +90,17 @@ fn big_page(n: usize, url_hash: &str) -> CommitBatch {
         })
 }
 
-/// `KILL` of the store's connection in the middle of `commit_poll`, after the items and the
-/// outbox rows were written and before `COMMIT`: nothing of the page is visible afterwards, the
-/// error is transient, and the same page commits whole on the next try.
-///
-/// No timing: a second transaction holds the lock of the page's validator row, so the commit
-/// stops at that statement (its last but one, before the state and the `COMMIT`); the test
-/// finds it in the process list, kills it, and only then lets the blocker go.
-#[watukuy_testenv::requires(mysql)]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_killed_mid_commit_leaves_nothing_and_the_store_recovers() {
-    with_database("kill_mid_commit", 4, |database| async move {
+// `KILL` of the store's connection in the middle of `commit_poll`, after the items and the
+// outbox rows were written and before `COMMIT`: nothing of the page is visible afterwards, the
+// error is transient, and the same page commits whole on the next try.
+//
+// No timing: a second transaction holds the lock of the page's validator row, so the commit
+// stops at that statement (its last but one, before the state and the `COMMIT`); the test
+// finds it in the process list, kills it, and only then lets the blocker go.
+db_test!(
+    a_connection_killed_mid_commit_leaves_nothing_and_the_store_recovers,
+    4,
+    |database| async move {
         let store = Arc::new(database.store(MySqlOptions::default()).await?);
         let k = key();
         let lease = store
@@ -90,7 +114,7 @@ async fn a_connection_killed_mid_commit_leaves_nothing_and_the_store_recovers() 
         blocker.execute("START TRANSACTION").await.or_fail()?;
         sqlx::query(
             "INSERT INTO `watukuy_validators` (poller, part, url_hash, etag, last_modified, \
-             stored_at) VALUES (?, ?, 'blocked-url', NULL, NULL, 0)",
+         stored_at) VALUES (?, ?, 'blocked-url', NULL, NULL, 0)",
         )
         .bind(k.poller.as_bytes())
         .bind(k.partition.as_bytes())
@@ -110,7 +134,7 @@ async fn a_connection_killed_mid_commit_leaves_nothing_and_the_store_recovers() 
         for _ in 0..100_000 {
             victim = sqlx::query_scalar::<_, i64>(
                 "SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST \
-                 WHERE DB = ? AND INFO LIKE 'REPLACE INTO `watukuy_validators`%'",
+             WHERE DB = ? AND INFO LIKE 'REPLACE INTO `watukuy_validators`%'",
             )
             .bind(&database.name)
             .fetch_optional(&mut killer)
@@ -186,16 +210,15 @@ async fn a_connection_killed_mid_commit_leaves_nothing_and_the_store_recovers() 
             "the retried page's validator is missing"
         );
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-/// Eight stores migrating the same tables at once: the named lock runs every step once, every
-/// call succeeds, and the schema is at the current version.
-#[watukuy_testenv::requires(mysql)]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_migrations_all_succeed() {
-    with_database("concurrent_migrate", 8, |database| async move {
+// Eight stores migrating the same tables at once: the named lock runs every step once, every
+// call succeeds, and the schema is at the current version.
+db_test!(
+    concurrent_migrations_all_succeed,
+    8,
+    |database| async move {
         let stores: Vec<MySqlStore> = (0..8)
             .map(|_| database.unmigrated(MySqlOptions::default().table_prefix("shared_")))
             .collect::<Result<_, _>>()?;
@@ -213,47 +236,36 @@ async fn concurrent_migrations_all_succeed() {
         let lease = stores[0].acquire_lease(&key(), NODE_A, TTL, T0).await?;
         ensure!(lease.map(|l| l.epoch) == Some(1), "no first lease");
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-/// Tables written by a newer release are refused with a Schema error, not misread.
-#[watukuy_testenv::requires(mysql)]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_newer_schema_is_refused() {
-    with_database("newer_schema", 2, |database| async move {
-        let store = database.store(MySqlOptions::default()).await?;
-        sqlx::query("UPDATE `watukuy_schema_version` SET version = 99")
-            .execute(&database.pool)
-            .await
-            .or_fail()?;
-        match store.migrate().await {
-            Err(watukuy_core::Error::Store { kind, message, .. }) => {
-                ensure!(
-                    kind == StoreErrorKind::Schema && message.contains("99"),
-                    "{kind:?}: {message}"
-                );
-            }
-            other => return Err(fail(format!("expected a Schema error, got {other:?}"))),
+// Tables written by a newer release are refused with a Schema error, not misread.
+db_test!(a_newer_schema_is_refused, 2, |database| async move {
+    let store = database.store(MySqlOptions::default()).await?;
+    sqlx::query("UPDATE `watukuy_schema_version` SET version = 99")
+        .execute(&database.pool)
+        .await
+        .or_fail()?;
+    match store.migrate().await {
+        Err(watukuy_core::Error::Store { kind, message, .. }) => {
+            ensure!(
+                kind == StoreErrorKind::Schema && message.contains("99"),
+                "{kind:?}: {message}"
+            );
         }
-        Ok(())
-    })
-    .await;
-}
+        other => return Err(fail(format!("expected a Schema error, got {other:?}"))),
+    }
+    Ok(())
+});
 
-/// Payloads are stored as the exact bytes given (key order, big numbers, escapes, spaces), and
-/// identities compare as bytes: no collation folds `a` and `A`, or `a` and `a ` (trailing
-/// spaces), or `e` and `é`.
-#[watukuy_testenv::requires(mysql)]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn json_is_byte_exact_and_identities_are_bytes() {
-    with_database("bytes", 2, |database| async move {
-        let store = database.store(MySqlOptions::default()).await?;
-        let k = key();
-        let lease = store
-            .acquire_lease(&k, NODE_A, TTL, T0)
-            .await?
-            .ok_or_else(|| fail("no lease"))?;
+// Payloads are stored as the exact bytes given (key order, big numbers, escapes, spaces), and
+// identities compare as bytes: no collation folds `a` and `A`, or `a` and `a ` (trailing
+// spaces), or `e` and `é`.
+db_test!(
+    json_is_byte_exact_and_identities_are_bytes,
+    2,
+    |database| async move {
+        let (store, k, lease) = leased_store(&database).await?;
         let text = "{ \"z\": 1, \"a\": 123456789012345678901234567890, \"s\": \"\\u00e9\\n\", \"n\": null }";
         let ids = ["a", "A", "a ", "e", "é", "\u{1F600}"];
         let upserts: Vec<ItemRow> = ids
@@ -269,7 +281,12 @@ async fn json_is_byte_exact_and_identities_are_bytes() {
             .await?;
         let owned: Vec<String> = ids.iter().map(|s| (*s).to_owned()).collect();
         let rows = store.load_versions(&k, &owned).await?;
-        ensure!(rows.len() == ids.len(), "{} rows of {}", rows.len(), ids.len());
+        ensure!(
+            rows.len() == ids.len(),
+            "{} rows of {}",
+            rows.len(),
+            ids.len()
+        );
         for id in ids {
             let payload = rows.get(id).and_then(|r| r.payload.as_ref());
             ensure!(
@@ -291,22 +308,16 @@ async fn json_is_byte_exact_and_identities_are_bytes() {
         expected.sort();
         ensure!(streamed == expected, "{streamed:?} is not in byte order");
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-/// Strings longer than their indexed columns are refused before anything is written, with an
-/// error naming them (never truncated by a non-strict server).
-#[watukuy_testenv::requires(mysql)]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn long_identities_are_refused_by_name() {
-    with_database("long_names", 2, |database| async move {
-        let store = database.store(MySqlOptions::default()).await?;
-        let k = key();
-        let lease = store
-            .acquire_lease(&k, NODE_A, TTL, T0)
-            .await?
-            .ok_or_else(|| fail("no lease"))?;
+// Strings longer than their indexed columns are refused before anything is written, with an
+// error naming them (never truncated by a non-strict server).
+db_test!(
+    long_identities_are_refused_by_name,
+    2,
+    |database| async move {
+        let (store, k, lease) = leased_store(&database).await?;
         let long = "x".repeat(1025);
         let batch = CommitBatch::default()
             .upserts(vec![item("ok", "h"), item(&long, "h")])
@@ -339,59 +350,53 @@ async fn long_identities_are_refused_by_name() {
             .ok_or_else(|| fail("a 300-byte poller name was accepted"))?;
         ensure!(err.to_string().contains("poller name"), "{err}");
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-/// Rows the store did not write (broken JSON, invalid UTF-8) are Corrupt errors naming the row,
-/// never panics.
-#[watukuy_testenv::requires(mysql)]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn foreign_rows_are_corrupt_errors() {
-    with_database("foreign_rows", 2, |database| async move {
-        let store = database.store(MySqlOptions::default()).await?;
-        let k = key();
-        store
-            .save_state_unfenced(&k, &StatePatch::default())
-            .await?;
-        sqlx::query("UPDATE `watukuy_keys` SET state_json = '{not json'")
-            .execute(&database.pool)
-            .await
-            .or_fail()?;
-        let err = store
-            .load_state(&k)
-            .await
-            .err()
-            .ok_or_else(|| fail("a broken state was read"))?;
-        ensure!(
-            matches!(
-                err,
-                watukuy_core::Error::Store {
-                    kind: StoreErrorKind::Corrupt,
-                    ..
-                }
-            ) && err.to_string().contains("the state of"),
-            "{err}"
-        );
-        sqlx::query(
-            "INSERT INTO `watukuy_items` (poller, part, identity, item_version, item_hash, \
-             schema_version, payload, seen_at) VALUES (?, ?, X'FF', NULL, 'h', 1, NULL, 0)",
-        )
-        .bind(k.poller.as_bytes())
-        .bind(k.partition.as_bytes())
+// Rows the store did not write (broken JSON, invalid UTF-8) are Corrupt errors naming the row,
+// never panics.
+db_test!(foreign_rows_are_corrupt_errors, 2, |database| async move {
+    let store = database.store(MySqlOptions::default()).await?;
+    let k = key();
+    store
+        .save_state_unfenced(&k, &StatePatch::default())
+        .await?;
+    sqlx::query("UPDATE `watukuy_keys` SET state_json = '{not json'")
         .execute(&database.pool)
         .await
         .or_fail()?;
-        let mut stream = store.stream_identities(&k, 10);
-        let first = futures::StreamExt::next(&mut stream).await;
-        ensure!(
-            matches!(&first, Some(Err(e)) if e.to_string().contains("identity")),
-            "{first:?}"
-        );
-        Ok(())
-    })
-    .await;
-}
+    let err = store
+        .load_state(&k)
+        .await
+        .err()
+        .ok_or_else(|| fail("a broken state was read"))?;
+    ensure!(
+        matches!(
+            err,
+            watukuy_core::Error::Store {
+                kind: StoreErrorKind::Corrupt,
+                ..
+            }
+        ) && err.to_string().contains("the state of"),
+        "{err}"
+    );
+    sqlx::query(
+        "INSERT INTO `watukuy_items` (poller, part, identity, item_version, item_hash, \
+         schema_version, payload, seen_at) VALUES (?, ?, X'FF', NULL, 'h', 1, NULL, 0)",
+    )
+    .bind(k.poller.as_bytes())
+    .bind(k.partition.as_bytes())
+    .execute(&database.pool)
+    .await
+    .or_fail()?;
+    let mut stream = store.stream_identities(&k, 10);
+    let first = futures::StreamExt::next(&mut stream).await;
+    ensure!(
+        matches!(&first, Some(Err(e)) if e.to_string().contains("identity")),
+        "{first:?}"
+    );
+    Ok(())
+});
 
 /// The harness puts each test's database into the server's URL, parameters kept.
 #[test]
