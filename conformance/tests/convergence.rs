@@ -320,14 +320,16 @@ async fn every_strategy_converges_under_random_change() {
                     steps_rng.int_in(1, 10_000)
                 };
                 history.push(format!("step {step}: {done:?}, +{advance} ms"));
-                world.advance(Duration::from_millis(u64::try_from(advance).unwrap()));
-                let result = world.tick(&engine).await.unwrap();
-                assert_no_errors(&format!("{label} step {step}"), &result);
+                tick_after(
+                    &format!("{label} step {step}"),
+                    &world,
+                    &engine,
+                    Duration::from_millis(u64::try_from(advance).unwrap()),
+                )
+                .await;
             }
             for i in 0..QUIESCE_TICKS {
-                world.advance(PAST_MAX);
-                let result = world.tick(&engine).await.unwrap();
-                assert_no_errors(&format!("{label} quiesce {i}"), &result);
+                tick_after(&format!("{label} quiesce {i}"), &world, &engine, PAST_MAX).await;
             }
             let label = format!("{label} ({})", history.join("; "));
             check_log(
@@ -403,8 +405,7 @@ async fn timestamp_without_lag_misses_a_write_in_the_watermark_millisecond() {
             .update("item-001", json!({ "value": 10 }))
             .unwrap();
         for _ in 0..QUIESCE_TICKS {
-            world.advance(PAST_MAX);
-            assert_no_errors(&label, &world.tick(&engine).await.unwrap());
+            tick_after(&label, &world, &engine, PAST_MAX).await;
         }
         let updated = subjects(&recorder.events(), EventType::Updated);
         if lag_ms == 0 {
@@ -446,8 +447,7 @@ async fn timestamp_does_not_refetch_a_page_it_held_back() {
     assert!(!last.truncated, "{last:?}");
     assert_eq!(recorder.events().len(), 3);
 
-    world.advance(PAST_MAX);
-    assert_no_errors("next", &world.tick(&engine).await.unwrap());
+    tick_after("next", &world, &engine, PAST_MAX).await;
     assert_eq!(
         subjects(&recorder.events()[3..], EventType::Created),
         ["new-1", "new-2", "new-3"]
@@ -579,14 +579,10 @@ async fn invalid_items_are_quarantined_and_never_block_delivery() {
             .api
             .update("item-004", json!({ "value": 40 }))
             .unwrap();
-        world.advance(PAST_MAX);
-        let result = world.tick(&engine).await.unwrap();
-        assert_no_errors(&label, &result);
-        let events = recorder.events();
-        let last = events.last().unwrap();
+        let result = tick_after(&label, &world, &engine, PAST_MAX).await;
         assert_eq!(
-            (last.event_type, last.subject.as_str()),
-            (EventType::Updated, "item-004"),
+            last_event(&recorder),
+            (EventType::Updated, "item-004".to_owned()),
             "{label}: {result:?}"
         );
         // Re-fetching the same invalid items parks nothing new (identical raw items dedup).
@@ -594,14 +590,10 @@ async fn invalid_items_are_quarantined_and_never_block_delivery() {
 
         // Fixed at the source: the item is validated again and delivered.
         world.api.update("item-002", json!({ "value": 2 })).unwrap();
-        world.advance(PAST_MAX);
-        let result = world.tick(&engine).await.unwrap();
-        assert_no_errors(&label, &result);
-        let events = recorder.events();
-        let last = events.last().unwrap();
+        let result = tick_after(&label, &world, &engine, PAST_MAX).await;
         assert_eq!(
-            (last.event_type, last.subject.as_str()),
-            (EventType::Created, "item-002"),
+            last_event(&recorder),
+            (EventType::Created, "item-002".to_owned()),
             "{label}: {result:?}"
         );
     }
@@ -640,9 +632,7 @@ async fn on_invalid_fail_reports_a_validation_error_instead() {
         for id in ["item-001", "item-002", "item-003"] {
             world.api.update(id, json!({ "value": 7 })).unwrap();
         }
-        world.advance(Duration::from_secs(60));
-        let result = world.tick(&engine).await.unwrap();
-        assert_no_errors(&label, &result);
+        tick_after(&label, &world, &engine, Duration::from_secs(60)).await;
         let mut created = subjects(&recorder.events(), EventType::Created);
         created.sort();
         assert_eq!(created.len(), 9, "{label}: {created:?}");
@@ -681,8 +671,7 @@ async fn snapshot_diff_does_not_delete_an_item_that_became_invalid() {
             .api
             .update("item-005", json!({ "value": "not a number" }))
             .unwrap();
-        world.advance(Duration::from_secs(600));
-        assert_no_errors(&label, &world.tick(&engine).await.unwrap());
+        tick_after(&label, &world, &engine, Duration::from_secs(600)).await;
         assert_eq!(
             recorder.events().len(),
             9,
@@ -694,8 +683,7 @@ async fn snapshot_diff_does_not_delete_an_item_that_became_invalid() {
             .api
             .update("item-005", json!({ "value": 50 }))
             .unwrap();
-        world.advance(Duration::from_secs(600));
-        assert_no_errors(&label, &world.tick(&engine).await.unwrap());
+        tick_after(&label, &world, &engine, Duration::from_secs(600)).await;
         let events = recorder.events();
         assert_eq!(events.len(), 10, "{label}: {events:?}");
         assert_eq!(
@@ -712,6 +700,40 @@ async fn learn_all(label: &str, world: &World, engine: &Engine, recorder: &Recor
     let result = world.tick(engine).await.unwrap();
     assert_no_errors(label, &result);
     assert_eq!(recorder.events().len(), n, "{label}: {result:?}");
+}
+
+/// Advances `world`'s clock by `by`, then ticks `engine` once and panics (with `label`) if a cycle
+/// of the tick failed.
+async fn tick_after(label: &str, world: &World, engine: &Engine, by: Duration) -> TickResult {
+    world.advance(by);
+    let result = world.tick(engine).await.unwrap();
+    assert_no_errors(label, &result);
+    result
+}
+
+/// The type and subject of the last event `recorder` saw.
+fn last_event(recorder: &Recorder) -> (EventType, String) {
+    let last = recorder.events().pop().expect("an event was recorded");
+    (last.event_type, last.subject)
+}
+
+/// The engine recovered after `result`: the events after the 9 learned first update `subject`
+/// only, nothing was deleted, and the recorded events converge to the API.
+fn assert_recovered(
+    label: &str,
+    world: &World,
+    recorder: &Recorder,
+    subject: &str,
+    result: &TickResult,
+) {
+    let events = recorder.events();
+    assert_eq!(
+        subjects(&events[9..], EventType::Updated),
+        [subject],
+        "{label}: {result:?}"
+    );
+    assert!(subjects(&events, EventType::Deleted).is_empty(), "{label}");
+    assert_converged(label, &world.api, &events);
 }
 
 /// Checks the final state: the newest delivered event of every API item carries its data.
@@ -745,9 +767,7 @@ async fn garbage_pages_are_quarantined_and_the_engine_recovers() {
             .update("item-002", json!({ "value": 20 }))
             .unwrap();
         world.api.fail_next(Fault::Malformed, 1);
-        world.advance(PAST_MAX);
-        let result = world.tick(&engine).await.unwrap();
-        assert_no_errors(&label, &result);
+        tick_after(&label, &world, &engine, PAST_MAX).await;
         // The garbage page says `has_more: false`; only `timestamp` goes on (the fake's
         // `/since` adapter reads a full page as "more follow") and may already see the change.
         let events = recorder.events();
@@ -769,17 +789,8 @@ async fn garbage_pages_are_quarantined_and_the_engine_recovers() {
         assert_eq!(raws, expected, "{label}");
 
         // Next time the API answers properly: the pending change arrives (once).
-        world.advance(PAST_MAX);
-        let result = world.tick(&engine).await.unwrap();
-        assert_no_errors(&label, &result);
-        let events = recorder.events();
-        assert_eq!(
-            subjects(&events[9..], EventType::Updated),
-            ["item-002"],
-            "{label}: {result:?}"
-        );
-        assert!(subjects(&events, EventType::Deleted).is_empty(), "{label}");
-        assert_converged(&label, &world.api, &events);
+        let result = tick_after(&label, &world, &engine, PAST_MAX).await;
+        assert_recovered(&label, &world, &recorder, "item-002", &result);
     }
 }
 
@@ -800,9 +811,7 @@ async fn a_non_string_identity_is_quarantined_and_the_engine_recovers() {
         let mut bad = changed.clone();
         bad["id"] = json!({ "nested": "item-004" });
         tamper.set("item-004", bad.clone());
-        world.advance(PAST_MAX);
-        let result = world.tick(&engine).await.unwrap();
-        assert_no_errors(&label, &result);
+        tick_after(&label, &world, &engine, PAST_MAX).await;
         assert_eq!(
             recorder.events().len(),
             9,
@@ -824,17 +833,8 @@ async fn a_non_string_identity_is_quarantined_and_the_engine_recovers() {
             .api
             .update("item-004", json!({ "value": 45 }))
             .unwrap();
-        world.advance(PAST_MAX);
-        let result = world.tick(&engine).await.unwrap();
-        assert_no_errors(&label, &result);
-        let events = recorder.events();
-        assert_eq!(
-            subjects(&events[9..], EventType::Updated),
-            ["item-004"],
-            "{label}: {result:?}"
-        );
-        assert!(subjects(&events, EventType::Deleted).is_empty(), "{label}");
-        assert_converged(&label, &world.api, &events);
+        let result = tick_after(&label, &world, &engine, PAST_MAX).await;
+        assert_recovered(&label, &world, &recorder, "item-004", &result);
     }
 }
 
@@ -899,8 +899,7 @@ async fn a_nan_fingerprint_quarantines_the_item_and_the_page_goes_through() {
             .api
             .update("item-007", json!({ "value": 70 }))
             .unwrap();
-        world.advance(PAST_MAX);
-        assert_no_errors(&label, &world.tick(&engine).await.unwrap());
+        tick_after(&label, &world, &engine, PAST_MAX).await;
         let events = recorder.events();
         assert_eq!(
             subjects(&events[9..], EventType::Updated),
@@ -913,9 +912,7 @@ async fn a_nan_fingerprint_quarantines_the_item_and_the_page_goes_through() {
             .api
             .update("item-006", json!({ "ratio": 0.5 }))
             .unwrap();
-        world.advance(Duration::from_secs(120));
-        let result = world.tick(&engine).await.unwrap();
-        assert_no_errors(&label, &result);
+        let result = tick_after(&label, &world, &engine, Duration::from_secs(120)).await;
         let events = recorder.events();
         assert_eq!(
             subjects(&events[10..], EventType::Updated),
@@ -960,9 +957,7 @@ async fn a_truncated_snapshot_scan_emits_no_deletes() {
         .unwrap();
     let capped_recorder = Recorder::default();
     capped.on(POLLER, capped_recorder.handler()).unwrap();
-    world.advance(PAST_MAX);
-    let result = world.tick(&capped).await.unwrap();
-    assert_no_errors("capped", &result);
+    tick_after("capped", &world, &capped, PAST_MAX).await;
     assert_eq!(
         world.api.log().len(),
         2 + 4,
@@ -985,11 +980,9 @@ async fn a_truncated_snapshot_scan_emits_no_deletes() {
 
     // A complete scan does see the removal; it is a listing of several pages, so the next
     // complete listing confirms it.
-    world.advance(PAST_MAX);
-    assert_no_errors("full", &world.tick(&full).await.unwrap());
+    tick_after("full", &world, &full, PAST_MAX).await;
     assert!(subjects(&recorder.events(), EventType::Deleted).is_empty());
-    world.advance(PAST_MAX);
-    assert_no_errors("full", &world.tick(&full).await.unwrap());
+    tick_after("full", &world, &full, PAST_MAX).await;
     assert_eq!(
         subjects(&recorder.events(), EventType::Deleted),
         ["item-001"]
@@ -1000,15 +993,8 @@ async fn a_truncated_snapshot_scan_emits_no_deletes() {
 async fn a_full_scan_sends_no_conditional_requests_so_an_unchanged_first_page_hides_nothing() {
     let world = World::new(9, 3).unwrap();
     world.api.set_etags(true);
-    let engine = world
-        .engine(
-            memory(),
-            "node-a",
-            world.poller(StrategyKind::SnapshotDiff).build().unwrap(),
-            1,
-        )
-        .unwrap();
-    let recorder = Recorder::attached(&engine).unwrap();
+    let poller = world.poller(StrategyKind::SnapshotDiff).build().unwrap();
+    let (engine, recorder) = world.recorded_engine(memory(), poller).unwrap();
     learn_all("etags", &world, &engine, &recorder, 9).await;
     let conditional = |api: &FakeApi| api.log().iter().filter(|e| e.status == Some(304)).count();
 
@@ -1016,8 +1002,7 @@ async fn a_full_scan_sends_no_conditional_requests_so_an_unchanged_first_page_hi
     // is found (a suspect after the first listing of 3 pages, a delete after the second).
     assert!(world.api.remove("item-009"));
     for _ in 0..2 {
-        world.advance(PAST_MAX);
-        assert_no_errors("page 3 changed", &world.tick(&engine).await.unwrap());
+        tick_after("page 3 changed", &world, &engine, PAST_MAX).await;
     }
     assert_eq!(conditional(&world.api), 0, "a full scan never gets a 304");
     assert_eq!(
