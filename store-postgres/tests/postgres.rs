@@ -7,34 +7,36 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Database, OrFail, ensure, fail, pool, with_database, with_schema};
+use common::{Database, OrFail, Schema, ensure, fail, pool, with_database, with_schema};
 use sqlx::{Connection, PgConnection, Row};
 use watukuy_conformance::CaseError;
-use watukuy_conformance::cases::fixtures::{T0, TTL, item, key};
+use watukuy_conformance::cases::fixtures::{self, T0, TTL, item, key};
 use watukuy_core::{
-    CommitBatch, Error, ErrorCode, Event, EventType, ItemRow, Json, Lane, Lease, LogQuery,
-    OutboxRow, ParkedError, ParkedKind, ParkedQuery, ParkedRow, PollerState, ScheduleState,
-    SerializedError, StatePatch, Store, StoreErrorKind,
+    CommitBatch, Error, ErrorCode, Event, ItemRow, Json, Lease, LogQuery, OutboxRow, PKey,
+    ParkedError, ParkedKind, ParkedQuery, ParkedRow, PollerState, ScheduleState, SerializedError,
+    StatePatch, Store, StoreErrorKind,
 };
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};
 
+/// A created event of `o<sequence>` on [`key`] carrying `data`, without a cursor.
 fn event(id: &str, sequence: i64, data: &str) -> Result<Event, CaseError> {
     Ok(Event {
-        id: id.to_owned(),
-        event_type: EventType::Created,
-        source: "urn:watukuy:orders".to_owned(),
-        subject: format!("o{sequence}"),
-        time: "2026-01-01T00:00:00.000Z".to_owned(),
-        poller: "orders".to_owned(),
-        partition: String::new(),
-        lane: Lane::Live,
-        sequence,
         cursor: None,
         data: Some(Json::parse(data).or_fail()?),
-        previous: None,
-        attempt: 0,
-        traceparent: None,
+        ..fixtures::event(&key(), id, sequence, &format!("o{sequence}"))
     })
+}
+
+/// A test `$name` running `$body` on a schema of its own named after it, with a pool of
+/// `$connections` ([`with_schema`]).
+macro_rules! schema_test {
+    ($name:ident, $connections:literal, $body:expr) => {
+        #[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            with_schema(stringify!($name), $connections, $body).await;
+        }
+    };
 }
 
 /// One page: items, their events (logged) and a patch moving the sequence.
@@ -48,15 +50,16 @@ fn page(identities: &[&str], first_sequence: i64) -> Result<CommitBatch, CaseErr
             T0,
         ));
     }
+    let patch = StatePatch {
+        sequence: events.last().map(|row| row.sequence),
+        updated_at: Some(T0),
+        ..StatePatch::default()
+    };
+    let items = identities.iter();
     Ok(CommitBatch::default()
-        .state_patch(StatePatch {
-            sequence: events.last().map(|row| row.sequence),
-            updated_at: Some(T0),
-            ..StatePatch::default()
-        })
+        .state_patch(patch)
         .upserts(
-            identities
-                .iter()
+            items
                 .map(|id| item(id, &format!("hash-{id}-{first_sequence}")))
                 .collect(),
         )
@@ -86,6 +89,58 @@ fn store_kind(error: &Error) -> Option<(StoreErrorKind, bool)> {
     }
 }
 
+/// The lease state, item count and pending count of `k`: what a rejected write must not change.
+async fn footprint(
+    store: &dyn Store,
+    k: &PKey,
+) -> Result<(Option<PollerState>, u64, u64), CaseError> {
+    let counts = store.counts(k).await?;
+    Ok((store.load_state(k).await?, counts.items, counts.pending))
+}
+
+/// A session of its own holding the row lock of item `o1` in `schema`, in an open transaction,
+/// and its backend's pid.
+async fn lock_o1(schema: &Schema) -> Result<(PgConnection, i32), CaseError> {
+    let mut blocker = PgConnection::connect(&schema.url).await.or_fail()?;
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut blocker)
+        .await
+        .or_fail()?;
+    sqlx::query("BEGIN").execute(&mut blocker).await.or_fail()?;
+    sqlx::query(&format!(
+        "SELECT 1 FROM \"{schema}\".\"watukuy_items\" WHERE identity = 'o1' FOR UPDATE"
+    ))
+    .execute(&mut blocker)
+    .await
+    .or_fail()?;
+    Ok((blocker, pid))
+}
+
+/// Runs `count_sql` (its `$1` bound to `pid`) until it counts a row or `gave_up()`, polling
+/// without sleeping (bounded); whether it counted one.
+async fn counts_a_row(
+    admin: &mut PgConnection,
+    count_sql: &str,
+    pid: i32,
+    gave_up: impl Fn() -> bool,
+) -> Result<bool, CaseError> {
+    for _ in 0..200_000 {
+        let count: i64 = sqlx::query_scalar(count_sql)
+            .bind(pid)
+            .fetch_one(&mut *admin)
+            .await
+            .or_fail()?;
+        if count > 0 {
+            return Ok(true);
+        }
+        if gave_up() {
+            return Ok(false);
+        }
+        tokio::task::yield_now().await;
+    }
+    Ok(false)
+}
+
 async fn acquire(store: &dyn Store, owner: &str, now: i64) -> Result<Lease, CaseError> {
     store
         .acquire_lease(&key(), owner, TTL, now)
@@ -93,12 +148,12 @@ async fn acquire(store: &dyn Store, owner: &str, now: i64) -> Result<Lease, Case
         .ok_or_else(|| fail(format!("{owner} could not acquire at {now}")))
 }
 
-/// Two stores with two pools on one schema: they share data, and a lease taken over by one
-/// instance fences every write of the other, including writes racing the takeover.
-#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_instances_share_data_and_fence_each_other() {
-    with_schema("two_instances", 2, |schema| async move {
+// Two stores with two pools on one schema: they share data, and a lease taken over by one
+// instance fences every write of the other, including writes racing the takeover.
+schema_test!(
+    two_instances_share_data_and_fence_each_other,
+    2,
+    |schema| async move {
         let pool_b = pool(&schema.url, 2).await?;
         let a = schema.store(PostgresOptions::default()).await?;
         let b = PostgresStore::from_pool(pool_b.clone(), schema.options())?;
@@ -125,11 +180,7 @@ async fn two_instances_share_data_and_fence_each_other() {
             lease_b.epoch == lease_a.epoch + 1,
             "epoch did not advance: {lease_b:?}"
         );
-        let before = (
-            a.load_state(&k).await?,
-            a.counts(&k).await.map(|c| c.items)?,
-            a.counts(&k).await.map(|c| c.pending)?,
-        );
+        let before = footprint(&a, &k).await?;
         expect_lease_lost(
             a.commit_poll(&k, &lease_a, &page(&["o2"], 2)?).await,
             lease_a.epoch,
@@ -157,11 +208,7 @@ async fn two_instances_share_data_and_fence_each_other() {
             !a.renew_lease(&k, &lease_a, TTL, T0 + TTL).await?,
             "a renewed a stolen lease"
         );
-        let after = (
-            b.load_state(&k).await?,
-            b.counts(&k).await.map(|c| c.items)?,
-            b.counts(&k).await.map(|c| c.pending)?,
-        );
+        let after = footprint(&b, &k).await?;
         ensure!(
             before == after,
             "a stale write changed something: {before:?} -> {after:?}"
@@ -209,15 +256,11 @@ async fn two_instances_share_data_and_fence_each_other() {
                 winner.epoch,
                 "ghost save",
             )?;
-            b.save_state(
-                &k,
-                &winner,
-                &StatePatch {
-                    sequence: Some(last_epoch),
-                    ..StatePatch::default()
-                },
-            )
-            .await?;
+            let patch = StatePatch {
+                sequence: Some(last_epoch),
+                ..StatePatch::default()
+            };
+            b.save_state(&k, &winner, &patch).await?;
         }
         let state = a
             .load_state(&k)
@@ -230,79 +273,73 @@ async fn two_instances_share_data_and_fence_each_other() {
 
         pool_b.close().await;
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-/// Ten instances (ten pools) run `migrate()` at once on a schema that does not exist yet, plus
-/// two other prefixes in the same schema: every call succeeds, each prefix records each
-/// migration once, and the store works.
-#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ten_concurrent_migrations_succeed() {
-    with_schema("concurrent_migrate", 1, |schema| async move {
-        let admin = &schema.pool;
-        let mut pools = Vec::new();
-        let mut tasks = Vec::new();
-        for i in 0..10 {
-            let pool = pool(&schema.url, 1).await?;
-            let prefix = match i % 5 {
-                0 => "other_",
-                1 => "",
-                _ => "watukuy_",
-            };
-            let options = schema.options().table_prefix(prefix);
-            let store = PostgresStore::from_pool(pool.clone(), options)?;
-            pools.push(pool);
-            tasks.push(tokio::spawn(async move { store.migrate().await }));
-        }
-        for (i, task) in tasks.into_iter().enumerate() {
-            task.await
-                .or_fail_with(format_args!("migrate task {i} panicked"))?
-                .or_fail_with(format_args!("migrate call {i} failed"))?;
-        }
-        for prefix in ["watukuy_", "other_", ""] {
-            let rows = sqlx::query(&format!(
-                "SELECT version, name FROM \"{schema}\".\"{prefix}schema_version\" ORDER BY version"
-            ))
-            .fetch_all(admin)
-            .await
-            .or_fail()?;
-            let versions: Vec<(i32, String)> = rows
-                .iter()
-                .map(|r| (r.get::<i32, _>(0), r.get::<String, _>(1)))
-                .collect();
-            ensure!(
-                versions == vec![(1, "init".to_owned()), (2, "queue_indexes".to_owned())],
-                "prefix {prefix:?}: versions {versions:?}"
-            );
-        }
-        let store = schema.store(PostgresOptions::default()).await?;
-        let lease = acquire(&store, "node-a", T0).await?;
-        store
-            .commit_poll(&key(), &lease, &page(&["o1"], 1)?)
-            .await?;
+// Ten instances (ten pools) run `migrate()` at once on a schema that does not exist yet, plus
+// two other prefixes in the same schema: every call succeeds, each prefix records each
+// migration once, and the store works.
+schema_test!(ten_concurrent_migrations_succeed, 1, |schema| async move {
+    let admin = &schema.pool;
+    let mut pools = Vec::new();
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        let pool = pool(&schema.url, 1).await?;
+        let prefix = match i % 5 {
+            0 => "other_",
+            1 => "",
+            _ => "watukuy_",
+        };
+        let options = schema.options().table_prefix(prefix);
+        let store = PostgresStore::from_pool(pool.clone(), options)?;
+        pools.push(pool);
+        tasks.push(tokio::spawn(async move { store.migrate().await }));
+    }
+    for (i, task) in tasks.into_iter().enumerate() {
+        task.await
+            .or_fail_with(format_args!("migrate task {i} panicked"))?
+            .or_fail_with(format_args!("migrate call {i} failed"))?;
+    }
+    for prefix in ["watukuy_", "other_", ""] {
+        let rows = sqlx::query(&format!(
+            "SELECT version, name FROM \"{schema}\".\"{prefix}schema_version\" ORDER BY version"
+        ))
+        .fetch_all(admin)
+        .await
+        .or_fail()?;
+        let versions: Vec<(i32, String)> = rows
+            .iter()
+            .map(|r| (r.get::<i32, _>(0), r.get::<String, _>(1)))
+            .collect();
         ensure!(
-            store.counts(&key()).await.map(|c| c.items)? == 1,
-            "store unusable after migrations"
+            versions == vec![(1, "init".to_owned()), (2, "queue_indexes".to_owned())],
+            "prefix {prefix:?}: versions {versions:?}"
         );
+    }
+    let store = schema.store(PostgresOptions::default()).await?;
+    let lease = acquire(&store, "node-a", T0).await?;
+    store
+        .commit_poll(&key(), &lease, &page(&["o1"], 1)?)
+        .await?;
+    ensure!(
+        store.counts(&key()).await.map(|c| c.items)? == 1,
+        "store unusable after migrations"
+    );
 
-        for pool in pools {
-            pool.close().await;
-        }
-        Ok(())
-    })
-    .await;
-}
+    for pool in pools {
+        pool.close().await;
+    }
+    Ok(())
+});
 
-/// The backend running a `commit_poll` is terminated while the statement waits on a row lock
-/// (after it already applied the state patch): the store reports a transient error, nothing of
-/// the page is visible, and committing the same page again succeeds.
-#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn terminated_backend_mid_commit_is_transient_and_atomic() {
-    // One connection: the store's commit runs on the only backend of its pool.
-    with_schema("terminated_backend", 1, |schema| async move {
+// The backend running a `commit_poll` is terminated while the statement waits on a row lock
+// (after it already applied the state patch): the store reports a transient error, nothing of
+// the page is visible, and committing the same page again succeeds.
+schema_test!(
+    terminated_backend_mid_commit_is_transient_and_atomic,
+    1,
+    |schema| async move {
+        // One connection: the store's commit runs on the only backend of its pool.
         let store = Arc::new(schema.store(PostgresOptions::default()).await?);
         let k = key();
         let lease = acquire(&*store, "node-a", T0).await?;
@@ -311,18 +348,7 @@ async fn terminated_backend_mid_commit_is_transient_and_atomic() {
 
         // A second session locks o1's row, so the next page (which upserts o1) blocks inside
         // its single statement, after the fence already updated the state.
-        let mut blocker = PgConnection::connect(&schema.url).await.or_fail()?;
-        let blocker_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&mut blocker)
-            .await
-            .or_fail()?;
-        sqlx::query("BEGIN").execute(&mut blocker).await.or_fail()?;
-        sqlx::query(&format!(
-            "SELECT 1 FROM \"{schema}\".\"watukuy_items\" WHERE identity = 'o1' FOR UPDATE"
-        ))
-        .execute(&mut blocker)
-        .await
-        .or_fail()?;
+        let (mut blocker, blocker_pid) = lock_o1(&schema).await?;
 
         let second = page(&["o2", "o1", "o3"], 2)?;
         let task = {
@@ -412,17 +438,16 @@ async fn terminated_backend_mid_commit_is_transient_and_atomic() {
         ensure!(state.sequence == 4, "re-committed patch missing: {state:?}");
 
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-/// With a tiny `max_rows_per_statement` a commit becomes several statements in one
-/// transaction: everything lands (duplicates resolved like the reference store), and a stale
-/// lease still writes nothing.
-#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chunked_commits_land_whole_or_not_at_all() {
-    with_schema("chunked_commit", 2, |schema| async move {
+// With a tiny `max_rows_per_statement` a commit becomes several statements in one
+// transaction: everything lands (duplicates resolved like the reference store), and a stale
+// lease still writes nothing.
+schema_test!(
+    chunked_commits_land_whole_or_not_at_all,
+    2,
+    |schema| async move {
         let options = PostgresOptions::default().max_rows_per_statement(7);
         let store = schema.store(options).await?;
         let k = key();
@@ -510,11 +535,7 @@ async fn chunked_commits_land_whole_or_not_at_all() {
             epoch: lease.epoch + 1,
             ..lease.clone()
         };
-        let before = (
-            store.load_state(&k).await?,
-            store.counts(&k).await.map(|c| c.items)?,
-            store.counts(&k).await.map(|c| c.pending)?,
-        );
+        let before = footprint(&store, &k).await?;
         let more: Vec<String> = (0..20).map(|i| format!("n{i:02}")).collect();
         let more_refs: Vec<&str> = more.iter().map(String::as_str).collect();
         expect_lease_lost(
@@ -527,107 +548,135 @@ async fn chunked_commits_land_whole_or_not_at_all() {
             stale.epoch,
             "chunked ack",
         )?;
-        let after = (
-            store.load_state(&k).await?,
-            store.counts(&k).await.map(|c| c.items)?,
-            store.counts(&k).await.map(|c| c.pending)?,
-        );
+        let after = footprint(&store, &k).await?;
         ensure!(
             before == after,
             "a rejected chunked commit changed something"
         );
 
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-/// JSON that `jsonb` would rewrite or refuse comes back byte for byte: key order, spacing,
-/// escapes, number spellings, big integers and the `\u0000` escape, in payloads, events, parked
-/// items and state (whose error message here even holds a raw NUL character).
-#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn json_round_trips_verbatim() {
-    with_schema("json_verbatim", 2, |schema| async move {
-        let store = schema.store(PostgresOptions::default()).await?;
-        let k = key();
-        let lease = acquire(&store, "node-a", T0).await?;
-        let text = r#"{ "z" : 1.0, "a":[1e2, -0, 12345678901234567890123456789], "nul":"a\u0000b", "dup":1, "dup":2, "e":"caf\u00e9 ☕" }"#;
-        let json = Json::parse(text).or_fail()?;
-        let mut row = OutboxRow::pending(event("evt-1", 1, text)?, T0);
-        row.event.cursor = Some(json.clone());
-        let mut batch = page(&[], 1)?;
-        batch.upserts = vec![ItemRow { payload: Some(json.clone()), ..item("o1", "h") }];
-        batch.events = vec![row.clone()];
-        batch.parked = vec![ParkedRow {
-            id: "invalid:1".to_owned(),
-            kind: ParkedKind::Invalid,
-            event: None,
-            item: Some(json.clone()),
-            error: ParkedError { error: SerializedError::new("ValidationError", "nul \0 here"), history: None, issues: None, details: Default::default() },
-            attempts: 0,
-            parked_at: T0,
-            hold_key: None,
-        }];
-        batch.state_patch.schedule = Some(ScheduleState {
-            last_error: Some(SerializedError::new("HttpError", "body had a \0 byte")),
-            ..ScheduleState::default()
-        });
-        store.commit_poll(&k, &lease, &batch).await?;
+// JSON that `jsonb` would rewrite or refuse comes back byte for byte: key order, spacing,
+// escapes, number spellings, big integers and the `\u0000` escape, in payloads, events, parked
+// items and state (whose error message here even holds a raw NUL character).
+schema_test!(json_round_trips_verbatim, 2, |schema| async move {
+    let store = schema.store(PostgresOptions::default()).await?;
+    let k = key();
+    let lease = acquire(&store, "node-a", T0).await?;
+    let text = r#"{ "z" : 1.0, "a":[1e2, -0, 12345678901234567890123456789], "nul":"a\u0000b", "dup":1, "dup":2, "e":"caf\u00e9 ☕" }"#;
+    let json = Json::parse(text).or_fail()?;
+    let mut row = OutboxRow::pending(event("evt-1", 1, text)?, T0);
+    row.event.cursor = Some(json.clone());
+    let mut batch = page(&[], 1)?;
+    batch.upserts = vec![ItemRow {
+        payload: Some(json.clone()),
+        ..item("o1", "h")
+    }];
+    batch.events = vec![row.clone()];
+    batch.parked = vec![ParkedRow {
+        id: "invalid:1".to_owned(),
+        kind: ParkedKind::Invalid,
+        event: None,
+        item: Some(json.clone()),
+        error: ParkedError {
+            error: SerializedError::new("ValidationError", "nul \0 here"),
+            history: None,
+            issues: None,
+            details: Default::default(),
+        },
+        attempts: 0,
+        parked_at: T0,
+        hold_key: None,
+    }];
+    batch.state_patch.schedule = Some(ScheduleState {
+        last_error: Some(SerializedError::new("HttpError", "body had a \0 byte")),
+        ..ScheduleState::default()
+    });
+    store.commit_poll(&k, &lease, &batch).await?;
 
-        let rows = store.load_versions(&k, &["o1".to_owned()]).await?;
-        let payload = rows.get("o1").and_then(|r| r.payload.as_ref()).map(Json::as_str);
-        ensure!(payload == Some(text), "payload changed: {payload:?}");
-        let pending = store.load_pending(&k, 10).await?;
-        ensure!(pending == vec![row.clone()], "event changed: {pending:?}");
-        let logged = store.read_log(&k, LogQuery::default(), 10).await?;
-        ensure!(logged.first().is_some_and(|l| l.event == row.event), "logged event changed");
-        let parked = store.list_parked(&k, ParkedQuery::default()).await?;
-        ensure!(parked == batch.parked, "parked row changed: {parked:?}");
-        let expected = PollerState::patched(None, &batch.state_patch);
-        ensure!(store.load_state(&k).await? == Some(expected), "state changed");
+    let rows = store.load_versions(&k, &["o1".to_owned()]).await?;
+    let payload = rows
+        .get("o1")
+        .and_then(|r| r.payload.as_ref())
+        .map(Json::as_str);
+    ensure!(payload == Some(text), "payload changed: {payload:?}");
+    let pending = store.load_pending(&k, 10).await?;
+    ensure!(pending == vec![row.clone()], "event changed: {pending:?}");
+    let logged = store.read_log(&k, LogQuery::default(), 10).await?;
+    ensure!(
+        logged.first().is_some_and(|l| l.event == row.event),
+        "logged event changed"
+    );
+    let parked = store.list_parked(&k, ParkedQuery::default()).await?;
+    ensure!(parked == batch.parked, "parked row changed: {parked:?}");
+    let expected = PollerState::patched(None, &batch.state_patch);
+    ensure!(
+        store.load_state(&k).await? == Some(expected),
+        "state changed"
+    );
 
-        // A poison row with that event goes back to the outbox unchanged.
-        let poison = ParkedRow {
-            id: "evt-1".to_owned(),
-            kind: ParkedKind::Poison,
-            event: Some(row.event.clone()),
-            item: None,
-            error: ParkedError { error: SerializedError::new("HandlerError", "x"), history: None, issues: None, details: Default::default() },
-            attempts: 3,
-            parked_at: T0 + 5,
-            hold_key: Some("o1".to_owned()),
-        };
-        store.park_event(&k, &lease, &poison).await?;
-        ensure!(store.counts(&k).await.map(|c| c.pending)? == 0, "park_event left the outbox row");
-        ensure!(store.resolve_parked(&k, &["evt-1".to_owned()], watukuy_core::ParkedAction::Retry).await? == 1, "retry count");
-        let back = store.load_pending(&k, 10).await?;
-        ensure!(
-            back.first().is_some_and(|r| r.event == row.event && r.created_at == T0 + 5),
-            "retried row changed: {back:?}"
-        );
+    // A poison row with that event goes back to the outbox unchanged.
+    let poison = ParkedRow {
+        id: "evt-1".to_owned(),
+        kind: ParkedKind::Poison,
+        event: Some(row.event.clone()),
+        item: None,
+        error: ParkedError {
+            error: SerializedError::new("HandlerError", "x"),
+            history: None,
+            issues: None,
+            details: Default::default(),
+        },
+        attempts: 3,
+        parked_at: T0 + 5,
+        hold_key: Some("o1".to_owned()),
+    };
+    store.park_event(&k, &lease, &poison).await?;
+    ensure!(
+        store.counts(&k).await.map(|c| c.pending)? == 0,
+        "park_event left the outbox row"
+    );
+    ensure!(
+        store
+            .resolve_parked(&k, &["evt-1".to_owned()], watukuy_core::ParkedAction::Retry)
+            .await?
+            == 1,
+        "retry count"
+    );
+    let back = store.load_pending(&k, 10).await?;
+    ensure!(
+        back.first()
+            .is_some_and(|r| r.event == row.event && r.created_at == T0 + 5),
+        "retried row changed: {back:?}"
+    );
 
-        // PostgreSQL text cannot hold a raw NUL: such an identity is a permanent Rejected error
-        // and nothing of its batch lands.
-        let before = (store.load_state(&k).await?, store.counts(&k).await.map(|c| c.items)?);
-        let mut bad = page(&["fine"], 50)?;
-        bad.upserts.push(item("nul\0identity", "h"));
-        let err = store
-            .commit_poll(&k, &lease, &bad)
-            .await
-            .err()
-            .ok_or_else(|| fail("a NUL identity was accepted"))?;
-        ensure!(
-            store_kind(&err) == Some((StoreErrorKind::Rejected, false)),
-            "NUL identity: {err:?}"
-        );
-        let after = (store.load_state(&k).await?, store.counts(&k).await.map(|c| c.items)?);
-        ensure!(before == after, "a rejected batch left something behind");
+    // PostgreSQL text cannot hold a raw NUL: such an identity is a permanent Rejected error
+    // and nothing of its batch lands.
+    let before = (
+        store.load_state(&k).await?,
+        store.counts(&k).await.map(|c| c.items)?,
+    );
+    let mut bad = page(&["fine"], 50)?;
+    bad.upserts.push(item("nul\0identity", "h"));
+    let err = store
+        .commit_poll(&k, &lease, &bad)
+        .await
+        .err()
+        .ok_or_else(|| fail("a NUL identity was accepted"))?;
+    ensure!(
+        store_kind(&err) == Some((StoreErrorKind::Rejected, false)),
+        "NUL identity: {err:?}"
+    );
+    let after = (
+        store.load_state(&k).await?,
+        store.counts(&k).await.map(|c| c.items)?,
+    );
+    ensure!(before == after, "a rejected batch left something behind");
 
-        Ok(())
-    })
-    .await;
-}
+    Ok(())
+});
 
 /// A closed local port is a clear, transient `Connection` store error naming where the store
 /// tried to connect; an unusable URL and invalid identifiers are `Config` errors before any
@@ -742,59 +791,54 @@ async fn a_missing_database_is_a_clear_error() {
     .await;
 }
 
-/// Before `migrate()` every call fails with a `Schema` error that says to run it; `close()`
-/// leaves the pool open unless `close_pool(true)`, after which calls fail permanently.
-#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unmigrated_store_and_close_pool() {
-    with_schema("unmigrated", 2, |schema| async move {
-        let store = schema.unmigrated(PostgresOptions::default())?;
-        let err = store
-            .load_state(&key())
-            .await
-            .err()
-            .ok_or_else(|| fail("read without tables"))?;
-        ensure!(
-            store_kind(&err) == Some((StoreErrorKind::Schema, false))
-                && err.to_string().contains("migrate()"),
-            "missing tables: {err:?}"
-        );
+// Before `migrate()` every call fails with a `Schema` error that says to run it; `close()`
+// leaves the pool open unless `close_pool(true)`, after which calls fail permanently.
+schema_test!(unmigrated_store_and_close_pool, 2, |schema| async move {
+    let store = schema.unmigrated(PostgresOptions::default())?;
+    let err = store
+        .load_state(&key())
+        .await
+        .err()
+        .ok_or_else(|| fail("read without tables"))?;
+    ensure!(
+        store_kind(&err) == Some((StoreErrorKind::Schema, false))
+            && err.to_string().contains("migrate()"),
+        "missing tables: {err:?}"
+    );
 
-        store.migrate().await?;
-        store.migrate().await?;
-        store.close().await?;
-        ensure!(
-            !schema.pool.is_closed(),
-            "close() closed a pool it was not asked to close"
-        );
-        ensure!(
-            store.load_state(&key()).await?.is_none(),
-            "store unusable after close()"
-        );
+    store.migrate().await?;
+    store.migrate().await?;
+    store.close().await?;
+    ensure!(
+        !schema.pool.is_closed(),
+        "close() closed a pool it was not asked to close"
+    );
+    ensure!(
+        store.load_state(&key()).await?.is_none(),
+        "store unusable after close()"
+    );
 
-        // On a pool of its own: the schema's pool stays open to remove the schema.
-        let closing_pool = pool(&schema.url, 1).await?;
-        let closing =
-            PostgresStore::from_pool(closing_pool.clone(), schema.options().close_pool(true))?;
-        closing.close().await?;
-        ensure!(
-            closing_pool.is_closed(),
-            "close_pool(true) did not close the pool"
-        );
-        let err = closing
-            .counts(&key())
-            .await
-            .map(|c| c.items)
-            .err()
-            .ok_or_else(|| fail("closed pool still answered"))?;
-        ensure!(
-            store_kind(&err) == Some((StoreErrorKind::Connection, false)),
-            "closed pool: {err:?}"
-        );
-        Ok(())
-    })
-    .await;
-}
+    // On a pool of its own: the schema's pool stays open to remove the schema.
+    let closing_pool = pool(&schema.url, 1).await?;
+    let closing =
+        PostgresStore::from_pool(closing_pool.clone(), schema.options().close_pool(true))?;
+    closing.close().await?;
+    ensure!(
+        closing_pool.is_closed(),
+        "close_pool(true) did not close the pool"
+    );
+    let err = closing
+        .counts(&key())
+        .await
+        .map(|c| c.items)
+        .err()
+        .ok_or_else(|| fail("closed pool still answered"))?;
+    ensure!(
+        store_kind(&err) == Some((StoreErrorKind::Connection, false)),
+        "closed pool: {err:?}"
+    );
+    Ok(())
+});
 
 /// The tables, columns and indexes of `schema` (table and index names without the schema),
 /// for comparing two schemas.
@@ -822,57 +866,52 @@ async fn catalog(pool: &sqlx::PgPool, schema: &str) -> Result<Vec<String>, CaseE
         .collect())
 }
 
-/// The exported DDL is what `migrate()` applies: run by hand, it leaves a schema that
-/// `migrate()` accepts as current and the store uses, with the same tables, columns and
-/// indexes as a migrated one.
-#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exported_ddl_matches_migrate() {
-    with_schema("exported_ddl", 1, |schema| async move {
-        let pool = &schema.pool;
-        let options = schema.options().table_prefix("");
-        let ddl = PostgresStore::ddl(&options)?;
-        sqlx::raw_sql(&ddl).execute(pool).await.or_fail()?;
-        // Idempotent text: a second run changes nothing.
-        sqlx::raw_sql(&ddl).execute(pool).await.or_fail()?;
-        let migrated = schema.another("exported_ddl_migrated").await?;
-        migrated
-            .store(PostgresOptions::default().table_prefix(""))
-            .await?;
-        let by_hand = catalog(pool, &schema.name).await?;
-        let by_migrate = catalog(pool, &migrated.name).await?;
-        ensure!(
-            by_hand == by_migrate,
-            "the exported DDL made {by_hand:#?}\nmigrate() made {by_migrate:#?}"
-        );
-        ensure!(
-            by_hand.iter().any(|def| def.contains("outbox_queue_idx"))
-                && !by_hand.iter().any(|def| def.contains("outbox_pending_idx")),
-            "the queue index replaces the old pending index: {by_hand:#?}"
-        );
-        migrated.remove().await?;
-        let store = schema.store(options).await?;
-        let lease = acquire(&store, "node-a", T0).await?;
-        store
-            .commit_poll(&key(), &lease, &page(&["o1", "o2"], 1)?)
-            .await?;
-        ensure!(
-            store.counts(&key()).await.map(|c| c.items)? == 2,
-            "store on hand-made DDL"
-        );
-        Ok(())
-    })
-    .await;
-}
+// The exported DDL is what `migrate()` applies: run by hand, it leaves a schema that
+// `migrate()` accepts as current and the store uses, with the same tables, columns and
+// indexes as a migrated one.
+schema_test!(exported_ddl_matches_migrate, 1, |schema| async move {
+    let pool = &schema.pool;
+    let options = schema.options().table_prefix("");
+    let ddl = PostgresStore::ddl(&options)?;
+    sqlx::raw_sql(&ddl).execute(pool).await.or_fail()?;
+    // Idempotent text: a second run changes nothing.
+    sqlx::raw_sql(&ddl).execute(pool).await.or_fail()?;
+    let migrated = schema.another("exported_ddl_migrated").await?;
+    migrated
+        .store(PostgresOptions::default().table_prefix(""))
+        .await?;
+    let by_hand = catalog(pool, &schema.name).await?;
+    let by_migrate = catalog(pool, &migrated.name).await?;
+    ensure!(
+        by_hand == by_migrate,
+        "the exported DDL made {by_hand:#?}\nmigrate() made {by_migrate:#?}"
+    );
+    ensure!(
+        by_hand.iter().any(|def| def.contains("outbox_queue_idx"))
+            && !by_hand.iter().any(|def| def.contains("outbox_pending_idx")),
+        "the queue index replaces the old pending index: {by_hand:#?}"
+    );
+    migrated.remove().await?;
+    let store = schema.store(options).await?;
+    let lease = acquire(&store, "node-a", T0).await?;
+    store
+        .commit_poll(&key(), &lease, &page(&["o1", "o2"], 1)?)
+        .await?;
+    ensure!(
+        store.counts(&key()).await.map(|c| c.items)? == 2,
+        "store on hand-made DDL"
+    );
+    Ok(())
+});
 
-/// A takeover racing an in-flight commit: while instance A's `commit_poll` is inside its
-/// statement (holding the key's row lock, blocked on an item row), instance B's acquisition of
-/// the expired lease waits for it. A's page lands whole, B then gets the next epoch, and A's
-/// next write is rejected.
-#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn takeover_waits_for_the_commit_in_flight() {
-    with_schema("takeover_race", 1, |schema| async move {
+// A takeover racing an in-flight commit: while instance A's `commit_poll` is inside its
+// statement (holding the key's row lock, blocked on an item row), instance B's acquisition of
+// the expired lease waits for it. A's page lands whole, B then gets the next epoch, and A's
+// next write is rejected.
+schema_test!(
+    takeover_waits_for_the_commit_in_flight,
+    1,
+    |schema| async move {
         let pool_b = pool(&schema.url, 1).await?;
         let a = Arc::new(schema.store(PostgresOptions::default()).await?);
         let b = Arc::new(PostgresStore::from_pool(pool_b.clone(), schema.options())?);
@@ -880,18 +919,7 @@ async fn takeover_waits_for_the_commit_in_flight() {
         let lease_a = acquire(&*a, "node-a", T0).await?;
         a.commit_poll(&k, &lease_a, &page(&["o1"], 1)?).await?;
 
-        let mut blocker = PgConnection::connect(&schema.url).await.or_fail()?;
-        let blocker_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&mut blocker)
-            .await
-            .or_fail()?;
-        sqlx::query("BEGIN").execute(&mut blocker).await.or_fail()?;
-        sqlx::query(&format!(
-            "SELECT 1 FROM \"{schema}\".\"watukuy_items\" WHERE identity = 'o1' FOR UPDATE"
-        ))
-        .execute(&mut blocker)
-        .await
-        .or_fail()?;
+        let (mut blocker, blocker_pid) = lock_o1(&schema).await?;
 
         let commit = {
             let (a, k, lease) = (Arc::clone(&a), k.clone(), lease_a.clone());
@@ -899,21 +927,13 @@ async fn takeover_waits_for_the_commit_in_flight() {
             tokio::spawn(async move { a.commit_poll(&k, &lease, &batch).await })
         };
         let mut admin = PgConnection::connect(&schema.url).await.or_fail()?;
-        let mut blocked = false;
-        for _ in 0..200_000 {
-            blocked = sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-            )
-            .bind(blocker_pid)
-            .fetch_one(&mut admin)
-            .await
-            .or_fail()?
-                > 0;
-            if blocked || commit.is_finished() {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
+        let blocked = counts_a_row(
+            &mut admin,
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+            blocker_pid,
+            || commit.is_finished(),
+        )
+        .await?;
         ensure!(blocked, "A's commit never reached the locked row");
 
         // B tries to take the expired lease while A's statement holds the key's row lock.
@@ -921,23 +941,15 @@ async fn takeover_waits_for_the_commit_in_flight() {
             let (b, k) = (Arc::clone(&b), k.clone());
             tokio::spawn(async move { b.acquire_lease(&k, "node-b", TTL, T0 + TTL).await })
         };
-        let mut waiting = false;
-        for _ in 0..200_000 {
-            // B waits on A's backend, which itself waits on the blocker.
-            waiting = sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM pg_stat_activity a, pg_stat_activity b \
-                 WHERE b.pid = ANY(pg_blocking_pids(a.pid)) AND $1 = ANY(pg_blocking_pids(b.pid))",
-            )
-            .bind(blocker_pid)
-            .fetch_one(&mut admin)
-            .await
-            .or_fail()?
-                > 0;
-            if waiting || takeover.is_finished() {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
+        // B waits on A's backend, which itself waits on the blocker.
+        let waiting = counts_a_row(
+            &mut admin,
+            "SELECT count(*) FROM pg_stat_activity a, pg_stat_activity b \
+             WHERE b.pid = ANY(pg_blocking_pids(a.pid)) AND $1 = ANY(pg_blocking_pids(b.pid))",
+            blocker_pid,
+            || takeover.is_finished(),
+        )
+        .await?;
         ensure!(
             waiting,
             "B's acquisition did not wait for A's commit in flight"
@@ -971,17 +983,16 @@ async fn takeover_waits_for_the_commit_in_flight() {
 
         pool_b.close().await;
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-/// A schema at version 1 (the tables and indexes of `sql/0001_init.sql`, with rows in them)
-/// is brought to the current version by `migrate()`: the outbox's pending index is replaced by
-/// the partial queue index, the parked table gets its hold-key index, and the rows survive.
-#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn migrate_upgrades_a_version_1_schema() {
-    with_schema("upgrade_v1", 1, |schema| async move {
+// A schema at version 1 (the tables and indexes of `sql/0001_init.sql`, with rows in them)
+// is brought to the current version by `migrate()`: the outbox's pending index is replaced by
+// the partial queue index, the parked table gets its hold-key index, and the rows survive.
+schema_test!(
+    migrate_upgrades_a_version_1_schema,
+    1,
+    |schema| async move {
         let pool = &schema.pool;
         let render = |template: &str| {
             template
@@ -1041,9 +1052,8 @@ async fn migrate_upgrades_a_version_1_schema() {
         // Running it again changes nothing.
         store.migrate().await?;
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
 /// The testcontainers fallback (feature `testcontainers`, for machines with Docker) hands the
 /// suite a URL built from the container's host and mapped port: the driver reads back the same
@@ -1054,18 +1064,11 @@ fn the_container_url_reaches_the_mapped_port() {
 
     use sqlx::postgres::PgConnectOptions;
 
-    for (host, expected) in [
-        ("localhost", "localhost"),
-        ("127.0.0.1", "127.0.0.1"),
-        ("[::1]", "::1"),
-    ] {
+    for host in ["localhost", "127.0.0.1", "[::1]"] {
         let url = common::container_url(host, 49_153);
         let options = PgConnectOptions::from_str(&url).unwrap_or_else(|e| panic!("{url}: {e}"));
-        assert_eq!(
-            options.get_host().trim_matches(['[', ']']),
-            expected,
-            "{url}"
-        );
+        let unbracketed = |host: &str| host.trim_matches(['[', ']']).to_owned();
+        assert_eq!(unbracketed(options.get_host()), unbracketed(host), "{url}");
         assert_eq!(options.get_port(), 49_153, "{url}");
         assert_eq!(options.get_username(), "postgres", "{url}");
         assert_eq!(options.get_database(), Some("postgres"), "{url}");
