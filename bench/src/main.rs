@@ -88,6 +88,9 @@ struct Args {
     /// The ack window's longest wait, in milliseconds.
     #[arg(long, default_value_t = 10)]
     ack_delay_ms: u64,
+    /// Partitions (tenants) the end-to-end runs spread the events over, polled up to 4 at once.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    partitions: u64,
     /// Padding bytes per item (items are ~70 bytes without it).
     #[arg(long, default_value_t = 64)]
     payload: usize,
@@ -163,6 +166,7 @@ impl Args {
             overlap: self.overlap_delivery,
             ack_window: self.ack_window,
             ack_delay: std::time::Duration::from_millis(self.ack_delay_ms),
+            partitions: self.partitions,
         }
     }
 
@@ -313,9 +317,10 @@ async fn suite(args: &Args) -> Result<(), BoxError> {
         rows.push((backend, s));
     }
     println!(
-        "\n### Suite: {} events, {} keys, concurrency {}, payload {} B, overlap_delivery {}, ack window {}, median of {} (limit probe: {} rows, slices of 100)\n",
+        "\n### Suite: {} events, {} keys, {} partition(s), concurrency {}, payload {} B, overlap_delivery {}, ack window {}, median of {} (limit probe: {} rows, slices of 100)\n",
         p.events,
         p.keys,
+        p.partitions,
         p.concurrency,
         p.payload,
         p.overlap,

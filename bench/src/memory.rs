@@ -81,6 +81,7 @@ pub(crate) async fn dispatcher_drain(
         overlap: false,
         ack_window: None,
         ack_delay: std::time::Duration::ZERO,
+        partitions: 1,
     };
     let dispatcher = pipeline::dispatcher(Arc::clone(&store), &key.poller, &p, move |_| {
         let n = d.fetch_add(1, Ordering::Relaxed) + 1;

@@ -17,8 +17,8 @@ use watukuy_core::hooks::{HookContext, Hooks};
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
     BoxError, Clock, CommitBatch, DeliveryOptions, Dispatcher, DrainContext, Engine, Event,
-    FetchContext, HandlerContext, HandlerError, ItemRow, Lease, OutboxRow, PKey, Page, Poller,
-    StatePatch, Store, SystemClock, SystemRng, TickOptions,
+    FetchContext, HandlerContext, HandlerError, ItemRow, Lease, OutboxRow, PKey, Page, Partition,
+    Poller, StatePatch, Store, SystemClock, SystemRng, TickOptions,
 };
 
 use crate::measure::{Stopwatch, as_f64, peak_rss_kb, percentile, rate, reset_peak_rss};
@@ -121,13 +121,25 @@ fn delivery(p: &Params) -> DeliveryOptions {
 /// is the engine's and not the fake's (`watukuy_conformance::FakeApi` walks its map from the
 /// first item for every page, which cost ~15 % of a 50,000-event memory-store run).
 pub(crate) async fn end_to_end(store: Arc<dyn Store>, p: &Params) -> Result<EndToEnd, BoxError> {
-    let items: Arc<Vec<serde_json::Value>> = Arc::new(
-        (0..p.events)
-            .map(|i| workload::item(i, p.payload))
+    // Partition `j` serves items `j`, `j + partitions`, ...; one partition is the key "".
+    let lists: Arc<HashMap<String, Vec<serde_json::Value>>> = Arc::new(
+        (0..p.partitions)
+            .map(|j| {
+                let key = if p.partitions == 1 {
+                    String::new()
+                } else {
+                    format!("t{j}")
+                };
+                let items = (j..p.events)
+                    .step_by(usize::try_from(p.partitions).unwrap_or(usize::MAX))
+                    .map(|i| workload::item(i, p.payload))
+                    .collect();
+                (key, items)
+            })
             .collect(),
     );
     let pages = u32::try_from(p.events / PAGE_SIZE as u64 + 2).unwrap_or(u32::MAX);
-    let poller = Poller::builder::<serde_json::Value>("bench")
+    let builder = Poller::builder::<serde_json::Value>("bench")
         .identity_field("id")
         .cursor(cursor::page(1))
         .schedule(
@@ -138,10 +150,28 @@ pub(crate) async fn end_to_end(store: Arc<dyn Store>, p: &Params) -> Result<EndT
         )
         .max_pages_per_cycle(pages)
         .delivery(delivery(p))
-        .overlap_delivery(p.overlap)
+        .overlap_delivery(p.overlap);
+    let builder = if p.partitions > 1 {
+        let keys: Vec<String> = lists.keys().cloned().collect();
+        builder.partitions(
+            move || {
+                let list = keys.iter().cloned().map(Partition::new).collect();
+                async move { Ok::<_, BoxError>(list) }
+            },
+            Duration::from_secs(3_600),
+        )
+    } else {
+        builder
+    };
+    let poller = builder
         .fetch(move |ctx: FetchContext| {
-            let items = Arc::clone(&items);
-            async move { fake_page(&items, &ctx.cursor) }
+            let lists = Arc::clone(&lists);
+            async move {
+                let items = lists
+                    .get(&ctx.partition.key)
+                    .ok_or_else(|| format!("the bench has no partition {:?}", ctx.partition.key))?;
+                fake_page(items, &ctx.cursor)
+            }
         })
         .build()?;
     let latency = Arc::new(Latency::new(p.events));

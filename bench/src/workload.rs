@@ -22,6 +22,9 @@ pub(crate) struct Params {
     pub(crate) ack_window: Option<usize>,
     /// The ack window's `max_delay`.
     pub(crate) ack_delay: std::time::Duration,
+    /// Partitions (tenants) of the end-to-end poller, each serving every `partitions`-th item;
+    /// the engine runs up to 4 of them at once, so their store calls meet.
+    pub(crate) partitions: u64,
 }
 
 /// The identity of item `i`.
