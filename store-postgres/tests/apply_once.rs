@@ -152,21 +152,17 @@ async fn project(
     Ok(())
 }
 
-/// Runs `body` on a [`Db`] in a schema of its own (named after `what`).
-async fn with_db(what: &str, body: impl AsyncFnOnce(Db) -> Result<(), CaseError>) {
-    with_schema(what, 8, |schema| async move {
-        body(Db::new(&schema).await?).await
-    })
-    .await;
-}
-
-/// A test `$name` running `$body` ([`with_db`]) in a schema named after it.
+/// A test `$name` running `$body` with `$db`, the [`Db`] of a schema of its own named after it.
 macro_rules! db_test {
-    ($name:ident, $body:expr) => {
+    ($name:ident, |$db:ident| $body:block) => {
         #[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $name() {
-            with_db(stringify!($name), $body).await;
+            with_schema(stringify!($name), 8, |schema| async move {
+                let $db = Db::new(&schema).await?;
+                $body
+            })
+            .await;
         }
     };
 }
@@ -177,7 +173,7 @@ fn order(id: &str, subject: &str) -> Event {
 
 db_test!(
     crash_before_commit_applies_nothing_and_the_redelivery_applies_once,
-    async |db| {
+    |db| {
         let e = order("evt-1", "o1");
 
         // The projection writes, then the process "dies" before the commit: the task running
@@ -228,7 +224,7 @@ db_test!(
 
 db_test!(
     crash_after_commit_before_ack_is_redelivered_and_detected_as_duplicate,
-    async |db| {
+    |db| {
         // The real dispatcher over a PostgresStore in the same schema.
         let store = Arc::new(PostgresStore::from_pool(
             db.pool.clone(),
@@ -295,7 +291,7 @@ db_test!(
     }
 );
 
-db_test!(concurrent_duplicate_deliveries_apply_once, async |db| {
+db_test!(concurrent_duplicate_deliveries_apply_once, |db| {
     // Forced overlap: the first delivery holds its transaction open after claiming the id;
     // the second blocks on the claim until the first commits, then finds the marker.
     let e = order("evt-race", "o1");
@@ -369,7 +365,7 @@ db_test!(concurrent_duplicate_deliveries_apply_once, async |db| {
     Ok(())
 });
 
-db_test!(a_projection_failure_rolls_back_the_marker, async |db| {
+db_test!(a_projection_failure_rolls_back_the_marker, |db| {
     let e = order("evt-1", "o1");
     let result = db
         .processed
@@ -416,7 +412,7 @@ db_test!(a_projection_failure_rolls_back_the_marker, async |db| {
 
 db_test!(
     markers_are_pruned_by_age_and_migrations_are_idempotent,
-    async |db| {
+    |db| {
         let clock = ManualClock::new(T0);
         let processed = ProcessedEvents::new(db.schema.as_str(), "processed")?
             .with_clock(Arc::new(clock.clone()));
@@ -536,74 +532,71 @@ impl Projected {
     }
 }
 
-db_test!(
-    replay_into_an_empty_read_model_rebuilds_it_exactly,
-    async |db| {
-        let fixture = Projected::new(&db, 5).await?;
-        let (world, engine) = (&fixture.world, &fixture.engine);
+db_test!(replay_into_an_empty_read_model_rebuilds_it_exactly, |db| {
+    let fixture = Projected::new(&db, 5).await?;
+    let (world, engine) = (&fixture.world, &fixture.engine);
 
-        // History: creates, updates and a delete, one poll each.
-        world.tick(engine).await?;
-        world.advance(Duration::from_secs(30));
-        world
-            .api
-            .update("item-002", serde_json::json!({ "value": 20 }))
-            .or_fail()?;
-        world
-            .api
-            .update("item-004", serde_json::json!({ "name": "four" }))
-            .or_fail()?;
-        world.tick(engine).await?;
-        world.advance(Duration::from_secs(30));
-        ensure!(world.api.remove("item-003"), "item-003 missing");
-        world
-            .api
-            .update("item-002", serde_json::json!({ "value": 21 }))
-            .or_fail()?;
-        world.tick(engine).await?;
-        let live = db.rows("rm").await?;
-        ensure!(live.len() == 4, "live read model: {live:?}");
-        ensure!(
-            live.iter().any(|r| r.0 == "item-002" && r.2 == 3),
-            "item-002 should carry three applications: {live:?}"
-        );
+    // History: creates, updates and a delete, one poll each.
+    world.tick(engine).await?;
+    world.advance(Duration::from_secs(30));
+    world
+        .api
+        .update("item-002", serde_json::json!({ "value": 20 }))
+        .or_fail()?;
+    world
+        .api
+        .update("item-004", serde_json::json!({ "name": "four" }))
+        .or_fail()?;
+    world.tick(engine).await?;
+    world.advance(Duration::from_secs(30));
+    ensure!(world.api.remove("item-003"), "item-003 missing");
+    world
+        .api
+        .update("item-002", serde_json::json!({ "value": 21 }))
+        .or_fail()?;
+    world.tick(engine).await?;
+    let live = db.rows("rm").await?;
+    ensure!(live.len() == 4, "live read model: {live:?}");
+    ensure!(
+        live.iter().any(|r| r.0 == "item-002" && r.2 == 3),
+        "item-002 should carry three applications: {live:?}"
+    );
 
-        // A new, empty read model with its own marker table; replay the whole log into it.
-        fixture.rebuild_into_a_new_model(&db).await?;
-        let replayed = engine.replay(POLLER, None, 0, None).await?;
-        ensure!(
-            replayed == 9,
-            "replayed {replayed} events, expected 5 + 2 + 2"
-        );
-        let result = world.tick(engine).await?;
-        ensure!(result.delivered == 9, "delivered {}", result.delivered);
-        ensure!(
-            db.rows("rm_rebuilt").await? == live,
-            "the rebuilt read model differs"
-        );
+    // A new, empty read model with its own marker table; replay the whole log into it.
+    fixture.rebuild_into_a_new_model(&db).await?;
+    let replayed = engine.replay(POLLER, None, 0, None).await?;
+    ensure!(
+        replayed == 9,
+        "replayed {replayed} events, expected 5 + 2 + 2"
+    );
+    let result = world.tick(engine).await?;
+    ensure!(result.delivered == 9, "delivered {}", result.delivered);
+    ensure!(
+        db.rows("rm_rebuilt").await? == live,
+        "the rebuilt read model differs"
+    );
 
-        // Replaying again into the rebuilt model leaves it as it is. Every event is a duplicate
-        // but item-003's create and delete: a replayed `created` after its subject's `deleted`
-        // is applied again (it could be a re-create with the same id), then its delete.
-        let before = engine.inspect().await?.pollers[0].delivery;
-        engine.replay(POLLER, None, 0, None).await?;
-        world.tick(engine).await?;
-        ensure!(
-            db.rows("rm_rebuilt").await? == live,
-            "a second replay changed the model"
-        );
-        let after = engine.inspect().await?.pollers[0].delivery;
-        ensure!(
-            after.deduplicated == before.deduplicated + 7 && after.applied == before.applied + 2,
-            "counters before {before:?} after {after:?}"
-        );
-        ensure!(
-            after.applied == 20 && after.failed == 0,
-            "counters: {after:?}"
-        );
-        Ok(())
-    }
-);
+    // Replaying again into the rebuilt model leaves it as it is. Every event is a duplicate
+    // but item-003's create and delete: a replayed `created` after its subject's `deleted`
+    // is applied again (it could be a re-create with the same id), then its delete.
+    let before = engine.inspect().await?.pollers[0].delivery;
+    engine.replay(POLLER, None, 0, None).await?;
+    world.tick(engine).await?;
+    ensure!(
+        db.rows("rm_rebuilt").await? == live,
+        "a second replay changed the model"
+    );
+    let after = engine.inspect().await?.pollers[0].delivery;
+    ensure!(
+        after.deduplicated == before.deduplicated + 7 && after.applied == before.applied + 2,
+        "counters before {before:?} after {after:?}"
+    );
+    ensure!(
+        after.applied == 20 && after.failed == 0,
+        "counters: {after:?}"
+    );
+    Ok(())
+});
 
 // A delete and a re-create with identical content: the engine gives the re-create the
 // original `created` id, and a second delete the first one's `deleted` id. `apply_once`
@@ -612,7 +605,7 @@ db_test!(
 // a read model rebuilt from the log.
 db_test!(
     a_delete_then_a_re_create_with_identical_content_ends_with_the_item_present,
-    async |db| {
+    |db| {
         let fixture = Projected::new(&db, 3).await?;
         let Projected {
             world,

@@ -20,7 +20,8 @@ use std::time::Duration;
 
 use common::servers::{Cluster, poll, slot};
 use tokio::sync::Mutex;
-use watukuy_core::{CommitBatch, Event, EventType, Json, Lane, OutboxRow, PKey, StatePatch, Store};
+use watukuy_conformance::cases::fixtures;
+use watukuy_core::{CommitBatch, Event, Json, OutboxRow, PKey, StatePatch, Store};
 use watukuy_store_redis::{RedisOptions, RedisStore};
 
 const T0: i64 = 1_767_225_600_000;
@@ -28,24 +29,13 @@ const EVENTS_PER_PAGE: usize = 5;
 const PAGES_BEFORE: usize = 20;
 const PAGES_AFTER: usize = 20;
 
+/// A created event `id` (its own subject) on `key`, carrying its sequence, without a cursor.
 fn event(key: &PKey, id: &str, sequence: i64) -> Result<Event, String> {
+    let data = Json::parse(&format!(r#"{{"sequence":{sequence}}}"#)).map_err(|e| e.to_string())?;
     Ok(Event {
-        id: id.to_owned(),
-        event_type: EventType::Created,
-        source: format!("urn:watukuy:{}", key.poller),
-        subject: id.to_owned(),
-        time: "2026-01-01T00:00:00.000Z".to_owned(),
-        poller: key.poller.clone(),
-        partition: key.partition.clone(),
-        lane: Lane::Live,
-        sequence,
         cursor: None,
-        data: Some(
-            Json::parse(&format!(r#"{{"sequence":{sequence}}}"#)).map_err(|e| e.to_string())?,
-        ),
-        previous: None,
-        attempt: 0,
-        traceparent: None,
+        data: Some(data),
+        ..fixtures::event(key, id, sequence, id)
     })
 }
 

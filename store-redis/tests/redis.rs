@@ -9,16 +9,17 @@ use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::servers::{hash_tag, tag_slot};
+use common::servers::{EPHEMERAL, free_port, hash_tag, tag_slot};
 use common::{Server, store_at, unique_prefix, with_server};
 use futures::TryStreamExt;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use watukuy_conformance::CaseError;
+use watukuy_conformance::cases::fixtures;
 use watukuy_core::{
-    CommitBatch, Error, ErrorCode, Event, EventType, ItemRow, Json, Lane, LaneCursor, Lanes, Lease,
-    LogQuery, OutboxRow, PKey, ParkedError, ParkedKind, ParkedQuery, ParkedRow, SerializedError,
-    StatePatch, Store, StoreErrorKind, Validator,
+    CommitBatch, Error, ErrorCode, Event, ItemRow, Json, LaneCursor, Lanes, Lease, LogQuery,
+    OutboxRow, PKey, ParkedError, ParkedKind, ParkedQuery, ParkedRow, SerializedError, StatePatch,
+    Store, StoreErrorKind, Validator,
 };
 use watukuy_store_redis::{RedisOptions, RedisStore};
 
@@ -41,22 +42,12 @@ fn json(text: &str) -> Result<Json, CaseError> {
     Json::parse(text).map_err(|e| fail(format!("bad test JSON: {e}")))
 }
 
+/// A created event of `s<sequence>` on `key` carrying `data`, without a cursor.
 fn event(key: &PKey, id: &str, sequence: i64, data: Json) -> Event {
     Event {
-        id: id.to_owned(),
-        event_type: EventType::Created,
-        source: format!("urn:watukuy:{}", key.poller),
-        subject: format!("s{sequence}"),
-        time: "2026-01-01T00:00:00.000Z".to_owned(),
-        poller: key.poller.clone(),
-        partition: key.partition.clone(),
-        lane: Lane::Live,
-        sequence,
         cursor: None,
         data: Some(data),
-        previous: None,
-        attempt: 0,
-        traceparent: None,
+        ..fixtures::event(key, id, sequence, &format!("s{sequence}"))
     }
 }
 
@@ -138,34 +129,42 @@ async fn round_trip(store: &RedisStore, key: &PKey, payload: &Json) -> Result<()
         stored.as_str().len()
     );
     let pending = store.load_pending(key, 10).await?;
-    let data = pending
-        .first()
-        .and_then(|row| row.event.data.as_ref())
-        .ok_or_else(|| fail("the outbox row is missing"))?;
-    ensure!(
-        data.as_str() == payload.as_str(),
-        "event data changed in the outbox"
-    );
     let log = store.read_log(key, LogQuery::default(), 10).await?;
-    let logged = log
-        .first()
-        .and_then(|entry| entry.event.data.as_ref())
-        .ok_or_else(|| fail("the log entry is missing"))?;
-    ensure!(
-        logged.as_str() == payload.as_str(),
-        "event data changed in the log"
-    );
     let parked = store.list_parked(key, ParkedQuery::default()).await?;
-    let raw = parked
-        .first()
-        .and_then(|row| row.item.as_ref())
-        .ok_or_else(|| fail("the parked row is missing"))?;
-    ensure!(raw.as_str() == payload.as_str(), "parked raw item changed");
+    let copies = [
+        (
+            "the outbox row's event data",
+            pending.first().and_then(|row| row.event.data.as_ref()),
+        ),
+        (
+            "the log entry's event data",
+            log.first().and_then(|entry| entry.event.data.as_ref()),
+        ),
+        (
+            "the parked row's raw item",
+            parked.first().and_then(|row| row.item.as_ref()),
+        ),
+    ];
+    for (what, copy) in copies {
+        let copy = copy.ok_or_else(|| fail(format!("{what} is missing")))?;
+        ensure!(copy.as_str() == payload.as_str(), "{what} changed");
+    }
     ensure!(
         store.held_keys(key).await? == vec![identity.to_owned()],
         "hold key missing"
     );
     Ok(())
+}
+
+/// A test `$name` running `$body` against the test server ([`with_server`]).
+macro_rules! server_test {
+    ($name:ident, $body:expr) => {
+        #[watukuy_testenv::requires(redis, or_cfg(feature = "testcontainers"))]
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            with_server(stringify!($name), $body).await;
+        }
+    };
 }
 
 /// A store under a fresh prefix on the test server.
@@ -177,86 +176,75 @@ async fn fresh(server: &Server, what: &str) -> Result<RedisStore, CaseError> {
     .await
 }
 
-/// A 5 MB payload goes through every path of the store intact.
-#[watukuy_testenv::requires(redis, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn five_megabyte_payload_round_trips() {
-    with_server("five_megabyte_payload", |server| async move {
-        let store = fresh(&server, "big").await?;
-        let key = PKey::new("orders", "");
-        let mut text = String::with_capacity(5 * 1024 * 1024 + 64);
-        text.push_str(r#"{"blob":""#);
-        while text.len() < 5 * 1024 * 1024 {
-            text.push_str("0123456789abcdef\u{e9}\u{1F600}");
-        }
-        text.push_str(r#"","n":123456789012345678901234567890}"#);
-        let payload = json(&text)?;
-        round_trip(&store, &key, &payload).await?;
-        store.purge().await?;
-        Ok(())
-    })
-    .await;
-}
+// A 5 MB payload goes through every path of the store intact.
+server_test!(five_megabyte_payload_round_trips, |server| async move {
+    let store = fresh(&server, "big").await?;
+    let key = PKey::new("orders", "");
+    let mut text = String::with_capacity(5 * 1024 * 1024 + 64);
+    text.push_str(r#"{"blob":""#);
+    while text.len() < 5 * 1024 * 1024 {
+        text.push_str("0123456789abcdef\u{e9}\u{1F600}");
+    }
+    text.push_str(r#"","n":123456789012345678901234567890}"#);
+    let payload = json(&text)?;
+    round_trip(&store, &key, &payload).await?;
+    store.purge().await?;
+    Ok(())
+});
 
-/// Big integers, escapes, unicode, empty containers, odd numbers and key order come back
-/// exactly as written, in payloads and in lane cursors.
-#[watukuy_testenv::requires(redis, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn json_round_trips_byte_for_byte() {
-    with_server("json_byte_for_byte", |server| async move {
-        let store = fresh(&server, "json").await?;
-        let texts = [
-            r#"{"z":1,"a":[],"m":{},"big":123456789012345678901234567890,"neg":-0.5e-7}"#,
-            r#"{"escaped":"\u00e9\u0000\n\"","raw":"é😀","nested":[[[]],{"":null}]}"#,
-            r#"[]"#,
-            r#"null"#,
-            r#"  {"spaced" : [ 1 , 2 ] }  "#,
-            r#"18446744073709551616"#,
-        ];
-        for (i, text) in texts.iter().enumerate() {
-            let key = PKey::new("json", format!("p{i}"));
-            round_trip(&store, &key, &json(text)?).await?;
-        }
-        // Lane cursors are strings holding JSON: they survive too.
-        let key = PKey::new("json", "cursor");
-        let lease = acquire(&store, &key, "node-a", T0).await?;
-        let cursor = r#"{"value":"2026-01-01T00:00:00Z","id":12345678901234567890123}"#.to_owned();
-        let lanes = Lanes {
-            live: Some(LaneCursor {
-                cursor: Some(cursor.clone()),
-                ..LaneCursor::default()
-            }),
-            ..Lanes::default()
-        };
-        store
-            .save_state(
-                &key,
-                &lease,
-                &StatePatch {
-                    lanes: Some(lanes.clone()),
-                    updated_at: Some(T0),
-                    ..StatePatch::default()
-                },
-            )
-            .await?;
-        let state = store
-            .load_state(&key)
-            .await?
-            .ok_or_else(|| fail("state missing"))?;
-        ensure!(state.lanes == lanes, "lanes changed: {:?}", state.lanes);
-        store.purge().await?;
-        Ok(())
-    })
-    .await;
-}
+// Big integers, escapes, unicode, empty containers, odd numbers and key order come back
+// exactly as written, in payloads and in lane cursors.
+server_test!(json_round_trips_byte_for_byte, |server| async move {
+    let store = fresh(&server, "json").await?;
+    let texts = [
+        r#"{"z":1,"a":[],"m":{},"big":123456789012345678901234567890,"neg":-0.5e-7}"#,
+        r#"{"escaped":"\u00e9\u0000\n\"","raw":"é😀","nested":[[[]],{"":null}]}"#,
+        r#"[]"#,
+        r#"null"#,
+        r#"  {"spaced" : [ 1 , 2 ] }  "#,
+        r#"18446744073709551616"#,
+    ];
+    for (i, text) in texts.iter().enumerate() {
+        let key = PKey::new("json", format!("p{i}"));
+        round_trip(&store, &key, &json(text)?).await?;
+    }
+    // Lane cursors are strings holding JSON: they survive too.
+    let key = PKey::new("json", "cursor");
+    let lease = acquire(&store, &key, "node-a", T0).await?;
+    let cursor = r#"{"value":"2026-01-01T00:00:00Z","id":12345678901234567890123}"#.to_owned();
+    let lanes = Lanes {
+        live: Some(LaneCursor {
+            cursor: Some(cursor.clone()),
+            ..LaneCursor::default()
+        }),
+        ..Lanes::default()
+    };
+    store
+        .save_state(
+            &key,
+            &lease,
+            &StatePatch {
+                lanes: Some(lanes.clone()),
+                updated_at: Some(T0),
+                ..StatePatch::default()
+            },
+        )
+        .await?;
+    let state = store
+        .load_state(&key)
+        .await?
+        .ok_or_else(|| fail("state missing"))?;
+    ensure!(state.lanes == lanes, "lanes changed: {:?}", state.lanes);
+    store.purge().await?;
+    Ok(())
+});
 
-/// Names with `:`, `{`, `}`, `%`, unicode and empty strings are stored and listed exactly; all
-/// keys of one `(poller, partition)` share one cluster slot; `a:b`/`c` and `a`/`b:c` do not
-/// collide.
-#[watukuy_testenv::requires(redis, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn weird_names_keep_one_slot_and_never_collide() {
-    with_server("weird_names", |server| async move {
+// Names with `:`, `{`, `}`, `%`, unicode and empty strings are stored and listed exactly; all
+// keys of one `(poller, partition)` share one cluster slot; `a:b`/`c` and `a`/`b:c` do not
+// collide.
+server_test!(
+    weird_names_keep_one_slot_and_never_collide,
+    |server| async move {
         let weird = [
             PKey::new("a:b", "c"),
             PKey::new("a", "b:c"),
@@ -367,16 +355,14 @@ async fn weird_names_keep_one_slot_and_never_collide() {
         );
         store.purge().await?;
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-/// Identities that are special in `ZRANGEBYLEX` (`-`, `+`, `(`, `[`, the empty string) and
-/// unicode page exactly, in byte order.
-#[watukuy_testenv::requires(redis, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stream_identities_pages_special_identities_exactly() {
-    with_server("special_identities", |server| async move {
+// Identities that are special in `ZRANGEBYLEX` (`-`, `+`, `(`, `[`, the empty string) and
+// unicode page exactly, in byte order.
+server_test!(
+    stream_identities_pages_special_identities_exactly,
+    |server| async move {
         let store = fresh(&server, "identities").await?;
         let key = PKey::new("orders", "");
         let lease = acquire(&store, &key, "node-a", T0).await?;
@@ -393,16 +379,14 @@ async fn stream_identities_pages_special_identities_exactly() {
         ensure!(all == expected, "identities {all:?}");
         store.purge().await?;
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-/// Two stores on two connections and one prefix share data, and a lease taken over by one
-/// fences every write of the other.
-#[watukuy_testenv::requires(redis, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_instances_share_data_and_fence_each_other() {
-    with_server("two_instances", |server| async move {
+// Two stores on two connections and one prefix share data, and a lease taken over by one
+// fences every write of the other.
+server_test!(
+    two_instances_share_data_and_fence_each_other,
+    |server| async move {
         let prefix = unique_prefix("two");
         let a = store_at(&server.url, RedisOptions::default().prefix(&prefix)).await?;
         let b = RedisStore::connect(&server.url, RedisOptions::default().prefix(&prefix)).await?;
@@ -446,78 +430,72 @@ async fn two_instances_share_data_and_fence_each_other() {
         }
         a.purge().await?;
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-/// Values of other types or unreadable rows under the store's keys are permanent errors, never
-/// panics.
-#[watukuy_testenv::requires(redis, or_cfg(feature = "testcontainers"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn foreign_data_is_a_permanent_error() {
-    with_server("foreign_data", |server| async move {
-        let store = fresh(&server, "foreign").await?;
-        let prefix = store.options().get_prefix().to_owned();
-        let key = PKey::new("orders", "");
-        let base = format!("{prefix}p:{{orders:}}");
-        let mut conn = raw(&server).await?;
-        let _: () = redis::cmd("SET")
-            .arg(format!("{base}:state"))
-            .arg("not a hash")
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        let _: () = redis::cmd("HSET")
-            .arg(format!("{base}:items"))
-            .arg("o1")
-            .arg("{not json")
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        let err = store.load_state(&key).await.err();
-        ensure!(
-            matches!(
-                err,
-                Some(Error::Store {
-                    kind: StoreErrorKind::Corrupt,
-                    transient: false,
-                    ..
-                })
-            ),
-            "WRONGTYPE: {err:?}"
-        );
-        // The fenced write fails inside its script (the state is not a hash): permanent, and
-        // nothing else of the batch lands.
-        let lease = acquire(&store, &key, "node-a", T0).await?;
-        let err = store
-            .commit_poll(&key, &lease, &page(&key, "o2", 1, &json("{}")?))
-            .await
-            .err();
-        ensure!(
-            err.as_ref().is_some_and(|e| !e.is_transient()),
-            "commit over foreign data: {err:?}"
-        );
-        ensure!(
-            store.counts(&key).await.map(|c| c.pending)? == 0
-                && store.counts(&key).await.map(|c| c.parked)? == 0,
-            "a commit that failed on foreign data left part of its writes"
-        );
-        let err = store.load_versions(&key, &["o1".to_owned()]).await.err();
-        ensure!(
-            matches!(
-                err,
-                Some(Error::Store {
-                    kind: StoreErrorKind::Corrupt,
-                    ..
-                })
-            ),
-            "bad row: {err:?}"
-        );
-        store.purge().await?;
-        Ok(())
-    })
-    .await;
-}
+// Values of other types or unreadable rows under the store's keys are permanent errors, never
+// panics.
+server_test!(foreign_data_is_a_permanent_error, |server| async move {
+    let store = fresh(&server, "foreign").await?;
+    let prefix = store.options().get_prefix().to_owned();
+    let key = PKey::new("orders", "");
+    let base = format!("{prefix}p:{{orders:}}");
+    let mut conn = raw(&server).await?;
+    let _: () = redis::cmd("SET")
+        .arg(format!("{base}:state"))
+        .arg("not a hash")
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let _: () = redis::cmd("HSET")
+        .arg(format!("{base}:items"))
+        .arg("o1")
+        .arg("{not json")
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let err = store.load_state(&key).await.err();
+    ensure!(
+        matches!(
+            err,
+            Some(Error::Store {
+                kind: StoreErrorKind::Corrupt,
+                transient: false,
+                ..
+            })
+        ),
+        "WRONGTYPE: {err:?}"
+    );
+    // The fenced write fails inside its script (the state is not a hash): permanent, and
+    // nothing else of the batch lands.
+    let lease = acquire(&store, &key, "node-a", T0).await?;
+    let err = store
+        .commit_poll(&key, &lease, &page(&key, "o2", 1, &json("{}")?))
+        .await
+        .err();
+    ensure!(
+        err.as_ref().is_some_and(|e| !e.is_transient()),
+        "commit over foreign data: {err:?}"
+    );
+    ensure!(
+        store.counts(&key).await.map(|c| c.pending)? == 0
+            && store.counts(&key).await.map(|c| c.parked)? == 0,
+        "a commit that failed on foreign data left part of its writes"
+    );
+    let err = store.load_versions(&key, &["o1".to_owned()]).await.err();
+    ensure!(
+        matches!(
+            err,
+            Some(Error::Store {
+                kind: StoreErrorKind::Corrupt,
+                ..
+            })
+        ),
+        "bad row: {err:?}"
+    );
+    store.purge().await?;
+    Ok(())
+});
 
 /// Bad URLs are `Config` errors naming `redis.url`; a refused connection is a transient
 /// `Connection` error that says where; bad options fail before any connection.
@@ -662,20 +640,8 @@ async fn redis_restart_mid_run_is_transient_then_recovers() {
         .commit_poll(&key, &fresh, &page(&key, "o4", 4, &payload))
         .await
         .expect("commit after restart (scripts reloaded)");
-    assert_eq!(
-        store
-            .counts(&key)
-            .await
-            .map(|c| c.pending)
-            .expect("pending"),
-        1
-    );
-}
-
-/// A port nothing listens on right now.
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("local address").port()
+    let pending = store.counts(&key).await.expect("counts").pending;
+    assert_eq!(pending, 1);
 }
 
 /// A private `redis-server` (no persistence) on `port`, killed when dropped.
@@ -690,18 +656,8 @@ impl RedisChild {
         let program =
             watukuy_testenv::program!("redis-server").unwrap_or_else(|why| panic!("{why}"));
         let mut child = Command::new(program)
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "no",
-            ])
+            .args(["--port", &port.to_string()])
+            .args(EPHEMERAL)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .kill_on_drop(true)

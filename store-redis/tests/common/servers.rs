@@ -119,25 +119,32 @@ impl Drop for RedisProcess {
     }
 }
 
-/// The arguments every private server gets: loopback only, no persistence, data in `dir`.
+/// The arguments of a server that listens on loopback only, keeps nothing on disk and stays in
+/// the foreground.
+pub const EPHEMERAL: [&str; 8] = [
+    "--bind",
+    "127.0.0.1",
+    "--save",
+    "",
+    "--appendonly",
+    "no",
+    "--daemonize",
+    "no",
+];
+
+/// The arguments every private server gets: [`EPHEMERAL`], data in `dir`.
 pub fn base_args(dir: &Path, port: u16) -> Vec<String> {
-    [
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--daemonize",
-        "no",
+    let data = [
         "--dir",
         &dir.to_string_lossy(),
         "--dbfilename",
         &format!("dump-{port}.rdb"),
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect()
+    ];
+    EPHEMERAL
+        .iter()
+        .chain(&data)
+        .map(|s| (*s).to_owned())
+        .collect()
 }
 
 /// A plain connection to a node, for setting it up.
