@@ -43,8 +43,9 @@ use crate::error::{DbResult, Failure};
 use crate::options::{Location, SqliteOptions};
 use crate::sql::{MIGRATIONS, SCHEMA_VERSION, Sql};
 
-/// Statements cached per connection: every named statement plus the chunked variants.
-const STATEMENT_CACHE: usize = 96;
+/// Statements cached per connection: every named statement plus the chunked variants and the
+/// group commit's transaction-control statements.
+const STATEMENT_CACHE: usize = 112;
 
 /// What every blocking closure may read: the statements and the database's location.
 #[derive(Debug)]
@@ -206,11 +207,11 @@ impl Writer {
 /// error), no write of the group lands and each is answered with that error.
 fn commit_group(conn: &Connection, group: Vec<Box<dyn GroupedWrite>>, location: &Location) {
     let mut ran = Vec::with_capacity(group.len());
-    let mut failure = conn.execute_batch("BEGIN IMMEDIATE").err();
+    let mut failure = control(conn, "BEGIN IMMEDIATE").err();
     let mut lost = None;
     for mut write in group {
         if failure.is_none() && lost.is_none() {
-            match conn.execute_batch("SAVEPOINT watukuy_write") {
+            match control(conn, "SAVEPOINT watukuy_write") {
                 Ok(()) => {
                     let keep = write.run(conn);
                     if conn.is_autocommit() {
@@ -223,12 +224,14 @@ fn commit_group(conn: &Connection, group: Vec<Box<dyn GroupedWrite>>, location: 
                             ),
                         ));
                     } else {
-                        let end = if keep {
-                            "RELEASE watukuy_write"
+                        let rolled_back = if keep {
+                            Ok(())
                         } else {
-                            "ROLLBACK TO watukuy_write; RELEASE watukuy_write"
+                            control(conn, "ROLLBACK TO watukuy_write")
                         };
-                        failure = conn.execute_batch(end).err();
+                        failure = rolled_back
+                            .and_then(|()| control(conn, "RELEASE watukuy_write"))
+                            .err();
                     }
                 }
                 Err(e) => failure = Some(e),
@@ -237,14 +240,14 @@ fn commit_group(conn: &Connection, group: Vec<Box<dyn GroupedWrite>>, location: 
         ran.push(write);
     }
     if failure.is_none() && lost.is_none() {
-        failure = conn.execute_batch("COMMIT").err();
+        failure = control(conn, "COMMIT").err();
     }
     let outcome = match (failure, lost) {
         (None, None) => Ok(()),
         (Some(e), _) => {
             if !conn.is_autocommit() {
                 // Best effort: the error is what gets reported.
-                let _ = conn.execute_batch("ROLLBACK");
+                let _ = control(conn, "ROLLBACK");
             }
             Err(Failure::Sql(e).into_error(location))
         }
@@ -256,6 +259,12 @@ fn commit_group(conn: &Connection, group: Vec<Box<dyn GroupedWrite>>, location: 
             Err(e) => Err(copy(e)),
         });
     }
+}
+
+/// Runs a transaction-control statement from the connection's statement cache (parsed once, not
+/// for every write).
+fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(drop)
 }
 
 /// The same failure for another write of a group (errors are not `Clone`).
