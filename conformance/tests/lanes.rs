@@ -26,10 +26,10 @@ use watukuy_store_memory::MemoryStore;
 
 /// The option a `Config` error names.
 fn option_of(error: Error) -> String {
-    match error {
-        Error::Config { option, .. } => option,
-        other => panic!("expected a Config error, got {other:?}"),
-    }
+    error
+        .config_option()
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("expected a Config error, got {error:?}"))
 }
 
 /// An engine over `store` on the world's clock, seeded, instance `node-a`, with a recording

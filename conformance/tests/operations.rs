@@ -35,10 +35,10 @@ fn memory() -> Arc<dyn Store> {
 
 /// The option a `Config` error names.
 fn option_of(error: Error) -> String {
-    match error {
-        Error::Config { option, .. } => option,
-        other => panic!("expected a Config error, got {other:?}"),
-    }
+    error
+        .config_option()
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("expected a Config error, got {error:?}"))
 }
 
 /// An engine on a fresh memory store as node-a (rng seed 1) whose hooks go to a [`HookLog`].

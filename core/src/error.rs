@@ -227,6 +227,31 @@ impl Error {
         }
     }
 
+    /// The option a [`Error::Config`] names, or `None` for any other error.
+    ///
+    /// ```
+    /// use watukuy_core::Error;
+    ///
+    /// assert_eq!(Error::config("redis.prefix", "must not be empty").config_option(), Some("redis.prefix"));
+    /// assert_eq!(Error::store(watukuy_core::StoreErrorKind::Busy, true, "busy").config_option(), None);
+    /// ```
+    pub fn config_option(&self) -> Option<&str> {
+        match self {
+            Error::Config { option, .. } => Some(option),
+            _ => None,
+        }
+    }
+
+    /// The kind and transient flag of an [`Error::Store`], or `None` for any other error.
+    pub fn store_kind(&self) -> Option<(StoreErrorKind, bool)> {
+        match self {
+            Error::Store {
+                kind, transient, ..
+            } => Some((*kind, *transient)),
+            _ => None,
+        }
+    }
+
     /// A configuration error naming the option.
     pub fn config(option: impl Into<String>, message: impl Into<String>) -> Self {
         Error::Config {

@@ -661,7 +661,6 @@ pub(crate) fn key_due_at(def: &PollerDef, state: &PollerState, now_ms: i64) -> i
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::ErrorCode;
     use crate::model::{EventCounts, Lane, RateLimitSource};
 
     const NOW: i64 = 1_767_225_600_000;
@@ -744,11 +743,9 @@ mod tests {
     }
 
     fn config_option(err: Error) -> String {
-        assert_eq!(err.code(), ErrorCode::Config);
-        match err {
-            Error::Config { option, .. } => option,
-            other => panic!("expected a config error, got {other}"),
-        }
+        err.config_option()
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("expected a config error, got {err}"))
     }
 
     #[test]

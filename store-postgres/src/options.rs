@@ -279,10 +279,9 @@ mod tests {
     use super::*;
 
     fn option_of(err: Error) -> String {
-        match err {
-            Error::Config { option, .. } => option,
-            other => panic!("expected a Config error, got {other}"),
-        }
+        err.config_option()
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("expected a Config error, got {err}"))
     }
 
     #[test]

@@ -80,15 +80,6 @@ fn expect_lease_lost<T: std::fmt::Debug>(
     }
 }
 
-fn store_kind(error: &Error) -> Option<(StoreErrorKind, bool)> {
-    match error {
-        Error::Store {
-            kind, transient, ..
-        } => Some((*kind, *transient)),
-        _ => None,
-    }
-}
-
 /// The lease state, item count and pending count of `k`: what a rejected write must not change.
 async fn footprint(
     store: &dyn Store,
@@ -396,7 +387,7 @@ schema_test!(
             "expected a transient store error, got {error:?}"
         );
         ensure!(
-            matches!(store_kind(&error), Some((StoreErrorKind::Connection, true))),
+            matches!(error.store_kind(), Some((StoreErrorKind::Connection, true))),
             "expected a Connection error, got {error:?}"
         );
 
@@ -666,7 +657,7 @@ schema_test!(json_round_trips_verbatim, 2, |schema| async move {
         .err()
         .ok_or_else(|| fail("a NUL identity was accepted"))?;
     ensure!(
-        store_kind(&err) == Some((StoreErrorKind::Rejected, false)),
+        err.store_kind() == Some((StoreErrorKind::Rejected, false)),
         "NUL identity: {err:?}"
     );
     let after = (
@@ -697,7 +688,7 @@ async fn bad_urls_and_identifiers_are_clear_errors() {
     .map(|_| ());
     let err = refused.expect_err("a closed port must not connect");
     assert_eq!(
-        store_kind(&err),
+        err.store_kind(),
         Some((StoreErrorKind::Connection, true)),
         "{err:?}"
     );
@@ -779,7 +770,7 @@ async fn a_missing_database_is_a_clear_error() {
             .err()
             .ok_or_else(|| fail("connected to a database that does not exist"))?;
         ensure!(
-            store_kind(&err) == Some((StoreErrorKind::Connection, true)),
+            err.store_kind() == Some((StoreErrorKind::Connection, true)),
             "missing database: {err:?}"
         );
         ensure!(
@@ -801,7 +792,7 @@ schema_test!(unmigrated_store_and_close_pool, 2, |schema| async move {
         .err()
         .ok_or_else(|| fail("read without tables"))?;
     ensure!(
-        store_kind(&err) == Some((StoreErrorKind::Schema, false))
+        err.store_kind() == Some((StoreErrorKind::Schema, false))
             && err.to_string().contains("migrate()"),
         "missing tables: {err:?}"
     );
@@ -834,7 +825,7 @@ schema_test!(unmigrated_store_and_close_pool, 2, |schema| async move {
         .err()
         .ok_or_else(|| fail("closed pool still answered"))?;
     ensure!(
-        store_kind(&err) == Some((StoreErrorKind::Connection, false)),
+        err.store_kind() == Some((StoreErrorKind::Connection, false)),
         "closed pool: {err:?}"
     );
     Ok(())

@@ -158,12 +158,8 @@ mod tests {
     use super::*;
 
     fn kind_of(err: &Error) -> (StoreErrorKind, bool) {
-        match err {
-            Error::Store {
-                kind, transient, ..
-            } => (*kind, *transient),
-            other => panic!("expected a Store error, got {other}"),
-        }
+        err.store_kind()
+            .unwrap_or_else(|| panic!("expected a Store error, got {err}"))
     }
 
     fn io(kind: std::io::ErrorKind) -> RedisError {

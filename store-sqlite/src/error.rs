@@ -124,12 +124,9 @@ mod tests {
     }
 
     fn kind_of(error: &Error) -> (Kind, bool) {
-        match error {
-            Error::Store {
-                kind, transient, ..
-            } => (*kind, *transient),
-            other => panic!("expected a Store error, got {other}"),
-        }
+        error
+            .store_kind()
+            .unwrap_or_else(|| panic!("expected a Store error, got {error}"))
     }
 
     #[test]

@@ -340,10 +340,10 @@ mod tests {
     use watukuy_core::ErrorCode;
 
     fn option_of(error: Error) -> String {
-        match error {
-            Error::Config { option, .. } => option,
-            other => panic!("expected a Config error, got {other}"),
-        }
+        error
+            .config_option()
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("expected a Config error, got {error}"))
     }
 
     #[test]

@@ -161,10 +161,8 @@ mod tests {
     use super::*;
 
     fn option_of(err: &Error) -> &str {
-        match err {
-            Error::Config { option, .. } => option,
-            other => panic!("not a config error: {other}"),
-        }
+        err.config_option()
+            .unwrap_or_else(|| panic!("not a config error: {err}"))
     }
 
     #[test]
