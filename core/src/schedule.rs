@@ -742,12 +742,6 @@ mod tests {
         }
     }
 
-    fn config_option(err: Error) -> String {
-        err.config_option()
-            .map(str::to_owned)
-            .unwrap_or_else(|| panic!("expected a config error, got {err}"))
-    }
-
     #[test]
     fn defaults_follow_the_spec() {
         let schedule = ScheduleOptions::default();
@@ -1627,15 +1621,18 @@ mod tests {
             ),
         ];
         for (options, option) in cases {
-            assert_eq!(config_option(options.validate().unwrap_err()), option);
+            assert_eq!(
+                options.validate().unwrap_err().config_option(),
+                Some(option)
+            );
         }
         let circuit = CircuitOptions {
             failures: 0,
             probe_every: None,
         };
         assert_eq!(
-            config_option(circuit.validate().unwrap_err()),
-            "circuit.failures"
+            circuit.validate().unwrap_err().config_option(),
+            Some("circuit.failures")
         );
     }
 

@@ -222,25 +222,20 @@ mod tls {
 mod tests {
     use super::*;
 
-    fn kind_of(err: &Error) -> (StoreErrorKind, bool) {
-        err.store_kind()
-            .unwrap_or_else(|| panic!("expected a Store error, got {err}"))
-    }
-
     #[test]
     fn connection_level_failures_are_transient() {
         let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
         assert_eq!(
-            kind_of(&classify(sqlx::Error::Io(refused))),
-            (StoreErrorKind::Connection, true)
+            classify(sqlx::Error::Io(refused)).store_kind(),
+            Some((StoreErrorKind::Connection, true))
         );
         assert_eq!(
-            kind_of(&classify(sqlx::Error::PoolTimedOut)),
-            (StoreErrorKind::Connection, true)
+            classify(sqlx::Error::PoolTimedOut).store_kind(),
+            Some((StoreErrorKind::Connection, true))
         );
         assert_eq!(
-            kind_of(&classify(sqlx::Error::PoolClosed)),
-            (StoreErrorKind::Connection, false)
+            classify(sqlx::Error::PoolClosed).store_kind(),
+            Some((StoreErrorKind::Connection, false))
         );
     }
 
@@ -284,7 +279,7 @@ mod tests {
             "{err}"
         );
         let err = classify(sqlx::Error::Io(io(TlsError::DecryptError)));
-        assert_eq!(kind_of(&err), (StoreErrorKind::Connection, true));
+        assert_eq!(err.store_kind(), Some((StoreErrorKind::Connection, true)));
     }
 
     #[test]

@@ -278,12 +278,6 @@ fn check_identifier(option: &str, value: &str, may_be_empty: bool, max: usize) -
 mod tests {
     use super::*;
 
-    fn option_of(err: Error) -> String {
-        err.config_option()
-            .map(str::to_owned)
-            .unwrap_or_else(|| panic!("expected a Config error, got {err}"))
-    }
-
     #[test]
     fn defaults_are_valid() {
         let options = PostgresOptions::default();
@@ -320,28 +314,38 @@ mod tests {
             &"s".repeat(64),
         ] {
             let err = PostgresOptions::default().schema(schema).validate();
-            assert_eq!(option_of(err.unwrap_err()), "postgres.schema", "{schema:?}");
+            assert_eq!(
+                err.unwrap_err().config_option(),
+                Some("postgres.schema"),
+                "{schema:?}"
+            );
         }
         for prefix in ["x;", "9_", "a.b", &"p".repeat(46)] {
             let err = PostgresOptions::default().table_prefix(prefix).validate();
             assert_eq!(
-                option_of(err.unwrap_err()),
-                "postgres.table_prefix",
+                err.unwrap_err().config_option(),
+                Some("postgres.table_prefix"),
                 "{prefix:?}"
             );
         }
         let err = PostgresOptions::default().max_connections(0).validate();
-        assert_eq!(option_of(err.unwrap_err()), "postgres.max_connections");
+        assert_eq!(
+            err.unwrap_err().config_option(),
+            Some("postgres.max_connections")
+        );
         let err = PostgresOptions::default()
             .acquire_timeout(Duration::ZERO)
             .validate();
-        assert_eq!(option_of(err.unwrap_err()), "postgres.acquire_timeout");
+        assert_eq!(
+            err.unwrap_err().config_option(),
+            Some("postgres.acquire_timeout")
+        );
         let err = PostgresOptions::default()
             .max_rows_per_statement(0)
             .validate();
         assert_eq!(
-            option_of(err.unwrap_err()),
-            "postgres.max_rows_per_statement"
+            err.unwrap_err().config_option(),
+            Some("postgres.max_rows_per_statement")
         );
     }
 }

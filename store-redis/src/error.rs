@@ -157,11 +157,6 @@ fn find_rustls(error: &RedisError) -> Option<&rustls::Error> {
 mod tests {
     use super::*;
 
-    fn kind_of(err: &Error) -> (StoreErrorKind, bool) {
-        err.store_kind()
-            .unwrap_or_else(|| panic!("expected a Store error, got {err}"))
-    }
-
     fn io(kind: std::io::ErrorKind) -> RedisError {
         RedisError::from(std::io::Error::from(kind))
     }
@@ -179,14 +174,14 @@ mod tests {
             std::io::ErrorKind::UnexpectedEof,
         ] {
             assert_eq!(
-                kind_of(&classify(io(kind))),
-                (StoreErrorKind::Connection, true),
+                classify(io(kind)).store_kind(),
+                Some((StoreErrorKind::Connection, true)),
                 "{kind:?}"
             );
         }
         assert_eq!(
-            kind_of(&classify(io(std::io::ErrorKind::TimedOut))),
-            (StoreErrorKind::Timeout, true)
+            classify(io(std::io::ErrorKind::TimedOut)).store_kind(),
+            Some((StoreErrorKind::Timeout, true))
         );
     }
 
@@ -194,48 +189,64 @@ mod tests {
     fn busy_servers_are_transient() {
         for code in ["BUSY", "OOM"] {
             assert_eq!(
-                kind_of(&classify(server(code, "try later"))),
-                (StoreErrorKind::Busy, true),
+                classify(server(code, "try later")).store_kind(),
+                Some((StoreErrorKind::Busy, true)),
                 "{code}"
             );
         }
         let loading =
             RedisError::from((ErrorKind::Server(ServerErrorKind::BusyLoading), "loading"));
-        assert_eq!(kind_of(&classify(loading)), (StoreErrorKind::Busy, true));
+        assert_eq!(
+            classify(loading).store_kind(),
+            Some((StoreErrorKind::Busy, true))
+        );
         let again = RedisError::from((ErrorKind::Server(ServerErrorKind::TryAgain), "again"));
-        assert_eq!(kind_of(&classify(again)), (StoreErrorKind::Busy, true));
+        assert_eq!(
+            classify(again).store_kind(),
+            Some((StoreErrorKind::Busy, true))
+        );
     }
 
     #[test]
     fn script_and_type_errors_are_permanent() {
         assert_eq!(
-            kind_of(&classify(server(
+            classify(server(
                 "WRONGTYPE",
                 "Operation against a key holding the wrong kind of value"
-            ))),
-            (StoreErrorKind::Corrupt, false)
+            ))
+            .store_kind(),
+            Some((StoreErrorKind::Corrupt, false))
         );
         let script = RedisError::from((
             ErrorKind::Server(ServerErrorKind::ResponseError),
             "user_script:1: Script attempted to access nonexistent global variable",
         ));
-        assert_eq!(kind_of(&classify(script)), (StoreErrorKind::Other, false));
+        assert_eq!(
+            classify(script).store_kind(),
+            Some((StoreErrorKind::Other, false))
+        );
         let noscript = RedisError::from((ErrorKind::Server(ServerErrorKind::NoScript), "gone"));
-        assert_eq!(kind_of(&classify(noscript)), (StoreErrorKind::Other, false));
+        assert_eq!(
+            classify(noscript).store_kind(),
+            Some((StoreErrorKind::Other, false))
+        );
         let shape = RedisError::from((ErrorKind::UnexpectedReturnType, "not a string"));
-        assert_eq!(kind_of(&classify(shape)), (StoreErrorKind::Corrupt, false));
+        assert_eq!(
+            classify(shape).store_kind(),
+            Some((StoreErrorKind::Corrupt, false))
+        );
     }
 
     #[test]
     fn redirections_are_transient_only_through_a_cluster_connection() {
         let moved = || RedisError::from((ErrorKind::Server(ServerErrorKind::Moved), "432 h:1"));
         assert_eq!(
-            kind_of(&classify_in(moved(), true)),
-            (StoreErrorKind::Connection, true)
+            classify_in(moved(), true).store_kind(),
+            Some((StoreErrorKind::Connection, true))
         );
         assert_eq!(
-            kind_of(&classify_in(moved(), false)),
-            (StoreErrorKind::Rejected, false)
+            classify_in(moved(), false).store_kind(),
+            Some((StoreErrorKind::Rejected, false))
         );
     }
 

@@ -283,12 +283,6 @@ fn check_prefix(prefix: &str) -> Result<()> {
 mod tests {
     use super::*;
 
-    fn option_of(err: Error) -> String {
-        err.config_option()
-            .map(str::to_owned)
-            .unwrap_or_else(|| panic!("expected a Config error, got {err}"))
-    }
-
     #[test]
     fn defaults_are_valid() {
         let options = RedisOptions::default();
@@ -331,7 +325,7 @@ mod tests {
                 .prefix(prefix)
                 .validate()
                 .unwrap_err();
-            assert_eq!(option_of(err), "redis.prefix", "{prefix:?}");
+            assert_eq!(err.config_option(), Some("redis.prefix"), "{prefix:?}");
         }
     }
 
@@ -341,12 +335,12 @@ mod tests {
             .connect_timeout(Duration::ZERO)
             .validate()
             .unwrap_err();
-        assert_eq!(option_of(err), "redis.connect_timeout");
+        assert_eq!(err.config_option(), Some("redis.connect_timeout"));
         let err = RedisOptions::default()
             .response_timeout(Duration::ZERO)
             .validate()
             .unwrap_err();
-        assert_eq!(option_of(err), "redis.response_timeout");
+        assert_eq!(err.config_option(), Some("redis.response_timeout"));
         assert!(
             RedisOptions::default()
                 .reconnect_attempts(0)

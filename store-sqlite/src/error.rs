@@ -123,18 +123,12 @@ mod tests {
         rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), Some(message.to_owned()))
     }
 
-    fn kind_of(error: &Error) -> (Kind, bool) {
-        error
-            .store_kind()
-            .unwrap_or_else(|| panic!("expected a Store error, got {error}"))
-    }
-
     #[test]
     fn busy_and_locked_are_transient() {
         let at = Location::File("/tmp/a.db".into());
         for code in [rusqlite::ffi::SQLITE_BUSY, rusqlite::ffi::SQLITE_LOCKED] {
             let error = classify(failure(code, "database is locked"), &at);
-            assert_eq!(kind_of(&error), (Kind::Busy, true));
+            assert_eq!(error.store_kind(), Some((Kind::Busy, true)));
             assert!(error.is_transient());
             assert!(error.to_string().contains("/tmp/a.db"), "{error}");
         }
@@ -153,18 +147,18 @@ mod tests {
         ];
         for (code, kind) in cases {
             let error = classify(failure(code, "boom"), &at);
-            assert_eq!(kind_of(&error), (kind, false), "code {code}");
+            assert_eq!(error.store_kind(), Some((kind, false)), "code {code}");
             assert!(error.to_string().contains("/data/x.db"), "{error}");
         }
         let error = classify(
             failure(rusqlite::ffi::SQLITE_ERROR, "no such table: x_items"),
             &at,
         );
-        assert_eq!(kind_of(&error), (Kind::Schema, false));
+        assert_eq!(error.store_kind(), Some((Kind::Schema, false)));
         let error = classify(
             rusqlite::Error::InvalidColumnType(0, "n".into(), rusqlite::types::Type::Text),
             &Location::Memory,
         );
-        assert_eq!(kind_of(&error), (Kind::Corrupt, false));
+        assert_eq!(error.store_kind(), Some((Kind::Corrupt, false)));
     }
 }

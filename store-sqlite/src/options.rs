@@ -339,13 +339,6 @@ mod tests {
     use super::*;
     use watukuy_core::ErrorCode;
 
-    fn option_of(error: Error) -> String {
-        error
-            .config_option()
-            .map(str::to_owned)
-            .unwrap_or_else(|| panic!("expected a Config error, got {error}"))
-    }
-
     #[test]
     fn defaults() {
         let options = SqliteOptions::default();
@@ -379,7 +372,7 @@ mod tests {
         for bad in ["off", "extra", "0", "1", "2", "", "fullest"] {
             let error = bad.parse::<Synchronous>().expect_err(bad);
             assert_eq!(error.code(), ErrorCode::Config);
-            assert_eq!(option_of(error), "sqlite.synchronous");
+            assert_eq!(error.config_option(), Some("sqlite.synchronous"));
         }
         assert_eq!(Synchronous::from_pragma(1), Some(Synchronous::Normal));
         assert_eq!(Synchronous::from_pragma(2), Some(Synchronous::Full));
@@ -409,7 +402,7 @@ mod tests {
                 .validate()
                 .expect_err(bad);
             assert_eq!(error.code(), ErrorCode::Config);
-            assert_eq!(option_of(error), "sqlite.table_prefix");
+            assert_eq!(error.config_option(), Some("sqlite.table_prefix"));
         }
     }
 
@@ -420,14 +413,14 @@ mod tests {
             &Location::Memory
         );
         let error = SqliteOptions::file("").validate().expect_err("empty path");
-        assert_eq!(option_of(error), "sqlite.path");
+        assert_eq!(error.config_option(), Some("sqlite.path"));
         let error = SqliteOptions::file("a\0b").validate().expect_err("NUL");
-        assert_eq!(option_of(error), "sqlite.path");
+        assert_eq!(error.config_option(), Some("sqlite.path"));
         let error = SqliteOptions::default()
             .busy_timeout(Duration::from_secs(u64::MAX / 2))
             .validate()
             .expect_err("huge timeout");
-        assert_eq!(option_of(error), "sqlite.busy_timeout");
+        assert_eq!(error.config_option(), Some("sqlite.busy_timeout"));
         assert!(
             SqliteOptions::default()
                 .busy_timeout(Duration::ZERO)
@@ -438,6 +431,6 @@ mod tests {
             .max_readers(0)
             .validate()
             .expect_err("no readers");
-        assert_eq!(option_of(error), "sqlite.max_readers");
+        assert_eq!(error.config_option(), Some("sqlite.max_readers"));
     }
 }

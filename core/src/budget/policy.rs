@@ -160,11 +160,6 @@ impl BucketPolicy {
 mod tests {
     use super::*;
 
-    fn option_of(err: &Error) -> &str {
-        err.config_option()
-            .unwrap_or_else(|| panic!("not a config error: {err}"))
-    }
-
     #[test]
     fn defaults_burst_to_requests() {
         let policy = BudgetPolicy::new(10, Duration::from_secs(1));
@@ -205,7 +200,7 @@ mod tests {
         ];
         for (policy, expected) in cases {
             let err = policy.validate("gh").unwrap_err();
-            assert_eq!(option_of(&err), expected, "{policy:?}");
+            assert_eq!(err.config_option(), Some(expected), "{policy:?}");
         }
         let bucket = BucketPolicy {
             requests: 1,
@@ -213,8 +208,8 @@ mod tests {
             burst: 1,
         };
         assert_eq!(
-            option_of(&bucket.validate("gh").unwrap_err()),
-            "budgets.gh.per"
+            bucket.validate("gh").unwrap_err().config_option(),
+            Some("budgets.gh.per")
         );
     }
 }
