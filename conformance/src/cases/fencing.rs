@@ -23,7 +23,7 @@ use watukuy_core::{
 
 use super::fixtures::{
     NODE_A, NODE_B, Observation, T0, TTL, acquire, event, expect_lease_lost, invalid, item, key,
-    key_b, leased, observe, pending, poison, progress,
+    key_b, leased, observe, pending, poison, progress, unleased,
 };
 use crate::harness::{CaseError, CaseResult, Env};
 use crate::{check, check_eq};
@@ -317,8 +317,7 @@ pub async fn park_event_rejects_stale_lease(env: Env) -> CaseResult {
 /// rejected by every fenced method (`save_state`, `commit_poll`, `ack_events`, `record_attempt`,
 /// `park_event`) with `LeaseLost`, and no state, lease or key is created.
 pub async fn fenced_writes_without_lease_are_rejected(env: Env) -> CaseResult {
-    let store = env.store();
-    let key = key();
+    let (store, key) = unleased(&env);
     let log = store.capabilities().log;
     let ghost = Lease {
         owner: NODE_A.to_owned(),

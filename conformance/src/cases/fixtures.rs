@@ -24,6 +24,11 @@ pub fn key() -> PKey {
     PKey::new("orders", "")
 }
 
+/// The store under test and [`key`], nothing written or taken yet.
+pub fn unleased(env: &Env) -> (&dyn Store, PKey) {
+    (env.store(), key())
+}
+
 /// The store under test, [`key`], and node-a's lease on it taken at `T0`: where most cases
 /// start.
 pub async fn leased(env: &Env) -> Result<(&dyn Store, PKey, Lease), CaseError> {

@@ -4,7 +4,7 @@
 use watukuy_core::{Lease, StatePatch, Store};
 
 use super::fixtures::{
-    NODE_A, NODE_B, T0, TTL, acquire, expect_lease_lost, key, key_b, key_other, leased,
+    NODE_A, NODE_B, T0, TTL, acquire, expect_lease_lost, key_b, key_other, leased, unleased,
 };
 use crate::harness::{CaseResult, Env};
 use crate::{check, check_eq};
@@ -43,8 +43,7 @@ async fn expect_holder(
 /// `Store::acquire_lease` contract 1: on a key never leased, acquisition returns
 /// `{ owner, epoch: 1, expires_at: now + ttl }`, and `get_lease` reports that lease.
 pub async fn acquire_on_empty_key_returns_epoch_1(env: Env) -> CaseResult {
-    let store = env.store();
-    let key = key();
+    let (store, key) = unleased(&env);
     let lease = store.acquire_lease(&key, NODE_A, TTL, T0).await?;
     let expected = Lease {
         owner: NODE_A.to_owned(),
@@ -326,8 +325,7 @@ pub async fn release_with_stale_lease_is_noop(env: Env) -> CaseResult {
 /// `Store::get_lease` contract 1: `None` before any acquisition, then exactly the holder; other
 /// keys stay `None`.
 pub async fn get_lease_is_none_then_holder(env: Env) -> CaseResult {
-    let store = env.store();
-    let key = key();
+    let (store, key) = unleased(&env);
     expect_holder(store, &key, None, "before any acquisition").await?;
     let lease = acquire(store, &key, NODE_A, T0).await?;
     expect_holder(store, &key, Some(&lease), "after node-a acquired").await?;

@@ -2,7 +2,7 @@
 
 use watukuy_core::{PollerState, StatePatch};
 
-use super::fixtures::{NODE_A, Observation, T0, acquire, key, leased, observe, progress};
+use super::fixtures::{NODE_A, Observation, T0, acquire, leased, observe, progress, unleased};
 use crate::harness::{CaseResult, Env};
 use crate::{check, check_eq};
 
@@ -29,8 +29,7 @@ pub async fn exposes_capabilities(env: Env) -> CaseResult {
 /// an untouched store still reads as empty (`load_state` is `None`, `count_items` is 0, no keys),
 /// and data written before another `migrate()` is still there after it.
 pub async fn migrate_is_idempotent(env: Env) -> CaseResult {
-    let store = env.store();
-    let key = key();
+    let (store, key) = unleased(&env);
     store.migrate().await?;
     store.migrate().await?;
     check_eq!(

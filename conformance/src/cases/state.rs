@@ -8,7 +8,7 @@ use watukuy_core::{
 
 use super::fixtures::{
     NODE_A, NODE_B, Observation, T0, acquire, event, invalid, item, key, key_b, key_other, leased,
-    observe, pending, poison, progress,
+    observe, pending, poison, progress, unleased,
 };
 use crate::harness::{CaseError, CaseResult, Env};
 use crate::{check, check_eq};
@@ -222,8 +222,7 @@ async fn seed_everything(store: &dyn Store, key: &PKey) -> Result<Observation, C
 /// `Store::load_state` contract 1: `None` for a key never saved, also after a lease was
 /// acquired, renewed and released on it; other keys stay `None` too.
 pub async fn load_state_is_none_for_unknown_key(env: Env) -> CaseResult {
-    let store = env.store();
-    let key = key();
+    let (store, key) = unleased(&env);
     expect_state(store, &key, None, "before anything").await?;
     let lease = acquire(store, &key, NODE_A, T0).await?;
     expect_state(store, &key, None, "after acquiring a lease").await?;
@@ -279,8 +278,7 @@ pub async fn save_state_round_trips_every_field(env: Env) -> CaseResult {
 /// with `created_at = patch.updated_at` plus the patch, and creates no lease (the key's first
 /// acquisition still gets epoch 1).
 pub async fn unfenced_save_creates_zero_state(env: Env) -> CaseResult {
-    let store = env.store();
-    let key = key();
+    let (store, key) = unleased(&env);
     let at = T0 + 1_000;
     store
         .save_state_unfenced(
@@ -314,8 +312,7 @@ pub async fn unfenced_save_creates_zero_state(env: Env) -> CaseResult {
 /// `Store::save_state_unfenced` contract 2: a patch without `updated_at` creates the state with
 /// `created_at = 0` (and `updated_at = 0`).
 pub async fn unfenced_save_without_updated_at_uses_zero(env: Env) -> CaseResult {
-    let store = env.store();
-    let key = key();
+    let (store, key) = unleased(&env);
     let patch = StatePatch {
         paused: Some(true),
         sequence: Some(3),
@@ -504,8 +501,7 @@ pub async fn list_keys_filters_by_poller(env: Env) -> CaseResult {
 /// parked rows (and holds), validators and log; the other keys (another partition, another
 /// poller) are intact; deleting again is fine; the key leaves `list_keys`.
 pub async fn delete_key_removes_everything(env: Env) -> CaseResult {
-    let store = env.store();
-    let key = key();
+    let (store, key) = unleased(&env);
     let log = store.capabilities().log;
     seed_everything(store, &key).await?;
     let b_before = seed_everything(store, &key_b()).await?;
@@ -565,8 +561,7 @@ pub async fn delete_key_removes_everything(env: Env) -> CaseResult {
 /// outbox, parked rows, holds, validators, log, state and lease are untouched, other keys keep
 /// their items, and clearing an unknown key is fine (and does not make it known).
 pub async fn clear_items_drops_snapshot_only(env: Env) -> CaseResult {
-    let store = env.store();
-    let key = key();
+    let (store, key) = unleased(&env);
     let before = seed_everything(store, &key).await?;
     let b_before = seed_everything(store, &key_b()).await?;
 
