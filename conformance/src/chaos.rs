@@ -687,6 +687,13 @@ struct ApiHistory {
     next_new: u64,
 }
 
+impl ApiHistory {
+    /// Remembers `stored` as the newest version the API served of `id`.
+    fn served(&mut self, id: &str, stored: Value) {
+        self.versions.entry(id.to_owned()).or_default().push(stored);
+    }
+}
+
 /// Everything the consumer received, in order, across instances.
 type Deliveries = Arc<Mutex<Vec<Event>>>;
 
@@ -923,11 +930,7 @@ impl Sim {
                     let item = json!({ "id": id, "name": format!("New {}", self.history.next_new), "value": 0 });
                     match self.world.api.add(item) {
                         Ok(stored) => {
-                            self.history
-                                .versions
-                                .entry(id.clone())
-                                .or_default()
-                                .push(stored);
+                            self.history.served(&id, stored);
                             self.history.counts.added += 1;
                             done.push(format!("+{id}"));
                         }
@@ -947,11 +950,7 @@ impl Sim {
                     let value = current + 1;
                     match self.world.api.update(&id, json!({ "value": value })) {
                         Ok(stored) => {
-                            self.history
-                                .versions
-                                .entry(id.clone())
-                                .or_default()
-                                .push(stored);
+                            self.history.served(&id, stored);
                             self.history.counts.updated += 1;
                             done.push(format!("~{id}={value}"));
                         }

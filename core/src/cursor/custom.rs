@@ -211,14 +211,6 @@ impl<C: CustomCursor> CursorStrategy for CustomStrategy<C> {
         })
     }
 
-    fn on_cycle_complete(&self, cursor: &Cursor) -> Cursor {
-        cursor.clone()
-    }
-
-    fn lag_ms(&self, _cursor: &Cursor, _now_ms: i64) -> Option<i64> {
-        None
-    }
-
     fn reached(&self, cursor: &Cursor, target: &Cursor) -> bool {
         matches!(
             (cursor, target),

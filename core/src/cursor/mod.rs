@@ -88,11 +88,16 @@ pub trait CursorStrategy: Send + Sync + 'static {
     /// Moves the cursor over one page and says whether the listing is done.
     fn advance(&self, cursor: &Cursor, input: AdvanceInput<'_>) -> Result<Advance>;
 
-    /// The cursor to keep once a cycle finished (the page strategy starts over).
-    fn on_cycle_complete(&self, cursor: &Cursor) -> Cursor;
+    /// The cursor to keep once a cycle finished (the page strategy starts over). Default: the
+    /// cursor as it is.
+    fn on_cycle_complete(&self, cursor: &Cursor) -> Cursor {
+        cursor.clone()
+    }
 
-    /// How far behind now the cursor is (timestamp strategy only), in ms.
-    fn lag_ms(&self, cursor: &Cursor, now_ms: i64) -> Option<i64>;
+    /// How far behind now the cursor is (timestamp strategy only), in ms. Default: `None`.
+    fn lag_ms(&self, _cursor: &Cursor, _now_ms: i64) -> Option<i64> {
+        None
+    }
 
     /// Whether `cursor` has reached `target` (a backfill stops there).
     fn reached(&self, cursor: &Cursor, target: &Cursor) -> bool;

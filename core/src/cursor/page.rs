@@ -120,10 +120,6 @@ impl CursorStrategy for PageCursor {
         }
     }
 
-    fn lag_ms(&self, _cursor: &Cursor, _now_ms: i64) -> Option<i64> {
-        None
-    }
-
     fn reached(&self, cursor: &Cursor, target: &Cursor) -> bool {
         matches!(
             (cursor, target),

@@ -70,10 +70,6 @@ impl CursorStrategy for SnapshotDiffCursor {
         Cursor::Snapshot
     }
 
-    fn lag_ms(&self, _cursor: &Cursor, _now_ms: i64) -> Option<i64> {
-        None
-    }
-
     fn reached(&self, _cursor: &Cursor, _target: &Cursor) -> bool {
         true
     }

@@ -589,10 +589,6 @@ impl CursorStrategy for TimestampCursor {
         })
     }
 
-    fn on_cycle_complete(&self, cursor: &Cursor) -> Cursor {
-        cursor.clone()
-    }
-
     fn lag_ms(&self, cursor: &Cursor, now_ms: i64) -> Option<i64> {
         match cursor {
             Cursor::Timestamp {
