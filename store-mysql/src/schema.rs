@@ -17,101 +17,89 @@ pub const SCHEMA_VERSION: i32 = 1;
 
 /// The statements of migration `version` (1-based) for the tables named by `t`.
 fn steps(version: i32, t: &Tables) -> Vec<String> {
-    // Byte-wise comparison everywhere: ids, identities and keys are VARBINARY (no collation, no
-    // trailing-space padding); JSON is LONGBLOB (the text exactly as given: MySQL's JSON type
-    // reorders keys and MariaDB's is LONGTEXT with a check). Engine and row format are explicit
-    // so the 3072-byte index limit holds on old defaults too.
-    const TAIL: &str = "ENGINE=InnoDB ROW_FORMAT=DYNAMIC";
     match version {
         1 => vec![
-            format!(
-                "CREATE TABLE IF NOT EXISTS {keys} (
-                    poller VARBINARY(255) NOT NULL,
-                    part VARBINARY(255) NOT NULL,
-                    holder VARBINARY(255) NULL,
-                    epoch BIGINT NOT NULL,
-                    expires_at BIGINT NOT NULL,
-                    listed TINYINT NOT NULL,
-                    state_json LONGBLOB NULL,
-                    PRIMARY KEY (poller, part)
-                ) {TAIL}",
-                keys = t.keys
+            table(
+                &t.keys,
+                "holder VARBINARY(255) NULL,
+                 epoch BIGINT NOT NULL,
+                 expires_at BIGINT NOT NULL,
+                 listed TINYINT NOT NULL,
+                 state_json LONGBLOB NULL,
+                 PRIMARY KEY (poller, part)",
             ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {items} (
-                    poller VARBINARY(255) NOT NULL,
-                    part VARBINARY(255) NOT NULL,
-                    identity VARBINARY(1024) NOT NULL,
-                    item_version LONGBLOB NULL,
-                    item_hash LONGBLOB NOT NULL,
-                    schema_version INT UNSIGNED NOT NULL,
-                    payload LONGBLOB NULL,
-                    seen_at BIGINT NOT NULL,
-                    PRIMARY KEY (poller, part, identity)
-                ) {TAIL}",
-                items = t.items
+            table(
+                &t.items,
+                "identity VARBINARY(1024) NOT NULL,
+                 item_version LONGBLOB NULL,
+                 item_hash LONGBLOB NOT NULL,
+                 schema_version INT UNSIGNED NOT NULL,
+                 payload LONGBLOB NULL,
+                 seen_at BIGINT NOT NULL,
+                 PRIMARY KEY (poller, part, identity)",
             ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {outbox} (
-                    poller VARBINARY(255) NOT NULL,
-                    part VARBINARY(255) NOT NULL,
-                    event_id VARBINARY(255) NOT NULL,
-                    seq BIGINT NOT NULL,
-                    event_json LONGBLOB NOT NULL,
-                    delivered TINYINT NOT NULL,
-                    attempts INT UNSIGNED NOT NULL,
-                    next_attempt_at BIGINT NULL,
-                    last_error LONGBLOB NULL,
-                    created_at BIGINT NOT NULL,
-                    PRIMARY KEY (poller, part, event_id),
-                    KEY pending (poller, part, delivered, seq)
-                ) {TAIL}",
-                outbox = t.outbox
+            table(
+                &t.outbox,
+                "event_id VARBINARY(255) NOT NULL,
+                 seq BIGINT NOT NULL,
+                 event_json LONGBLOB NOT NULL,
+                 delivered TINYINT NOT NULL,
+                 attempts INT UNSIGNED NOT NULL,
+                 next_attempt_at BIGINT NULL,
+                 last_error LONGBLOB NULL,
+                 created_at BIGINT NOT NULL,
+                 PRIMARY KEY (poller, part, event_id),
+                 KEY pending (poller, part, delivered, seq)",
             ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {parked} (
-                    poller VARBINARY(255) NOT NULL,
-                    part VARBINARY(255) NOT NULL,
-                    id VARBINARY(255) NOT NULL,
-                    kind VARBINARY(16) NOT NULL,
-                    event_json LONGBLOB NULL,
-                    item LONGBLOB NULL,
-                    error_json LONGBLOB NOT NULL,
-                    attempts INT UNSIGNED NOT NULL,
-                    parked_at BIGINT NOT NULL,
-                    hold_key LONGBLOB NULL,
-                    PRIMARY KEY (poller, part, id),
-                    KEY by_time (poller, part, parked_at, id)
-                ) {TAIL}",
-                parked = t.parked
+            table(
+                &t.parked,
+                "id VARBINARY(255) NOT NULL,
+                 kind VARBINARY(16) NOT NULL,
+                 event_json LONGBLOB NULL,
+                 item LONGBLOB NULL,
+                 error_json LONGBLOB NOT NULL,
+                 attempts INT UNSIGNED NOT NULL,
+                 parked_at BIGINT NOT NULL,
+                 hold_key LONGBLOB NULL,
+                 PRIMARY KEY (poller, part, id),
+                 KEY by_time (poller, part, parked_at, id)",
             ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {validators} (
-                    poller VARBINARY(255) NOT NULL,
-                    part VARBINARY(255) NOT NULL,
-                    url_hash VARBINARY(255) NOT NULL,
-                    etag LONGBLOB NULL,
-                    last_modified LONGBLOB NULL,
-                    stored_at BIGINT NOT NULL,
-                    PRIMARY KEY (poller, part, url_hash)
-                ) {TAIL}",
-                validators = t.validators
+            table(
+                &t.validators,
+                "url_hash VARBINARY(255) NOT NULL,
+                 etag LONGBLOB NULL,
+                 last_modified LONGBLOB NULL,
+                 stored_at BIGINT NOT NULL,
+                 PRIMARY KEY (poller, part, url_hash)",
             ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {log} (
-                    poller VARBINARY(255) NOT NULL,
-                    part VARBINARY(255) NOT NULL,
-                    seq BIGINT NOT NULL,
-                    event_json LONGBLOB NOT NULL,
-                    created_at BIGINT NOT NULL,
-                    PRIMARY KEY (poller, part, seq),
-                    KEY by_time (poller, part, created_at)
-                ) {TAIL}",
-                log = t.log
+            table(
+                &t.log,
+                "seq BIGINT NOT NULL,
+                 event_json LONGBLOB NOT NULL,
+                 created_at BIGINT NOT NULL,
+                 PRIMARY KEY (poller, part, seq),
+                 KEY by_time (poller, part, created_at)",
             ),
         ],
         _ => Vec::new(),
     }
+}
+
+/// `CREATE TABLE IF NOT EXISTS` of `name`: every table belongs to one key `(poller, part)`, whose
+/// columns come first, then `columns` (the rest, with the primary key and indexes).
+///
+/// Byte-wise comparison everywhere: ids, identities and keys are VARBINARY (no collation, no
+/// trailing-space padding); JSON is LONGBLOB (the text exactly as given: MySQL's JSON type
+/// reorders keys and MariaDB's is LONGTEXT with a check). Engine and row format are explicit so
+/// the 3072-byte index limit holds on old defaults too.
+fn table(name: &str, columns: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {name} (
+                    poller VARBINARY(255) NOT NULL,
+                    part VARBINARY(255) NOT NULL,
+                    {columns}
+                ) ENGINE=InnoDB ROW_FORMAT=DYNAMIC"
+    )
 }
 
 /// Every version's statements, in order.
