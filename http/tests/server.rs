@@ -241,12 +241,12 @@ async fn a_503_with_retry_after_throttles_too_and_without_it_backs_off() {
     h.clock.advance(Duration::from_secs(30));
     let now = T0 + 30_000;
     h.poll().await;
-    let (reason, next_due_at) = h.recorder.last_reason();
-    assert_eq!(reason, ScheduleReason::Backoff);
-    assert!((now..=now + 1_000).contains(&next_due_at), "{next_due_at}");
-    let schedule = h.schedule().await;
-    assert_eq!(schedule.consecutive_failures, 1);
-    assert_eq!(schedule.throttled_until, None);
+    h.assert_backed_off_once(now).await;
+}
+
+/// Items `a` and `c`: what a page keeps when the item between them is rejected.
+fn a_and_c() -> Vec<Value> {
+    vec![json!({ "id": "a", "v": 1 }), json!({ "id": "c", "v": 3 })]
 }
 
 /// An IMF-fixdate, formatted by hand so the test does not trust the parser it checks.
@@ -285,12 +285,7 @@ async fn a_500_is_a_failure_with_backoff_and_its_problem_details_name_it() {
         format!("GET {} responded 500: Database unavailable", h.url)
     );
     assert_eq!(error.code.as_deref(), Some("HTTP"));
-    let (reason, next_due_at) = h.recorder.last_reason();
-    assert_eq!(reason, ScheduleReason::Backoff);
-    assert!((T0..=T0 + 1_000).contains(&next_due_at), "{next_due_at}");
-    let schedule = h.schedule().await;
-    assert_eq!(schedule.consecutive_failures, 1);
-    assert_eq!(schedule.throttled_until, None);
+    let schedule = h.assert_backed_off_once(T0).await;
     assert_eq!(schedule.last_error.unwrap().status, Some(500));
     assert!(h.events().is_empty());
 
@@ -321,10 +316,10 @@ async fn error_responses_keep_problem_details_and_at_most_64_kib() {
     let http = client();
     let ctx = context(None);
 
-    let response = http
-        .get(&ctx, server.url("/problem"))
-        .throw_on_error(false)
-        .send()
+    let response = server
+        .get_with(&http, &ctx, "/problem", |request| {
+            request.throw_on_error(false)
+        })
         .await
         .unwrap();
     assert!(!response.ok());
@@ -343,20 +338,14 @@ async fn error_responses_keep_problem_details_and_at_most_64_kib() {
     );
     assert!(response.error_for_status().is_err());
 
-    let response = http
-        .get(&ctx, server.url("/big"))
-        .throw_on_error(false)
-        .send()
+    let response = server
+        .get_with(&http, &ctx, "/big", |request| request.throw_on_error(false))
         .await
         .unwrap();
     assert_eq!(response.bytes().unwrap().len(), MAX_ERROR_BODY_BYTES);
     assert!(response.problem().is_none());
 
-    let error = http
-        .get(&ctx, server.url("/plain"))
-        .send()
-        .await
-        .unwrap_err();
+    let error = server.get(&http, &ctx, "/plain").await.unwrap_err();
     assert_eq!(
         error.to_string(),
         format!("GET {} responded 500", server.url("/plain")),
@@ -382,11 +371,7 @@ async fn malformed_headers_and_bodies_never_panic() {
     .await;
     let http = client();
     let ctx = context(None);
-    let error = http
-        .get(&ctx, server.url("/garbage-429"))
-        .send()
-        .await
-        .unwrap_err();
+    let error = server.get(&http, &ctx, "/garbage-429").await.unwrap_err();
     assert!(matches!(
         error,
         Error::Http {
@@ -396,11 +381,7 @@ async fn malformed_headers_and_bodies_never_panic() {
             ..
         }
     ));
-    let response = http
-        .get(&ctx, server.url("/not-json"))
-        .send()
-        .await
-        .unwrap();
+    let response = server.get(&http, &ctx, "/not-json").await.unwrap();
     let error = response.items_page().unwrap_err();
     assert_eq!(http_status(&error), Some(200));
     assert!(
@@ -410,11 +391,7 @@ async fn malformed_headers_and_bodies_never_panic() {
     let response = http.get(&ctx, server.url("/binary")).send().await.unwrap();
     assert_eq!(response.text().unwrap(), "\u{fffd}\u{fffd}\u{0}");
     assert!(response.items_page().is_err());
-    let response = http
-        .get(&ctx, server.url("/envelope"))
-        .send()
-        .await
-        .unwrap();
+    let response = server.get(&http, &ctx, "/envelope").await.unwrap();
     assert_eq!(
         response.items_page_at("/data/items").unwrap().items.len(),
         1
@@ -446,17 +423,9 @@ async fn an_item_with_a_lone_surrogate_escape_is_rejected_and_the_others_go_thro
     .await;
     let http = client();
     let ctx = context(None);
-    let page = http
-        .get(&ctx, server.url("/array"))
-        .send()
-        .await
-        .unwrap()
-        .items_page()
-        .unwrap();
-    assert_eq!(
-        page.items,
-        vec![json!({ "id": "a", "v": 1 }), json!({ "id": "c", "v": 3 })]
-    );
+    let response = server.get(&http, &ctx, "/array").await.unwrap();
+    let page = response.items_page().unwrap();
+    assert_eq!(page.items, a_and_c());
     assert_eq!(page.rejected.len(), 1, "{page:?}");
     assert_eq!(page.rejected[0].text, r#"{"id":"b","name":"x\ud800"}"#);
     assert_eq!(
@@ -466,11 +435,7 @@ async fn an_item_with_a_lone_surrogate_escape_is_rejected_and_the_others_go_thro
     );
 
     // Inside an envelope: the rest of the body (`meta` here) is not decoded at all.
-    let response = http
-        .get(&ctx, server.url("/envelope"))
-        .send()
-        .await
-        .unwrap();
+    let response = server.get(&http, &ctx, "/envelope").await.unwrap();
     let page = response.items_page_at("/data/items").unwrap();
     assert_eq!(page.items.len(), 2, "{page:?}");
     assert_eq!(page.rejected.len(), 1, "{page:?}");
@@ -495,17 +460,13 @@ async fn an_item_nested_200_deep_is_rejected_and_the_others_go_through() {
     let body = format!(r#"[{{"id":"a","v":1}},{deep},{{"id":"c","v":3}}]"#);
     let server = Server::start(move |_| raw_json(body.clone())).await;
     let http = client();
-    let page = http
-        .get(&context(None), server.url("/items"))
-        .send()
+    let page = server
+        .get(&http, &context(None), "/items")
         .await
         .unwrap()
         .items_page()
         .unwrap();
-    assert_eq!(
-        page.items,
-        vec![json!({ "id": "a", "v": 1 }), json!({ "id": "c", "v": 3 })]
-    );
+    assert_eq!(page.items, a_and_c());
     assert_eq!(page.rejected.len(), 1, "{page:?}");
     assert_eq!(page.rejected[0].text, deep);
     assert_eq!(
@@ -547,11 +508,7 @@ async fn a_body_of_100000_open_brackets_is_a_clear_error_and_never_a_crash() {
 
     // Closed as deep as it opens, the body is one array holding one item 99,999 levels deep:
     // that item is rejected, whole, and nothing recurses.
-    let response = http
-        .get(&ctx, server.url("/balanced"))
-        .send()
-        .await
-        .unwrap();
+    let response = server.get(&http, &ctx, "/balanced").await.unwrap();
     let page = response.items_page().unwrap();
     assert!(page.items.is_empty());
     assert_eq!(page.rejected.len(), 1);
@@ -668,17 +625,17 @@ async fn urls_queries_and_default_headers() {
         let error = http.get(&ctx, url).send().await.unwrap_err();
         assert_eq!(error.code(), ErrorCode::Config, "{url}");
     }
-    let error = http
-        .get(&ctx, server.url("/x"))
-        .header("bad header", "v")
-        .send()
+    let error = server
+        .get_with(&http, &ctx, "/x", |request| {
+            request.header("bad header", "v")
+        })
         .await
         .unwrap_err();
     assert_eq!(error.code(), ErrorCode::Config);
-    let error = http
-        .get(&ctx, server.url("/x"))
-        .header("authorization", "Bearer SECRET\n")
-        .send()
+    let error = server
+        .get_with(&http, &ctx, "/x", |request| {
+            request.header("authorization", "Bearer SECRET\n")
+        })
         .await
         .unwrap_err();
     assert!(!error.to_string().contains("SECRET"), "{error}");

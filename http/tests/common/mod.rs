@@ -21,7 +21,7 @@ use watukuy_core::{
     ManualClock, PKey, Partition, PollResult, Poller, SeededRng, Store, TickOptions,
     ValidatorAccess, cursor,
 };
-use watukuy_http::HttpClient;
+use watukuy_http::{HttpClient, HttpResponse, RequestBuilder};
 use watukuy_store_memory::MemoryStore;
 
 /// 2026-01-01T00:00:00Z.
@@ -120,6 +120,28 @@ impl Server {
 
     pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+
+    /// `GET path` on this server through `http`, as `ctx`.
+    pub(crate) async fn get(
+        &self,
+        http: &HttpClient,
+        ctx: &FetchContext,
+        path: &str,
+    ) -> Result<HttpResponse, Error> {
+        self.get_with(http, ctx, path, |request| request).await
+    }
+
+    /// Like [`get`](Self::get), with the request changed by `adjust` (a header, error statuses
+    /// returned as responses) before it is sent.
+    pub(crate) async fn get_with<'a>(
+        &self,
+        http: &'a HttpClient,
+        ctx: &'a FetchContext,
+        path: &str,
+        adjust: impl FnOnce(RequestBuilder<'a>) -> RequestBuilder<'a>,
+    ) -> Result<HttpResponse, Error> {
+        adjust(http.get(ctx, self.url(path))).send().await
     }
 
     pub(crate) fn script(&self, script: impl Fn(&Seen) -> Reply + Send + Sync + 'static) {
@@ -283,6 +305,18 @@ impl Harness {
         let mut tick = self.engine.tick(TickOptions::default()).await.unwrap();
         assert_eq!(tick.polled.len(), 1, "{tick:?}");
         tick.polled.remove(0)
+    }
+
+    /// Checks the schedule after a poll at `at` failed for the first time: the next poll is due
+    /// by backoff within a second, after one failure, and nothing throttles it. The schedule.
+    pub(crate) async fn assert_backed_off_once(&self, at: i64) -> watukuy_core::ScheduleState {
+        let (reason, next_due_at) = self.recorder.last_reason();
+        assert_eq!(reason, ScheduleReason::Backoff);
+        assert!((at..=at + 1_000).contains(&next_due_at), "{next_due_at}");
+        let schedule = self.schedule().await;
+        assert_eq!(schedule.consecutive_failures, 1);
+        assert_eq!(schedule.throttled_until, None);
+        schedule
     }
 
     pub(crate) async fn schedule(&self) -> watukuy_core::ScheduleState {
