@@ -27,6 +27,25 @@ struct Record {
 }
 
 impl Record {
+    /// Up to `limit` pending rows in sequence order.
+    fn pending(&self, limit: usize) -> Vec<OutboxRow> {
+        self.order
+            .iter()
+            .take(limit)
+            .filter_map(|(_, id)| self.outbox.get(id).cloned())
+            .collect()
+    }
+
+    /// The distinct hold keys of the parked rows.
+    fn held_keys(&self) -> Vec<String> {
+        let held: BTreeSet<&String> = self
+            .parked
+            .values()
+            .filter_map(|row| row.hold_key.as_ref())
+            .collect();
+        held.into_iter().cloned().collect()
+    }
+
     fn put_outbox(&mut self, row: OutboxRow) {
         self.remove_outbox(&row.event_id);
         if row.status == OutboxStatus::Pending {
@@ -320,17 +339,23 @@ impl Store for MemoryStore {
     }
 
     async fn load_pending(&self, key: &PKey, limit: usize) -> Result<Vec<OutboxRow>> {
+        Ok(self.read(key, |r| r.pending(limit), Vec::new()))
+    }
+
+    async fn load_pending_with_holds(
+        &self,
+        key: &PKey,
+        limit: usize,
+    ) -> Result<(Vec<OutboxRow>, Vec<String>)> {
         Ok(self.read(
             key,
-            |r| {
-                r.order
-                    .iter()
-                    .take(limit)
-                    .filter_map(|(_, id)| r.outbox.get(id).cloned())
-                    .collect()
-            },
-            Vec::new(),
+            |r| (r.pending(limit), r.held_keys()),
+            (Vec::new(), Vec::new()),
         ))
+    }
+
+    async fn held_keys(&self, key: &PKey) -> Result<Vec<String>> {
+        Ok(self.read(key, Record::held_keys, Vec::new()))
     }
 
     async fn ack_events(&self, key: &PKey, lease: &Lease, ids: &[String]) -> Result<()> {
