@@ -60,6 +60,36 @@ fn engine(
     Ok((engine, recorder))
 }
 
+/// A timestamp poller over three items with [`pinned_schedule`], on an [`engine`] whose schedule
+/// changes go to the returned [`ScheduleLog`].
+fn scheduled(env: &Env) -> Result<(World, Engine, Recorder, Arc<ScheduleLog>), CaseError> {
+    let w = world(3, 10)?;
+    let hooks = Arc::new(ScheduleLog::default());
+    let poller = w
+        .poller(StrategyKind::Timestamp)
+        .schedule(pinned_schedule())
+        .build()?;
+    let (engine, recorder) = engine(&w, env, poller, Some(hooks.clone()))?;
+    Ok((w, engine, recorder, hooks))
+}
+
+/// A timestamp poller over three items that logs its events for an hour, on an [`engine`].
+fn logged(env: &Env) -> Result<(World, Engine, Recorder), CaseError> {
+    let w = world(3, 10)?;
+    let poller = w
+        .poller(StrategyKind::Timestamp)
+        .log(Duration::from_secs(3_600))
+        .build()?;
+    let (engine, recorder) = engine(&w, env, poller, None)?;
+    Ok((w, engine, recorder))
+}
+
+/// Changes item `id` in the fake API (`change` is merged into it).
+fn update(w: &World, id: &str, change: Value) -> CaseResult {
+    w.api.update(id, change).map_err(api_error)?;
+    Ok(())
+}
+
 /// The one `(poller, partition)` the engine reports.
 async fn only(engine: &Engine) -> Result<watukuy_core::ops::KeyInspect, CaseError> {
     let report = engine.inspect().await?;
@@ -260,23 +290,13 @@ async fn live_interval_when_due(w: &World, engine: &Engine) -> Result<i64, CaseE
 /// cycle runs exactly when due, and the schedule hook reports each change with its reason. Idle
 /// from there on, it grows (rounded) up to max and stays there.
 pub async fn aimd_sequence(env: Env) -> CaseResult {
-    let w = world(3, 10)?;
-    let hooks = Arc::new(ScheduleLog::default());
-    let poller = w
-        .poller(StrategyKind::Timestamp)
-        .schedule(pinned_schedule())
-        .build()?;
-    let (engine, recorder) = engine(&w, &env, poller, Some(hooks.clone()))?;
+    let (w, engine, recorder, hooks) = scheduled(&env)?;
     check_eq!(only(&engine).await?.schedule.interval_ms, Some(5_000));
 
     let mut intervals = Vec::new();
     for step in 0..4 {
         if step == 3 {
-            drop(
-                w.api
-                    .update("item-001", json!({ "value": 10 }))
-                    .map_err(api_error)?,
-            );
+            update(&w, "item-001", json!({ "value": 10 }))?;
         }
         intervals.push(live_interval_when_due(&w, &engine).await?);
     }
@@ -314,13 +334,7 @@ pub async fn aimd_sequence(env: Env) -> CaseResult {
 /// at 11.999 s) and records `throttled_until`, without counting as a failure (an earlier 500's
 /// count is left alone); the next success clears the failures and the throttle.
 pub async fn throttle_waits_exactly_retry_after(env: Env) -> CaseResult {
-    let w = world(3, 10)?;
-    let hooks = Arc::new(ScheduleLog::default());
-    let poller = w
-        .poller(StrategyKind::Timestamp)
-        .schedule(pinned_schedule())
-        .build()?;
-    let (engine, recorder) = engine(&w, &env, poller, Some(hooks.clone()))?;
+    let (w, engine, recorder, hooks) = scheduled(&env)?;
     clean_tick(&w, &engine).await?;
     check_eq!(recorder.ids().len(), 3);
 
@@ -415,11 +429,7 @@ pub async fn circuit_opens_probes_and_closes(env: Env) -> CaseResult {
                         .add(json!({ "id": "new-2", "name": "New 2", "value": 200 }))
                         .map_err(api_error)?,
                 );
-                drop(
-                    w.api
-                        .update("item-002", json!({ "value": 21 }))
-                        .map_err(api_error)?,
-                );
+                update(&w, "item-002", json!({ "value": 21 }))?;
             }
             _ => {}
         }
@@ -861,12 +871,7 @@ pub async fn failing_backfill_backs_off(env: Env) -> CaseResult {
 /// original ids, types and data on the replay lane, with fresh sequences after everything
 /// committed; copies are not logged again and later events continue the sequence.
 pub async fn replay_redelivers_with_same_ids(env: Env) -> CaseResult {
-    let w = world(3, 10)?;
-    let poller = w
-        .poller(StrategyKind::Timestamp)
-        .log(Duration::from_secs(3_600))
-        .build()?;
-    let (engine, recorder) = engine(&w, &env, poller, None)?;
+    let (w, engine, recorder) = logged(&env)?;
     let t0 = w.now();
     let result = clean_tick(&w, &engine).await?;
     check_eq!(result.delivered, 3, "{result:?}");
@@ -875,11 +880,7 @@ pub async fn replay_redelivers_with_same_ids(env: Env) -> CaseResult {
 
     // A later change, outside the replayed range.
     w.advance(Duration::from_secs(10));
-    drop(
-        w.api
-            .update("item-002", json!({ "value": 20 }))
-            .map_err(api_error)?,
-    );
+    update(&w, "item-002", json!({ "value": 20 }))?;
     clean_tick(&w, &engine).await?;
     let events = recorder.events();
     check_eq!(
@@ -922,11 +923,7 @@ pub async fn replay_redelivers_with_same_ids(env: Env) -> CaseResult {
         "{logged:?}"
     );
     w.advance(Duration::from_secs(60));
-    drop(
-        w.api
-            .update("item-003", json!({ "value": 30 }))
-            .map_err(api_error)?,
-    );
+    update(&w, "item-003", json!({ "value": 30 }))?;
     clean_tick(&w, &engine).await?;
     let last = recorder.events().last().cloned();
     check_eq!(
@@ -945,12 +942,7 @@ pub async fn replay_redelivers_with_same_ids(env: Env) -> CaseResult {
 /// `now - retention` (an entry exactly `retention` old is kept), and pruned entries can no
 /// longer be replayed.
 pub async fn log_retention_prunes(env: Env) -> CaseResult {
-    let w = world(3, 10)?;
-    let poller = w
-        .poller(StrategyKind::Timestamp)
-        .log(Duration::from_secs(3_600))
-        .build()?;
-    let (engine, recorder) = engine(&w, &env, poller, None)?;
+    let (w, engine, recorder) = logged(&env)?;
     let t0 = w.now();
     clean_tick(&w, &engine).await?;
     let logged_at =
@@ -959,11 +951,7 @@ pub async fn log_retention_prunes(env: Env) -> CaseResult {
 
     // Exactly the retention later: nothing is strictly older than `now - retention` yet.
     w.advance(Duration::from_secs(3_600));
-    drop(
-        w.api
-            .update("item-001", json!({ "value": 10 }))
-            .map_err(api_error)?,
-    );
+    update(&w, "item-001", json!({ "value": 10 }))?;
     clean_tick(&w, &engine).await?;
     check_eq!(recorder.ids().len(), 4);
     check_eq!(
