@@ -13,9 +13,11 @@ fn postgres_url() -> String {
     backend_url("postgres", URL_ENV).unwrap_or_else(|error| panic!("{error}"))
 }
 
-fn run(binary: &str, url: &str) -> String {
+/// Runs the example `binary` on the test database and checks that it succeeds and prints every
+/// line of `expected`.
+fn assert_prints(binary: &str, expected: &[&str]) {
     let output = Command::new(binary)
-        .args(["--url", url])
+        .args(["--url", &postgres_url()])
         .output()
         .expect("the example binary runs");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
@@ -25,40 +27,37 @@ fn run(binary: &str, url: &str) -> String {
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
-    stdout
+    for expected in expected {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
 }
 
 #[watukuy_testenv::requires(postgres)]
 #[test]
 fn read_model_applies_every_event_exactly_once() {
-    let url = postgres_url();
-    let stdout = run(env!("CARGO_BIN_EXE_read_model"), &url);
-    for expected in [
-        "created order-2 #2 (attempt 2): deduplicated",
-        "order-2: open, total 75, applied 1 time(s)",
-        "read model consistent: every event applied exactly once",
-    ] {
-        assert!(
-            stdout.contains(expected),
-            "missing {expected:?} in:\n{stdout}"
-        );
-    }
+    assert_prints(
+        env!("CARGO_BIN_EXE_read_model"),
+        &[
+            "created order-2 #2 (attempt 2): deduplicated",
+            "order-2: open, total 75, applied 1 time(s)",
+            "read model consistent: every event applied exactly once",
+        ],
+    );
 }
 
 #[watukuy_testenv::requires(postgres)]
 #[test]
 fn multi_instance_fails_over_when_an_instance_is_killed() {
-    let url = postgres_url();
-    let stdout = run(env!("CARGO_BIN_EXE_multi_instance"), &url);
-    for expected in [
-        "--- parent: killed instance b",
-        "[a] stopped cleanly",
-        "[c] stopped cleanly",
-        "fail-over ok: after b was killed, a and c polled all 6 keys",
-    ] {
-        assert!(
-            stdout.contains(expected),
-            "missing {expected:?} in:\n{stdout}"
-        );
-    }
+    assert_prints(
+        env!("CARGO_BIN_EXE_multi_instance"),
+        &[
+            "--- parent: killed instance b",
+            "[a] stopped cleanly",
+            "[c] stopped cleanly",
+            "fail-over ok: after b was killed, a and c polled all 6 keys",
+        ],
+    );
 }
