@@ -156,6 +156,14 @@ impl Store for CountingStore {
         self.count().load_pending(key, limit).await
     }
 
+    async fn load_pending_with_holds(
+        &self,
+        key: &PKey,
+        limit: usize,
+    ) -> Result<(Vec<OutboxRow>, Vec<String>)> {
+        self.count().load_pending_with_holds(key, limit).await
+    }
+
     async fn ack_events(&self, key: &PKey, lease: &Lease, ids: &[String]) -> Result<()> {
         self.count().ack_events(key, lease, ids).await
     }
