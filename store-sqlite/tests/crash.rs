@@ -122,22 +122,8 @@ async fn whole_pages(path: &Path) -> i64 {
     let pages = sequence / PAGE;
     let rows = u64::try_from(sequence).expect("non-negative");
 
-    assert_eq!(
-        store
-            .counts(&key)
-            .await
-            .map(|c| c.items)
-            .expect("count_items"),
-        rows
-    );
-    assert_eq!(
-        store
-            .counts(&key)
-            .await
-            .map(|c| c.pending)
-            .expect("count_pending"),
-        rows
-    );
+    let counts = store.counts(&key).await.expect("counts");
+    assert_eq!((counts.items, counts.pending), (rows, rows));
     let log = store
         .read_log(&key, LogQuery::default(), usize::MAX)
         .await
