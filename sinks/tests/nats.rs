@@ -13,19 +13,15 @@ use std::time::Duration;
 
 use async_nats::header::NATS_MESSAGE_ID;
 use async_nats::jetstream::{self, stream};
-use common::{ctx, event, free_port, unique};
+use common::{broker_url, ctx, event, free_port, unique};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use watukuy_core::{CloudEvent, Event, EventType, Handler, HandlerErrorKind};
 use watukuy_sinks::{EventFormat, NatsSink};
 
+/// The test broker's URL.
 fn nats_url() -> String {
-    std::env::var("WATUKUY_TEST_NATS_URL")
-        .ok()
-        .filter(|url| !url.trim().is_empty())
-        .unwrap_or_else(|| {
-            panic!("WATUKUY_TEST_NATS_URL is not set, so the NATS sink cannot be tested")
-        })
+    broker_url("WATUKUY_TEST_NATS_URL", "NATS")
 }
 
 async fn connect(url: &str) -> async_nats::Client {
@@ -56,6 +52,23 @@ async fn fresh_stream(
     .unwrap()
 }
 
+/// A client of the test server, its JetStream context, a poller name unique to this process
+/// (from `name`) and a fresh in-memory stream of that name capturing the poller's subjects.
+async fn memory_stream(
+    name: &str,
+) -> (
+    async_nats::Client,
+    jetstream::Context,
+    String,
+    stream::Stream,
+) {
+    let client = connect(&nats_url()).await;
+    let js = jetstream::new(client.clone());
+    let poller = unique(name);
+    let stream = fresh_stream(&js, &poller, &poller, stream::StorageType::Memory).await;
+    (client, js, poller, stream)
+}
+
 async fn message_count(stream: &mut stream::Stream) -> u64 {
     stream.info().await.unwrap().state.messages
 }
@@ -63,10 +76,7 @@ async fn message_count(stream: &mut stream::Stream) -> u64 {
 #[watukuy_testenv::requires(nats)]
 #[tokio::test]
 async fn the_same_event_twice_is_one_message_in_the_stream() {
-    let client = connect(&nats_url()).await;
-    let js = jetstream::new(client.clone());
-    let poller = unique("sinks_nats_dedup");
-    let mut stream = fresh_stream(&js, &poller, &poller, stream::StorageType::Memory).await;
+    let (client, js, poller, mut stream) = memory_stream("sinks_nats_dedup").await;
     let sink = NatsSink::new(client);
 
     let first = event(&poller, 1, EventType::Created);
@@ -109,10 +119,7 @@ async fn the_same_event_twice_is_one_message_in_the_stream() {
 #[watukuy_testenv::requires(nats)]
 #[tokio::test]
 async fn raw_format_and_a_custom_subject() {
-    let client = connect(&nats_url()).await;
-    let js = jetstream::new(client.clone());
-    let poller = unique("sinks_nats_raw");
-    let stream = fresh_stream(&js, &poller, &poller, stream::StorageType::Memory).await;
+    let (client, js, poller, stream) = memory_stream("sinks_nats_raw").await;
     let subject_root = poller.clone();
     let sink = NatsSink::new(client)
         .format(EventFormat::Raw)

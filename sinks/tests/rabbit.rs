@@ -12,7 +12,7 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
-use common::{ctx, event, free_port, unique};
+use common::{broker_url, ctx, event, free_port, unique};
 use futures::StreamExt as _;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions,
@@ -24,13 +24,9 @@ use tokio::task::JoinHandle;
 use watukuy_core::{CloudEvent, Event, EventType, Handler, HandlerErrorKind};
 use watukuy_sinks::{EventFormat, RabbitSink};
 
+/// The test broker's URL.
 fn amqp_url() -> String {
-    std::env::var("WATUKUY_TEST_AMQP_URL")
-        .ok()
-        .filter(|url| !url.trim().is_empty())
-        .unwrap_or_else(|| {
-            panic!("WATUKUY_TEST_AMQP_URL is not set, so the RabbitMQ sink cannot be tested")
-        })
+    broker_url("WATUKUY_TEST_AMQP_URL", "RabbitMQ")
 }
 
 async fn channel() -> (Connection, Channel) {

@@ -39,3 +39,12 @@ pub fn free_port() -> u16 {
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}_{}", std::process::id())
 }
+
+/// The URL of a broker from the environment variable `var`; unset or empty, the test fails saying
+/// which variable names the `broker` (a test that needs it never passes without it).
+pub fn broker_url(var: &str, broker: &str) -> String {
+    std::env::var(var)
+        .ok()
+        .filter(|url| !url.trim().is_empty())
+        .unwrap_or_else(|| panic!("{var} is not set, so the {broker} sink cannot be tested"))
+}
