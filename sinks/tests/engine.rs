@@ -2,6 +2,8 @@
 //! delivering through a `WebhookSink` attached with one line, to a real HTTP receiver that
 //! verifies every request.
 
+mod common;
+
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,6 +18,8 @@ use watukuy_conformance::world::{POLLER, StrategyKind, World};
 use watukuy_core::{Clock, CloudEvent, ManualClock, ParkedQuery, Store};
 use watukuy_sinks::{WebhookOptions, WebhookSecret, WebhookSink, verify_webhook_signature};
 use watukuy_store_memory::MemoryStore;
+
+use common::spawn_server;
 
 const SECRET: &str = "whsec_c2lua3MtZW5kLXRvLWVuZA==";
 
@@ -69,9 +73,7 @@ async fn an_engine_delivers_signed_events_and_parks_a_permanent_failure() {
     let app = Router::new()
         .route("/hooks", post(receive))
         .with_state(receiver.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hooks", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let url = format!("{}/hooks", spawn_server(app).await);
 
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let poller = world.poller(StrategyKind::Timestamp).build().unwrap();

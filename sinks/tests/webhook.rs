@@ -12,7 +12,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use common::{ctx, event, free_port};
+use common::{ctx, event, free_port, spawn_server};
 use watukuy_core::{CloudEvent, Event, EventType, Handler, HandlerErrorKind, ManualClock};
 use watukuy_sinks::{
     EventFormat, MAX_WEBHOOK_ERROR_BODY_CHARS, WebhookConfigError, WebhookDeliveryError,
@@ -114,10 +114,7 @@ async fn serve() -> (String, Receiver) {
     let app = Router::new()
         .route("/{*path}", post(answer))
         .with_state(receiver.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (base, receiver)
+    (spawn_server(app).await, receiver)
 }
 
 fn options(url: String) -> WebhookOptions {

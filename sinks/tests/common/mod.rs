@@ -48,3 +48,11 @@ pub fn broker_url(var: &str, broker: &str) -> String {
         .filter(|url| !url.trim().is_empty())
         .unwrap_or_else(|| panic!("{var} is not set, so the {broker} sink cannot be tested"))
 }
+
+/// Serves `app` on a free port of 127.0.0.1 for the rest of the test; its `http://` base URL.
+pub async fn spawn_server(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    base
+}
