@@ -359,13 +359,17 @@ impl Cluster {
         format!("redis+cluster://{}", seeds.join(","))
     }
 
-    /// Kills the node at `port` (SIGKILL).
-    pub fn kill(&mut self, port: u16) -> Result<(), String> {
-        let node = self
-            .nodes
+    /// The node at `port`.
+    fn node_mut(&mut self, port: u16) -> Result<&mut Node, String> {
+        self.nodes
             .iter_mut()
             .find(|n| n.port == port)
-            .ok_or_else(|| format!("no node on port {port}"))?;
+            .ok_or_else(|| format!("no node on port {port}"))
+    }
+
+    /// Kills the node at `port` (SIGKILL).
+    pub fn kill(&mut self, port: u16) -> Result<(), String> {
+        let node = self.node_mut(port)?;
         if let Some(mut process) = node.process.take() {
             process.kill();
         }
@@ -375,11 +379,7 @@ impl Cluster {
     /// Starts the node at `port` again, with its cluster config (it rejoins the cluster; a
     /// primary that was failed over comes back as a replica).
     pub fn restart(&mut self, port: u16) -> Result<(), String> {
-        let node = self
-            .nodes
-            .iter_mut()
-            .find(|n| n.port == port)
-            .ok_or_else(|| format!("no node on port {port}"))?;
+        let node = self.node_mut(port)?;
         node.process = Some(RedisProcess::start(port, &node.args)?);
         Ok(())
     }
