@@ -156,18 +156,12 @@ impl PgServer {
         append(&data.join("postgresql.conf"), &conf);
         owner.write(&data.join("pg_hba.conf"), hba.as_bytes(), 0o600);
 
-        let mut child = owner
-            .command(postgres)
-            .args(["-D", &data.to_string_lossy()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {postgres}: {e}"));
-        let stderr = child.stderr.take().expect("postgres stderr");
-        let reaper = Reaper::new(&dir, child, "INT");
-        wait_for_line(
-            stderr,
+        let reaper = start_server(
+            owner
+                .command(postgres)
+                .args(["-D", &data.to_string_lossy()]),
+            &dir,
+            "INT",
             "database system is ready to accept connections",
             &format!("postgres on port {port}"),
         );
@@ -217,17 +211,13 @@ impl Bouncer {
             pool = Self::POOL_SIZE,
         );
         owner.write(&ini, config.as_bytes(), 0o600);
-        let mut child = owner
-            .command(pgbouncer)
-            .arg(&ini)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {pgbouncer}: {e}"));
-        let stderr = child.stderr.take().expect("pgbouncer stderr");
-        let reaper = Reaper::new(&dir, child, "TERM");
-        wait_for_line(stderr, "process up", &format!("pgbouncer on port {port}"));
+        let reaper = start_server(
+            owner.command(pgbouncer).arg(&ini),
+            &dir,
+            "TERM",
+            "process up",
+            &format!("pgbouncer on port {port}"),
+        );
         Self {
             port,
             server,
@@ -327,6 +317,27 @@ fn append(path: &Path, text: &str) {
 pub fn spare_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a spare port");
     listener.local_addr().expect("local address").port()
+}
+
+/// Starts the server `what` with `command` (it logs to stderr), hands it to a [`Reaper`] that
+/// removes `dir` and stops it with `signal`, and waits until its log says `ready`.
+fn start_server(
+    command: &mut Command,
+    dir: &Path,
+    signal: &str,
+    ready: &'static str,
+    what: &str,
+) -> Reaper {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    let stderr = child.stderr.take().expect("the server's stderr");
+    let reaper = Reaper::new(dir, child, signal);
+    wait_for_line(stderr, ready, what);
+    reaper
 }
 
 /// Reads a server's log until a line contains `ready` (then keeps draining it in a thread, so
