@@ -320,14 +320,7 @@ async fn a_daemon_restarted_after_a_first_cycle_crash_does_not_busy_loop() {
     let kills = Arc::new(KillSwitch::new());
     kills.arm(KillPoint::AfterCommit);
     let crashed_store = Arc::new(FaultyStore::new(Arc::clone(&store)).with_kills(kills.clone()));
-    let crashed = w
-        .engine(
-            crashed_store.clone(),
-            "node-a",
-            w.poller(StrategyKind::Timestamp).build().unwrap(),
-            2,
-        )
-        .unwrap();
+    let crashed = timestamp_engine(&w, crashed_store.clone(), "node-a", 2);
     crashed.on(POLLER, Recorder::default().handler()).unwrap();
     crashed.tick(TickOptions::default()).await.unwrap();
     assert!(crashed_store.is_dead());
@@ -336,14 +329,7 @@ async fn a_daemon_restarted_after_a_first_cycle_crash_does_not_busy_loop() {
     // Past the world engine's lease TTL (30 s): node-a's lease expired.
     w.advance(Duration::from_secs(31));
     let counting = Arc::new(FaultyStore::new(Arc::clone(&store)));
-    let daemon = w
-        .engine(
-            counting.clone(),
-            "node-b",
-            w.poller(StrategyKind::Timestamp).build().unwrap(),
-            3,
-        )
-        .unwrap();
+    let daemon = timestamp_engine(&w, counting.clone(), "node-b", 3);
     let recorder = Recorder::default();
     daemon.on(POLLER, recorder.handler()).unwrap();
     daemon.start().await.unwrap();
@@ -357,4 +343,16 @@ async fn a_daemon_restarted_after_a_first_cycle_crash_does_not_busy_loop() {
         .unwrap();
     assert_eq!(recorder.ids().len(), 6, "the crashed page, then the rest");
     assert!(loads <= 4, "{loads} load_state calls in 200 rounds");
+}
+
+/// An engine of `instance` on `store` (rng seed `seed`) polling the world's API with the
+/// `timestamp` strategy.
+fn timestamp_engine(
+    w: &World,
+    store: Arc<FaultyStore>,
+    instance: &str,
+    seed: u32,
+) -> watukuy_core::Engine {
+    let poller = w.poller(StrategyKind::Timestamp).build().unwrap();
+    w.engine(store, instance, poller, seed).unwrap()
 }
