@@ -3,11 +3,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use watukuy_conformance::{FakeApi, FakeApiOptions};
 use watukuy_core::cursor;
-use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
     BoxError, DeliveryOptions, DrainContext, Engine, Event, FetchContext, PKey, Poller,
     SystemClock, TickOptions,
@@ -135,12 +133,7 @@ pub(crate) async fn snapshot_diff(
     let poller = Poller::builder::<serde_json::Value>("bench")
         .identity_field("id")
         .cursor(cursor::snapshot_diff())
-        .schedule(
-            ScheduleOptions::default()
-                .min(Duration::from_secs(60))
-                .max(Duration::from_secs(600))
-                .jitter(0.0),
-        )
+        .schedule(workload::one_cycle())
         .max_pages_per_cycle(pages)
         .full_scan_page_cap(pages)
         .delivery(

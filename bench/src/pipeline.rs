@@ -14,7 +14,6 @@ use watukuy_core::cursor;
 use watukuy_core::cursor::Cursor;
 use watukuy_core::delivery::DEFAULT_DISPATCH_BATCH_SIZE;
 use watukuy_core::hooks::{HookContext, Hooks};
-use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
     BoxError, Clock, CommitBatch, DeliveryOptions, Dispatcher, DrainContext, Engine, Event,
     FetchContext, HandlerContext, HandlerError, ItemRow, Lease, OutboxRow, PKey, Page, Partition,
@@ -142,12 +141,7 @@ pub(crate) async fn end_to_end(store: Arc<dyn Store>, p: &Params) -> Result<EndT
     let builder = Poller::builder::<serde_json::Value>("bench")
         .identity_field("id")
         .cursor(cursor::page(1))
-        .schedule(
-            ScheduleOptions::default()
-                .min(Duration::from_secs(60))
-                .max(Duration::from_secs(600))
-                .jitter(0.0),
-        )
+        .schedule(workload::one_cycle())
         .max_pages_per_cycle(pages)
         .delivery(delivery(p))
         .overlap_delivery(p.overlap);

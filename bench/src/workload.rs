@@ -1,8 +1,11 @@
 //! The workload every measurement shares: items of a given payload size whose subjects spread
 //! over a given number of ordering keys.
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
 use watukuy_core::diff::{EventIdParts, event_id};
+use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{Event, EventType, Json, Lane};
 
 /// The parameters of one measurement.
@@ -25,6 +28,15 @@ pub(crate) struct Params {
     /// Partitions (tenants) of the end-to-end poller, each serving every `partitions`-th item;
     /// the engine runs up to 4 of them at once, so their store calls meet.
     pub(crate) partitions: u64,
+}
+
+/// The schedule of every bench poller: one tick runs one cycle, and the key is not due again
+/// within a run (a minute at least, no jitter).
+pub(crate) fn one_cycle() -> ScheduleOptions {
+    ScheduleOptions::default()
+        .min(Duration::from_secs(60))
+        .max(Duration::from_secs(600))
+        .jitter(0.0)
 }
 
 /// The identity of item `i`.

@@ -95,7 +95,9 @@ impl Statements {
         ];
         let state_assignments = query_file!("state_assignments").trim_end();
         let build = |template: &str| {
-            let mut sql = template.replace("{state_assignments}", state_assignments);
+            let mut sql = template
+                .replace("{state_assignments}", state_assignments)
+                .replace("{load_pending}", query_file!("load_pending").trim_end());
             for (placeholder, name) in &tables {
                 sql = sql.replace(placeholder, name);
             }

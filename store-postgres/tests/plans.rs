@@ -97,10 +97,15 @@ async fn backfill(store: &dyn Store, lease: &Lease) -> Result<(), CaseError> {
 
 /// A statement of `sql/queries/` with the table names filled in as the store fills them.
 fn statement(template: &str, schema: &str) -> String {
-    let mut sql = template.replace(
-        "{state_assignments}",
-        include_str!("../sql/queries/state_assignments.sql").trim_end(),
-    );
+    let mut sql = template
+        .replace(
+            "{state_assignments}",
+            include_str!("../sql/queries/state_assignments.sql").trim_end(),
+        )
+        .replace(
+            "{load_pending}",
+            include_str!("../sql/queries/load_pending.sql").trim_end(),
+        );
     for table in ["pollers", "items", "outbox", "parked", "validators", "log"] {
         sql = sql.replace(
             &format!("{{{table}}}"),

@@ -671,6 +671,23 @@ mod tests {
         (release, holder)
     }
 
+    /// Queues `writes` (each polled once, in order) and then `abandoned` (polled once and
+    /// dropped) while the writer is held, so they reach it together; their results in order.
+    async fn run_together<T>(
+        db: &Arc<Db>,
+        mut writes: Vec<futures::future::BoxFuture<'_, Result<T>>>,
+        mut abandoned: Vec<futures::future::BoxFuture<'_, Result<T>>>,
+    ) -> Vec<Result<T>> {
+        let (release, holder) = hold_writer(db).await;
+        for write in writes.iter_mut().chain(&mut abandoned) {
+            assert!(write.now_or_never().is_none(), "queued behind the holder");
+        }
+        drop(abandoned);
+        release.send(()).expect("the holder waits");
+        holder.await.expect("no panic").expect("the holding write");
+        futures::future::join_all(writes).await
+    }
+
     /// Inserts `name` into `t` in a grouped write; then fails when `fail` is set.
     fn insert(name: &'static str, fail: bool) -> impl FnOnce(&Connection, &Ctx) -> DbResult<usize> {
         move |conn, _| {
@@ -746,8 +763,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let path = dir.path().join("alone.db");
         let db = open(dir.path(), "alone.db").await;
-        let (release, holder) = hold_writer(&db).await;
-        let mut writes = vec![
+        let writes = vec![
             db.write_in_transaction(insert("a", false)).boxed(),
             db.write_in_transaction(insert("b", true)).boxed(),
             db.write_in_transaction(|conn, ctx| -> DbResult<usize> {
@@ -755,24 +771,25 @@ mod tests {
                 panic!("a grouped write that panics after its insert");
             })
             .boxed(),
+            db.write_in_transaction(insert("e", false)).boxed(),
         ];
-        for write in &mut writes {
-            assert!(write.now_or_never().is_none(), "queued");
-        }
-        let abandoned = db.write_in_transaction(insert("d", false)).now_or_never();
-        assert!(abandoned.is_none(), "queued, then dropped");
-        let mut last = db.write_in_transaction(insert("e", false)).boxed();
-        assert!((&mut last).now_or_never().is_none(), "queued");
-        release.send(()).expect("the holder waits");
-        holder.await.expect("no panic").expect("the holding write");
-        let results = futures::future::join_all(writes).await;
+        let abandoned = vec![db.write_in_transaction(insert("d", false)).boxed()];
+        let results = run_together(&db, writes, abandoned).await;
         assert_eq!(results[0].as_ref().ok(), Some(&1));
         let failed = results[1].as_ref().expect_err("b fails");
         assert!(failed.to_string().contains("b fails"), "{failed}");
         let panicked = results[2].as_ref().expect_err("c panics");
         assert!(panicked.to_string().contains("panicked"), "{panicked}");
-        assert_eq!(last.await.expect("e"), 2, "e sees a and itself only");
-        assert_eq!(committed(&path), ["a", "e"]);
+        assert_eq!(
+            results[3].as_ref().ok(),
+            Some(&2),
+            "e sees a and itself only"
+        );
+        assert_eq!(
+            committed(&path),
+            ["a", "e"],
+            "d was abandoned before it ran"
+        );
     }
 
     /// When SQLite ends a group's transaction under it, nothing of the group lands and every
@@ -782,8 +799,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let path = dir.path().join("lost.db");
         let db = open(dir.path(), "lost.db").await;
-        let (release, holder) = hold_writer(&db).await;
-        let mut writes = vec![
+        let writes = vec![
             db.write_in_transaction(insert("a", false)).boxed(),
             db.write_in_transaction(|conn, _| -> DbResult<usize> {
                 // What SQLite does itself on a full disk or an I/O error.
@@ -797,12 +813,7 @@ mod tests {
             .boxed(),
             db.write_in_transaction(insert("c", false)).boxed(),
         ];
-        for write in &mut writes {
-            assert!(write.now_or_never().is_none(), "queued");
-        }
-        release.send(()).expect("the holder waits");
-        holder.await.expect("no panic").expect("the holding write");
-        let results = futures::future::join_all(writes).await;
+        let results = run_together(&db, writes, Vec::new()).await;
         let own = results[1].as_ref().expect_err("its own error");
         assert!(own.to_string().contains("disk is full"), "{own}");
         for lost in [&results[0], &results[2]] {

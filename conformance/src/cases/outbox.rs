@@ -114,23 +114,10 @@ pub async fn load_pending_with_holds_reads_both(env: Env) -> CaseResult {
             "nothing is held yet (limit {limit})"
         );
     }
-    store
-        .park_event(
-            &k,
-            &lease,
-            &poison(rows[0].event.clone(), Some("o1"), T0 + 1_000),
-        )
-        .await?;
-    store
-        .park_event(&k, &lease, &poison(rows[1].event.clone(), None, T0 + 1_000))
-        .await?;
-    store
-        .park_event(
-            &k,
-            &lease,
-            &poison(rows[3].event.clone(), Some("o4"), T0 + 1_000),
-        )
-        .await?;
+    for (row, hold) in [(0, Some("o1")), (1, None), (3, Some("o4"))] {
+        let parked = poison(rows[row].event.clone(), hold, T0 + 1_000);
+        store.park_event(&k, &lease, &parked).await?;
+    }
     for limit in [0, 1, 100] {
         check_eq!(
             both(limit).await?,

@@ -391,54 +391,30 @@ async fn cost_zero_is_granted_without_touching_the_budget() {
 
 #[tokio::test(start_paused = true)]
 async fn bad_requests_are_config_errors() {
-    let (manager, _clock) = manager(per_second(1));
-    let err = manager
-        .acquire("nope", Request::new("p/a"))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&err, Error::Config { option, .. } if option == "budget"),
-        "{err}"
-    );
-    for weight in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-        let err = manager
-            .acquire("api", Request::new("p/a").with_weight(weight))
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(&err, Error::Config { option, .. } if option == "budget_weight"),
-            "{err}"
-        );
+    /// `result` failed with a configuration error naming `option`.
+    fn names<T: std::fmt::Debug>(result: Result<T, Error>, option: &str) {
+        let err = result.expect_err("a configuration error");
+        assert_eq!(err.config_option(), Some(option), "{err}");
     }
-    let err = manager
-        .acquire("api", Request::new("p/a").with_cost(u64::MAX))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&err, Error::Config { option, .. } if option == "budget_cost"),
-        "{err}"
-    );
-    let err = BudgetManager::new(
-        Arc::new(MemoryBudgetStore::new()),
-        Arc::new(TokioClock::starting_at(0)),
-    )
-    .with_budget("api", per_second(1))
-    .unwrap()
-    .with_budget("api", per_second(2))
-    .unwrap_err();
-    assert!(
-        matches!(&err, Error::Config { option, .. } if option == "budgets.api"),
-        "{err}"
-    );
-    let err = BudgetManager::new(
-        Arc::new(MemoryBudgetStore::new()),
-        Arc::new(TokioClock::starting_at(0)),
-    )
-    .with_budget("api", per_second(0))
-    .unwrap_err();
-    assert!(
-        matches!(&err, Error::Config { option, .. } if option == "budgets.api.requests"),
-        "{err}"
+    let (manager, _clock) = manager(per_second(1));
+    names(manager.acquire("nope", Request::new("p/a")).await, "budget");
+    for weight in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let request = Request::new("p/a").with_weight(weight);
+        names(manager.acquire("api", request).await, "budget_weight");
+    }
+    let request = Request::new("p/a").with_cost(u64::MAX);
+    names(manager.acquire("api", request).await, "budget_cost");
+    let fresh = || {
+        BudgetManager::new(
+            Arc::new(MemoryBudgetStore::new()),
+            Arc::new(TokioClock::starting_at(0)),
+        )
+    };
+    let twice = fresh().with_budget("api", per_second(1)).unwrap();
+    names(twice.with_budget("api", per_second(2)), "budgets.api");
+    names(
+        fresh().with_budget("api", per_second(0)),
+        "budgets.api.requests",
     );
 }
 

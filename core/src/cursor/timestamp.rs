@@ -694,6 +694,14 @@ mod tests {
         json!({ "id": id, "updatedAt": at })
     }
 
+    /// The cursor `strategy` moves `start` to over `items`, five seconds after `T0`.
+    fn moved(strategy: &TimestampCursor, start: &Cursor, items: &[Value]) -> Cursor {
+        strategy
+            .advance(start, input(items, T0 + 5_000))
+            .unwrap()
+            .cursor
+    }
+
     #[test]
     fn config_is_validated() {
         for (builder, option) in [
@@ -899,48 +907,30 @@ mod tests {
         let start = ts(Some("2026-01-01T00:00:02Z"), Some("m"));
         // Equal instant in another spelling: the stored string stays, the tie-break grows.
         let items = [item("q", "2026-01-01T00:00:02.000Z")];
-        let step = with_tie()
-            .advance(&start, input(&items, T0 + 5_000))
-            .unwrap();
-        assert_eq!(step.cursor, ts(Some("2026-01-01T00:00:02Z"), Some("q")));
-
+        let grown = ts(Some("2026-01-01T00:00:02Z"), Some("q"));
+        assert_eq!(moved(&with_tie(), &start, &items), grown);
         // A smaller tie-break never shrinks it.
         let items = [item("a", "2026-01-01T00:00:02Z")];
-        let step = with_tie()
-            .advance(&start, input(&items, T0 + 5_000))
-            .unwrap();
-        assert_eq!(step.cursor, start);
-
+        assert_eq!(moved(&with_tie(), &start, &items), start);
         // A stored null tie-break grows to the page's.
-        let step = with_tie()
-            .advance(
-                &ts(Some("2026-01-01T00:00:02Z"), None),
-                input(&items, T0 + 5_000),
-            )
-            .unwrap();
-        assert_eq!(step.cursor, ts(Some("2026-01-01T00:00:02Z"), Some("a")));
-
+        let untied = ts(Some("2026-01-01T00:00:02Z"), None);
+        let grown = ts(Some("2026-01-01T00:00:02Z"), Some("a"));
+        assert_eq!(moved(&with_tie(), &untied, &items), grown);
         // Without a tie-break field an equal max changes nothing.
-        let start = ts(Some("2026-01-01T00:00:02Z"), None);
-        let step = plain().advance(&start, input(&items, T0 + 5_000)).unwrap();
-        assert_eq!(step.cursor, start);
+        assert_eq!(moved(&plain(), &untied, &items), untied);
     }
 
     #[test]
     fn newer_max_replaces_value_and_tie_break_older_changes_nothing() {
         let start = ts(Some("2026-01-01T00:00:02Z"), Some("zzz"));
-        let items = [item("a", "2026-01-01T00:00:03Z")];
+        let newer = [item("a", "2026-01-01T00:00:03Z")];
+        let replaced = ts(Some("2026-01-01T00:00:03Z"), Some("a"));
+        assert_eq!(moved(&with_tie(), &start, &newer), replaced);
+        let older = [item("zzzz", "2026-01-01T00:00:01Z")];
         let step = with_tie()
-            .advance(&start, input(&items, T0 + 5_000))
+            .advance(&start, input(&older, T0 + 5_000))
             .unwrap();
-        assert_eq!(step.cursor, ts(Some("2026-01-01T00:00:03Z"), Some("a")));
-
-        let items = [item("zzzz", "2026-01-01T00:00:01Z")];
-        let step = with_tie()
-            .advance(&start, input(&items, T0 + 5_000))
-            .unwrap();
-        assert_eq!(step.cursor, start);
-        assert_eq!(step.keep, vec![true]);
+        assert_eq!((step.cursor, step.keep), (start, vec![true]));
     }
 
     #[test]

@@ -58,13 +58,15 @@ impl Engine {
     /// An operator's write (unfenced: it never touches the lease), then a wake-up so a running
     /// daemon looks at the key again.
     pub(super) async fn admin_write(&self, key: &PKey, patch: &StatePatch) -> Result<()> {
-        self.inner
-            .shared
-            .store
-            .save_state_unfenced(key, patch)
-            .await?;
+        self.woken(self.inner.shared.store.save_state_unfenced(key, patch))
+            .await
+    }
+
+    /// Runs an operation, then wakes the daemon so it looks at the key again.
+    async fn woken<T>(&self, op: impl Future<Output = Result<T>>) -> Result<T> {
+        let out = op.await?;
         self.inner.wake.notify_one();
-        Ok(())
+        Ok(out)
     }
 
     /// What a key that never ran looks like to this engine: the poller's initial schedule.
@@ -91,26 +93,23 @@ impl Engine {
     pub async fn trigger(&self, name: &str, partition: Option<&str>) -> Result<()> {
         let (key, rt) = self.key_for(name, partition)?;
         let store = &*self.inner.shared.store;
-        crate::ops::make_due(store, &key, self.inner.now(), self.initial_state(rt)).await?;
-        self.inner.wake.notify_one();
-        Ok(())
+        let due = crate::ops::make_due(store, &key, self.inner.now(), self.initial_state(rt));
+        self.woken(due).await
     }
 
     /// Pauses a key: it is not polled and its outbox is not drained.
     pub async fn pause(&self, name: &str, partition: Option<&str>) -> Result<()> {
         let (key, _) = self.key_for(name, partition)?;
-        crate::ops::pause(&*self.inner.shared.store, &key, self.inner.now()).await?;
-        self.inner.wake.notify_one();
-        Ok(())
+        let paused = crate::ops::pause(&*self.inner.shared.store, &key, self.inner.now());
+        self.woken(paused).await
     }
 
     /// Resumes a paused key and makes it due now.
     pub async fn resume(&self, name: &str, partition: Option<&str>) -> Result<()> {
         let (key, rt) = self.key_for(name, partition)?;
         let store = &*self.inner.shared.store;
-        crate::ops::resume(store, &key, self.inner.now(), self.initial_state(rt)).await?;
-        self.inner.wake.notify_one();
-        Ok(())
+        let resumed = crate::ops::resume(store, &key, self.inner.now(), self.initial_state(rt));
+        self.woken(resumed).await
     }
 
     /// Moves the live cursor to `to` (a raw API value; `None` = the strategy's beginning) and
@@ -130,11 +129,9 @@ impl Engine {
             None => None,
         };
         let store = &*self.inner.shared.store;
-        let now = self.inner.now();
-        let initial = self.initial_state(rt);
-        crate::ops::reset_cursor(store, &key, cursor, clear_snapshot, now, initial).await?;
-        self.inner.wake.notify_one();
-        Ok(())
+        let (now, initial) = (self.inner.now(), self.initial_state(rt));
+        let reset = crate::ops::reset_cursor(store, &key, cursor, clear_snapshot, now, initial);
+        self.woken(reset).await
     }
 
     /// Starts (or replaces) a backfill: the key re-reads history from `from` to `to` on the
@@ -232,9 +229,7 @@ impl Engine {
         ids: &[String],
     ) -> Result<u64> {
         let (key, rt) = self.key_for(name, partition)?;
-        let moved = rt.dispatcher.retry_parked(&key, ids).await?;
-        self.inner.wake.notify_one();
-        Ok(moved)
+        self.woken(rt.dispatcher.retry_parked(&key, ids)).await
     }
 
     /// Deletes parked rows (releasing their hold).
@@ -245,8 +240,6 @@ impl Engine {
         ids: &[String],
     ) -> Result<u64> {
         let (key, rt) = self.key_for(name, partition)?;
-        let removed = rt.dispatcher.discard_parked(&key, ids).await?;
-        self.inner.wake.notify_one();
-        Ok(removed)
+        self.woken(rt.dispatcher.discard_parked(&key, ids)).await
     }
 }
