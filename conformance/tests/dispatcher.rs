@@ -6,58 +6,29 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use watukuy_conformance::cases::fixtures::{NODE_A, NODE_B, T0, TTL, acquire, event, key};
+use watukuy_conformance::cases::fixtures::{NODE_B, T0, TTL, event, key};
 use watukuy_core::{
-    AckMode, Backoff, Clock, CommitBatch, DeliveryOptions, Dispatcher, DrainContext, Error,
-    ErrorCode, Event, HandlerContext, HandlerError, Lease, ManualClock, OutboxRow, PKey,
-    ParkedQuery, PoisonAction, SeededRng, Store,
+    AckMode, Backoff, Clock, DeliveryOptions, Dispatcher, DrainContext, Error, ErrorCode, Event,
+    HandlerContext, HandlerError, Lease, ManualClock, PKey, ParkedQuery, PoisonAction, SeededRng,
+    Store,
 };
 use watukuy_store_memory::MemoryStore;
 
-struct Setup {
-    store: Arc<MemoryStore>,
-    clock: ManualClock,
-    key: PKey,
-    lease: Lease,
-}
+mod common;
+use common::Setup;
 
 async fn setup(subjects: &[&str]) -> Setup {
-    let store = Arc::new(MemoryStore::new());
     let key = key();
-    let lease = acquire(&*store, &key, NODE_A, T0).await.unwrap();
-    let events = subjects
-        .iter()
-        .zip(1..)
-        .map(|(s, seq)| OutboxRow::pending(event(&key, &format!("e{seq}"), seq, s), T0))
-        .collect();
-    let batch = CommitBatch::default().events(events);
-    store.commit_poll(&key, &lease, &batch).await.unwrap();
-    Setup {
-        store,
-        clock: ManualClock::new(T0),
-        key,
-        lease,
-    }
+    let events = subjects.iter().zip(1..);
+    Setup::with_events(
+        events
+            .map(|(s, seq)| event(&key, &format!("e{seq}"), seq, s))
+            .collect(),
+    )
+    .await
 }
 
 impl Setup {
-    fn dispatcher(&self, options: DeliveryOptions) -> Dispatcher {
-        self.dispatcher_over(self.store.clone(), options)
-    }
-
-    /// A dispatcher over `store` (a wrapper of this set-up's store), on this set-up's clock.
-    fn dispatcher_over(&self, store: Arc<dyn Store>, options: DeliveryOptions) -> Dispatcher {
-        Dispatcher::new(
-            "orders",
-            store,
-            Arc::new(self.clock.clone()),
-            Arc::new(SeededRng::new(1)),
-            options,
-            100,
-        )
-        .unwrap()
-    }
-
     async fn drain(&self, d: &Dispatcher) -> watukuy_core::Result<watukuy_core::DrainReport> {
         d.drain(&self.key, &self.lease, &DrainContext::default())
             .await

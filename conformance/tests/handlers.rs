@@ -9,43 +9,22 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use watukuy_conformance::cases::fixtures::{NODE_A, T0, acquire, event, key};
+use watukuy_conformance::cases::fixtures::{T0, event, key};
 use watukuy_core::delivery::{
     DeliveryCounters, DeliveryOutcome, LiveOnly, Redaction, Timeout, TransientStatuses,
     classify_http_response,
 };
 use watukuy_core::model::{FailureClass, ParkReason};
 use watukuy_core::{
-    Backoff, CommitBatch, DeliveryOptions, Dispatcher, DrainContext, DrainReport, Event,
-    HandlerContext, HandlerError, Json, Lane, Lease, ManualClock, OutboxRow, PKey, ParkedError,
-    ParkedQuery, ParkedRow, SeededRng, Store,
+    Backoff, DeliveryOptions, Dispatcher, DrainContext, DrainReport, Event, HandlerContext,
+    HandlerError, Json, Lane, ParkedError, ParkedQuery, ParkedRow, Store,
 };
-use watukuy_store_memory::MemoryStore;
 
-struct Setup {
-    store: Arc<MemoryStore>,
-    clock: ManualClock,
-    key: PKey,
-    lease: Lease,
-}
+mod common;
+use common::Setup;
 
 async fn setup(events: Vec<Event>) -> Setup {
-    let store = Arc::new(MemoryStore::new());
-    let key = key();
-    let lease = acquire(&*store, &key, NODE_A, T0).await.unwrap();
-    let batch = CommitBatch::default().events(
-        events
-            .into_iter()
-            .map(|e| OutboxRow::pending(e, T0))
-            .collect(),
-    );
-    store.commit_poll(&key, &lease, &batch).await.unwrap();
-    Setup {
-        store,
-        clock: ManualClock::new(T0),
-        key,
-        lease,
-    }
+    Setup::with_events(events).await
 }
 
 fn one(subject: &str) -> Vec<Event> {
@@ -53,18 +32,6 @@ fn one(subject: &str) -> Vec<Event> {
 }
 
 impl Setup {
-    fn dispatcher(&self, options: DeliveryOptions) -> Dispatcher {
-        Dispatcher::new(
-            "orders",
-            self.store.clone(),
-            Arc::new(self.clock.clone()),
-            Arc::new(SeededRng::new(1)),
-            options,
-            100,
-        )
-        .unwrap()
-    }
-
     async fn drain(&self, d: &Dispatcher) -> DrainReport {
         d.drain(&self.key, &self.lease, &DrainContext::default())
             .await
