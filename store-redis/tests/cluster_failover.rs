@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::servers::{Cluster, poll, slot};
+use common::servers::{Cluster, poll};
 use tokio::sync::Mutex;
 use watukuy_conformance::cases::fixtures;
 use watukuy_core::{CommitBatch, Event, Json, OutboxRow, PKey, StatePatch, Store};
@@ -89,11 +89,11 @@ async fn a_primary_failover_loses_no_committed_event() {
         .expect("connect to the cluster");
     store.migrate().await.expect("migrate");
     let key = PKey::new("orders", "failover");
-    let key_slot = slot(&format!("{{{}:{}}}", key.poller, key.partition));
+    let tagged = format!("{{{}:{}}}", key.poller, key.partition);
     let primary = cluster
         .lock()
         .await
-        .primary_of(key_slot)
+        .primary_of(&tagged)
         .expect("the key's primary");
     let lease = store
         .acquire_lease(&key, "node-a", 3_600_000, T0)
@@ -167,12 +167,13 @@ async fn a_primary_failover_loses_no_committed_event() {
     killed.store(true, Ordering::SeqCst);
     let promoted = {
         let cluster = Arc::clone(&cluster);
+        let tagged = tagged.clone();
         tokio::task::spawn_blocking(move || {
             let mut cluster = cluster.blocking_lock();
             cluster.kill(primary)?;
             poll("a replica takes over the slot", || {
                 cluster
-                    .primary_of(key_slot)
+                    .primary_of(&tagged)
                     .ok()
                     .filter(|port| *port != primary)
             })
@@ -261,7 +262,7 @@ async fn a_primary_failover_loses_no_committed_event() {
     kinds.sort();
     kinds.dedup();
     eprintln!(
-        "[redis-cluster] failover of primary :{primary} (slot {key_slot}) to :{promoted}: \
+        "[redis-cluster] failover of primary :{primary} ({tagged}) to :{promoted}: \
          {before} events in {pages_before} pages committed before the failover, {} after it \
          ({written} pages in all); {transient} transient errors while it failed over; \
          {delivered_before} of the {before} delivered after it, {} events delivered in all, \

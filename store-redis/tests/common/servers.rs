@@ -333,20 +333,22 @@ impl Cluster {
         primaries_seen_by(alive.port).ok_or_else(|| "cannot read CLUSTER SLOTS".to_owned())
     }
 
-    /// The client port of the primary serving `slot` now.
-    pub fn primary_of(&self, slot: u16) -> Result<u16, String> {
+    /// The client port of the primary serving `key`'s slot now.
+    pub fn primary_of(&self, key: &str) -> Result<u16, String> {
         let alive = self
             .nodes
             .iter()
             .find(|n| n.process.is_some())
             .ok_or("no node is alive")?;
+        // The server's own hashing, not a copy of it here.
+        let slot: u16 = command(alive.port, &["CLUSTER", "KEYSLOT", key])?;
         let slots: redis::Value = command(alive.port, &["CLUSTER", "SLOTS"])?;
         for (start, end, port) in slot_ranges(slots) {
             if (start..=end).contains(&slot) {
                 return Ok(port);
             }
         }
-        Err(format!("no primary serves slot {slot}"))
+        Err(format!("no primary serves slot {slot} (of {key:?})"))
     }
 
     /// `redis+cluster://127.0.0.1:<port>,…` listing every node as a seed.
@@ -427,11 +429,6 @@ fn primaries_seen_by(port: u16) -> Option<Vec<u16>> {
     Some(ports)
 }
 
-/// The Redis Cluster slot of a key: CRC16 (XMODEM) of its hash tag, modulo 16384.
-pub fn slot(key: &str) -> u16 {
-    tag_slot(hash_tag(key.as_bytes()))
-}
-
 /// The part of a key Redis Cluster hashes: between the first `{` and the next `}` if non-empty,
 /// else the whole key.
 pub fn hash_tag(key: &[u8]) -> &[u8] {
@@ -442,20 +439,4 @@ pub fn hash_tag(key: &[u8]) -> &[u8] {
         return &key[open + 1..open + 1 + len];
     }
     key
-}
-
-/// Redis Cluster's slot of a hash tag: CRC16-XMODEM, modulo 16384.
-pub fn tag_slot(tag: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for byte in tag {
-        crc ^= u16::from(*byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
 }
