@@ -219,6 +219,21 @@ const DEFAULT_CONCURRENCY: usize = 3;
 /// How long an ack waits for its window to fill before it is flushed anyway (`ack_window`).
 const ACK_WINDOW_DELAY: Duration = Duration::from_millis(50);
 
+/// Builder setters that replace one field each: `name: Type;` makes
+/// `#[must_use] pub fn name(mut self, name: Type) -> Self`, with the doc comment given.
+macro_rules! setters {
+    ($($(#[doc = $doc:literal])* $field:ident: $ty:ty;)*) => {
+        $(
+            $(#[doc = $doc])*
+            #[must_use]
+            pub fn $field(mut self, $field: $ty) -> Self {
+                self.$field = $field;
+                self
+            }
+        )*
+    };
+}
+
 impl ChaosOptions {
     /// The default options for `seed`, over `store`: 150 steps of the `timestamp` strategy,
     /// every kill point with probability 0.3, up to 3 mutations per step, 20 initial items,
@@ -243,18 +258,29 @@ impl ChaosOptions {
         }
     }
 
-    /// Sets `steps`.
-    #[must_use]
-    pub fn steps(mut self, steps: usize) -> Self {
-        self.steps = steps;
-        self
-    }
-
-    /// Sets `strategy`.
-    #[must_use]
-    pub fn strategy(mut self, strategy: ChaosStrategy) -> Self {
-        self.strategy = strategy;
-        self
+    setters! {
+        /// Sets `steps`.
+        steps: usize;
+        /// Sets `strategy`.
+        strategy: ChaosStrategy;
+        /// Sets `kill_probability`.
+        kill_probability: f64;
+        /// Sets `max_mutations_per_step`.
+        max_mutations_per_step: u32;
+        /// Sets `initial_items`.
+        initial_items: usize;
+        /// Sets the delivery `concurrency`.
+        concurrency: usize;
+        /// Sets `retain`.
+        retain: Retain;
+        /// Sets `overlap_delivery`.
+        overlap_delivery: bool;
+        /// Sets `ack_window` (the most acks flushed together; `None`: no window).
+        ack_window: Option<usize>;
+        /// Sets `etags`.
+        etags: bool;
+        /// Prints the trace as it happens.
+        trace: bool;
     }
 
     /// Sets `kill_points` (empty disables kills).
@@ -264,73 +290,10 @@ impl ChaosOptions {
         self
     }
 
-    /// Sets `kill_probability`.
-    #[must_use]
-    pub fn kill_probability(mut self, p: f64) -> Self {
-        self.kill_probability = p;
-        self
-    }
-
-    /// Sets `max_mutations_per_step`.
-    #[must_use]
-    pub fn max_mutations_per_step(mut self, n: u32) -> Self {
-        self.max_mutations_per_step = n;
-        self
-    }
-
-    /// Sets `initial_items`.
-    #[must_use]
-    pub fn initial_items(mut self, n: usize) -> Self {
-        self.initial_items = n;
-        self
-    }
-
-    /// Sets the delivery `concurrency`.
-    #[must_use]
-    pub fn concurrency(mut self, n: usize) -> Self {
-        self.concurrency = n;
-        self
-    }
-
-    /// Sets `retain`.
-    #[must_use]
-    pub fn retain(mut self, retain: Retain) -> Self {
-        self.retain = retain;
-        self
-    }
-
-    /// Sets `overlap_delivery`.
-    #[must_use]
-    pub fn overlap_delivery(mut self, on: bool) -> Self {
-        self.overlap_delivery = on;
-        self
-    }
-
-    /// Sets `ack_window` (the most acks flushed together; `None`: no window).
-    #[must_use]
-    pub fn ack_window(mut self, window: Option<usize>) -> Self {
-        self.ack_window = window;
-        self
-    }
-
-    /// Sets `etags`.
-    #[must_use]
-    pub fn etags(mut self, on: bool) -> Self {
-        self.etags = on;
-        self
-    }
-
     /// Sets how the replay command names the store.
     #[must_use]
     pub fn store_label(mut self, label: impl Into<String>) -> Self {
         self.store_label = label.into();
-        self
-    }
-
-    /// Prints the trace as it happens.
-    #[must_use]
-    pub fn trace(mut self, on: bool) -> Self {
-        self.trace = on;
         self
     }
 
