@@ -14,8 +14,9 @@
 //! commits once: concurrent writers (many keys, an ack flush beside a page's commit) share one
 //! commit and, under `synchronous = FULL`, one `fsync`. A write that fails (a lost fence, a
 //! constraint, a panic) rolls back to its savepoint and fails alone; callers are answered after
-//! the commit, so nobody hears "done" before the write is durable. A lone write pays two extra
-//! statements (`SAVEPOINT`, `RELEASE`) that touch no page.
+//! the commit, so nobody hears "done" before the write is durable. A lone write runs in a
+//! transaction of its own, without a savepoint: a savepoint makes SQLite copy each page the write
+//! changes into a sub-journal first (measured: dispatch-only ~25 % slower with one per write).
 //!
 //! Why the writer has a thread rather than the blocking pool behind an async mutex (as it had
 //! first): the writes of one store are serialized either way, and with a queue the writer goes
@@ -205,7 +206,12 @@ impl Writer {
 /// fails is rolled back alone and the others go on), commits once, then answers every write.
 /// When the transaction cannot begin or commit, or SQLite rolls it back (a full disk, an I/O
 /// error), no write of the group lands and each is answered with that error.
-fn commit_group(conn: &Connection, group: Vec<Box<dyn GroupedWrite>>, location: &Location) {
+fn commit_group(conn: &Connection, mut group: Vec<Box<dyn GroupedWrite>>, location: &Location) {
+    if group.len() == 1
+        && let Some(write) = group.pop()
+    {
+        return commit_alone(conn, write, location);
+    }
     let mut ran = Vec::with_capacity(group.len());
     let mut failure = control(conn, "BEGIN IMMEDIATE").err();
     let mut lost = None;
@@ -259,6 +265,27 @@ fn commit_group(conn: &Connection, group: Vec<Box<dyn GroupedWrite>>, location: 
             Err(e) => Err(copy(e)),
         });
     }
+}
+
+/// A group of one: its own transaction without a savepoint (a savepoint makes SQLite copy every
+/// page the write changes into a sub-journal first), rolled back whole if the write fails.
+fn commit_alone(conn: &Connection, mut write: Box<dyn GroupedWrite>, location: &Location) {
+    let ended = control(conn, "BEGIN IMMEDIATE").and_then(|()| {
+        if write.run(conn) {
+            control(conn, "COMMIT")
+        } else if conn.is_autocommit() {
+            Ok(())
+        } else {
+            control(conn, "ROLLBACK")
+        }
+    });
+    write.answer(ended.map_err(|e| {
+        if !conn.is_autocommit() {
+            // Best effort: the error is what gets reported.
+            let _ = control(conn, "ROLLBACK");
+        }
+        Failure::Sql(e).into_error(location)
+    }));
 }
 
 /// Runs a transaction-control statement from the connection's statement cache (parsed once, not
