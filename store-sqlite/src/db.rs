@@ -336,7 +336,7 @@ impl Db {
         };
         configure(&writer, &ctx)?;
         if let Location::File(_) = &ctx.location {
-            let mode: String = writer.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+            let mode = wal_mode(&writer)?;
             if !mode.eq_ignore_ascii_case("wal") {
                 return Err(Failure::Store(Error::store(
                     StoreErrorKind::Rejected,
@@ -553,6 +553,26 @@ fn literal(path: &std::path::Path) -> std::path::PathBuf {
         std::path::Path::new(".").join(path)
     } else {
         path.to_path_buf()
+    }
+}
+
+/// Switches the file to WAL and returns the journal mode SQLite kept. Two connections switching a
+/// new file at once can deadlock inside SQLite (each holds a shared lock and wants the exclusive
+/// one), and SQLite then fails one of them at once with `SQLITE_BUSY` instead of waiting: that
+/// one asks again, and now waits in the busy handler for the other's switch like any writer.
+/// Blocking.
+fn wal_mode(conn: &Connection) -> DbResult<String> {
+    const ATTEMPTS: usize = 5;
+    let mut attempt = 1;
+    loop {
+        match conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)) {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy && attempt < ATTEMPTS =>
+            {
+                attempt += 1;
+            }
+            other => return Ok(other?),
+        }
     }
 }
 
