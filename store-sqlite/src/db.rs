@@ -839,6 +839,35 @@ mod tests {
         );
     }
 
+    /// A lone write (a group of one, no savepoint) that fails after writing is rolled back
+    /// whole, and one that panics too; the writer goes on.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lone_failing_write_is_rolled_back_whole() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("lone.db");
+        let db = open(dir.path(), "lone.db").await;
+        db.write(|conn, _| Ok(conn.execute_batch("CREATE TABLE t (name TEXT PRIMARY KEY)")?))
+            .await
+            .expect("the table");
+        let failed = db.write_in_transaction(insert("a", true)).await;
+        assert!(failed.expect_err("a fails").to_string().contains("a fails"));
+        let panicked = db
+            .write_in_transaction(|conn, ctx| -> DbResult<usize> {
+                insert("b", false)(conn, ctx)?;
+                panic!("a lone write that panics after its insert");
+            })
+            .await;
+        assert!(
+            panicked
+                .expect_err("b panics")
+                .to_string()
+                .contains("panicked")
+        );
+        assert!(committed(&path).is_empty(), "{:?}", committed(&path));
+        let after = db.write_in_transaction(insert("c", false)).await;
+        assert_eq!(after.expect("the writer goes on"), 1);
+    }
+
     /// When SQLite ends a group's transaction under it, nothing of the group lands and every
     /// write is told so with a transient error; the writer goes on.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
