@@ -657,22 +657,7 @@ mod tests {
     async fn queued_writes_run_in_order_and_abandoned_ones_are_skipped() {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let db = open(dir.path(), "queue.db").await;
-        let (started, is_running) = oneshot::channel::<()>();
-        let (release, released) = mpsc::channel::<()>();
-        let first = tokio::spawn({
-            let db = Arc::clone(&db);
-            async move {
-                db.write(move |conn, _| {
-                    let _ = started.send(());
-                    // Holds the writer until the test lets go (a channel, not a sleep).
-                    let _ = released.recv();
-                    conn.execute_batch("CREATE TABLE first (x)")?;
-                    Ok(())
-                })
-                .await
-            }
-        });
-        is_running.await.expect("the first write started");
+        let (release, first) = hold_writer(&db, "CREATE TABLE first (x)").await;
         // Polled once (so it is queued behind the first), then dropped.
         let abandoned = db
             .write(|conn, _| Ok(conn.execute_batch("CREATE TABLE abandoned (x)")?))
@@ -697,9 +682,12 @@ mod tests {
         assert!(!skipped, "an abandoned write never ran");
     }
 
-    /// Holds the writer with a write of its own until the returned sender is used, so the
-    /// writes queued meanwhile reach the writer together.
-    async fn hold_writer(db: &Arc<Db>) -> (mpsc::Sender<()>, tokio::task::JoinHandle<Result<()>>) {
+    /// Holds the writer with a write of its own, which runs `sql` once the returned sender is
+    /// used (a channel, not a sleep), so the writes queued meanwhile reach the writer together.
+    async fn hold_writer(
+        db: &Arc<Db>,
+        sql: &'static str,
+    ) -> (mpsc::Sender<()>, tokio::task::JoinHandle<Result<()>>) {
         let (started, is_running) = oneshot::channel::<()>();
         let (release, released) = mpsc::channel::<()>();
         let holder = tokio::spawn({
@@ -708,7 +696,7 @@ mod tests {
                 db.write(move |conn, _| {
                     let _ = started.send(());
                     let _ = released.recv();
-                    conn.execute_batch("CREATE TABLE t (name TEXT PRIMARY KEY)")?;
+                    conn.execute_batch(sql)?;
                     Ok(())
                 })
                 .await
@@ -725,7 +713,7 @@ mod tests {
         mut writes: Vec<futures::future::BoxFuture<'_, Result<T>>>,
         mut abandoned: Vec<futures::future::BoxFuture<'_, Result<T>>>,
     ) -> Vec<Result<T>> {
-        let (release, holder) = hold_writer(db).await;
+        let (release, holder) = hold_writer(db, TABLE_T).await;
         for write in writes.iter_mut().chain(&mut abandoned) {
             assert!(write.now_or_never().is_none(), "queued behind the holder");
         }
@@ -734,6 +722,18 @@ mod tests {
         holder.await.expect("no panic").expect("the holding write");
         futures::future::join_all(writes).await
     }
+
+    /// A new file database `name` in a temporary directory (kept while the directory lives), and
+    /// its path.
+    async fn fresh(name: &str) -> (tempfile::TempDir, std::path::PathBuf, Arc<Db>) {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let db = open(dir.path(), name).await;
+        let path = dir.path().join(name);
+        (dir, path, db)
+    }
+
+    /// The table the grouped-write tests insert into, created by the write holding the writer.
+    const TABLE_T: &str = "CREATE TABLE t (name TEXT PRIMARY KEY)";
 
     /// Inserts `name` into `t` in a grouped write; then fails when `fail` is set.
     fn insert(name: &'static str, fail: bool) -> impl FnOnce(&Connection, &Ctx) -> DbResult<usize> {
@@ -768,10 +768,8 @@ mod tests {
     /// answered after the one commit.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn queued_writes_share_one_transaction() {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let path = dir.path().join("group.db");
-        let db = open(dir.path(), "group.db").await;
-        let (release, holder) = hold_writer(&db).await;
+        let (_dir, path, db) = fresh("group.db").await;
+        let (release, holder) = hold_writer(&db, TABLE_T).await;
         let mut first = Box::pin(db.write_in_transaction(insert("a", false)));
         assert!(
             (&mut first).now_or_never().is_none(),
@@ -807,9 +805,7 @@ mod tests {
     /// after it land, it gets its own error, and a write whose caller left is skipped.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failing_write_of_a_group_is_rolled_back_alone() {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let path = dir.path().join("alone.db");
-        let db = open(dir.path(), "alone.db").await;
+        let (_dir, path, db) = fresh("alone.db").await;
         let writes = vec![
             db.write_in_transaction(insert("a", false)).boxed(),
             db.write_in_transaction(insert("b", true)).boxed(),
@@ -843,10 +839,8 @@ mod tests {
     /// whole, and one that panics too; the writer goes on.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lone_failing_write_is_rolled_back_whole() {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let path = dir.path().join("lone.db");
-        let db = open(dir.path(), "lone.db").await;
-        db.write(|conn, _| Ok(conn.execute_batch("CREATE TABLE t (name TEXT PRIMARY KEY)")?))
+        let (_dir, path, db) = fresh("lone.db").await;
+        db.write(|conn, _| Ok(conn.execute_batch(TABLE_T)?))
             .await
             .expect("the table");
         let failed = db.write_in_transaction(insert("a", true)).await;
@@ -872,9 +866,7 @@ mod tests {
     /// write is told so with a transient error; the writer goes on.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_group_whose_transaction_is_lost_fails_whole() {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let path = dir.path().join("lost.db");
-        let db = open(dir.path(), "lost.db").await;
+        let (_dir, path, db) = fresh("lost.db").await;
         let writes = vec![
             db.write_in_transaction(insert("a", false)).boxed(),
             db.write_in_transaction(|conn, _| -> DbResult<usize> {
