@@ -139,8 +139,19 @@ pub(crate) struct Candidate {
     pub(crate) version: Option<String>,
     /// The validated item, re-serialized (what handlers receive).
     pub(crate) value: serde_json::Value,
+    /// The poller's own fingerprint of the typed item; `None` fingerprints `value`.
+    pub(crate) custom_fingerprint:
+        Option<Box<dyn FnOnce() -> Result<String, CanonicalError> + Send>>,
+}
+
+impl Candidate {
     /// Computes the fingerprint hash; called only when the version fast path did not decide.
-    pub(crate) fingerprint: Box<dyn FnOnce() -> Result<String, CanonicalError> + Send>,
+    pub(crate) fn fingerprint(&mut self) -> Result<String, CanonicalError> {
+        match self.custom_fingerprint.take() {
+            Some(custom) => custom(),
+            None => fingerprint(&self.value),
+        }
+    }
 }
 
 /// What validation made of one raw item.

@@ -13,15 +13,22 @@ pub const MAX_ITEM_DEPTH: usize = 100;
 pub(crate) fn nested_deeper_than(value: &serde_json::Value, max: usize) -> bool {
     let mut stack = vec![(value, 1_usize)];
     while let Some((value, depth)) = stack.pop() {
-        let children: Box<dyn Iterator<Item = &serde_json::Value>> = match value {
-            serde_json::Value::Array(items) => Box::new(items.iter()),
-            serde_json::Value::Object(map) => Box::new(map.values()),
-            _ => continue,
-        };
-        if depth > max {
+        let is_container = matches!(
+            value,
+            serde_json::Value::Array(_) | serde_json::Value::Object(_)
+        );
+        if is_container && depth > max {
             return true;
         }
-        stack.extend(children.map(|child| (child, depth + 1)));
+        match value {
+            serde_json::Value::Array(items) => {
+                stack.extend(items.iter().map(|child| (child, depth + 1)));
+            }
+            serde_json::Value::Object(map) => {
+                stack.extend(map.values().map(|child| (child, depth + 1)));
+            }
+            _ => {}
+        }
     }
     false
 }
@@ -121,22 +128,15 @@ where
             },
         };
         let version = version.as_ref().map(|f| f(&item));
-        let fingerprint: Box<dyn FnOnce() -> Result<String, CanonicalError> + Send> =
-            match &custom_fingerprint {
-                Some(f) => {
-                    let f = Arc::clone(f);
-                    Box::new(move || f(&item))
-                }
-                None => {
-                    let whole = value.clone();
-                    Box::new(move || fingerprint(&whole))
-                }
-            };
+        let custom_fingerprint = custom_fingerprint.as_ref().map(|f| {
+            let f = Arc::clone(f);
+            Box::new(move || f(&item)) as Box<dyn FnOnce() -> Result<String, CanonicalError> + Send>
+        });
         Prepared::Valid(Candidate {
             identity,
             version,
             value,
-            fingerprint,
+            custom_fingerprint,
         })
     })
 }

@@ -157,8 +157,6 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Commits one page (cursor, snapshot delta, events, quarantined items and the current
-    /// schedule) in one transaction, then delivers.
     /// Commits one page's work in one `commit_poll` and reports it to the hooks; returns how
     /// many events it committed (the caller delivers them).
     pub(super) async fn commit(
@@ -191,8 +189,8 @@ impl Run<'_> {
             deletes: processed.deletes,
             events: processed
                 .events
-                .iter()
-                .map(|e| OutboxRow::pending(e.clone(), now))
+                .into_iter()
+                .map(|e| OutboxRow::pending(e, now))
                 .collect(),
             log: self.rt.def.log_retention.is_some(),
             parked: processed.quarantined,
@@ -226,8 +224,8 @@ impl Run<'_> {
         }
         cycle.state.lanes = lanes;
         // Counted only now: a failed commit leaves the cycle's counts describing nothing of it.
-        for event in &processed.events {
-            match event.event_type {
+        for row in &batch.events {
+            match row.event.event_type {
                 EventType::Created => cycle.counts.created += 1,
                 EventType::Updated => cycle.counts.updated += 1,
                 EventType::Deleted => cycle.counts.deleted += 1,
@@ -240,8 +238,8 @@ impl Run<'_> {
             duration_ms: self.now().saturating_sub(started),
         };
         self.shared.hooks.on_commit(&cycle.hook, &info).await;
-        for event in &processed.events {
-            self.shared.hooks.on_event(&cycle.hook, event).await;
+        for row in &batch.events {
+            self.shared.hooks.on_event(&cycle.hook, &row.event).await;
         }
         for row in &batch.parked {
             let (Some(item), Some(issues)) = (&row.item, &row.error.issues) else {

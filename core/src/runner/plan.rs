@@ -206,7 +206,7 @@ pub(crate) fn plan(
 ) -> Result<PagePlan> {
     let mut out = PagePlan::default();
     let time = format_rfc3339_ms(now);
-    for (identity, candidate) in valid {
+    for (identity, mut candidate) in valid {
         let row = stored.get(&identity);
         let version = candidate.version.clone();
         // Unchanged rows are not rewritten, full scans included: a scan of a million items
@@ -214,8 +214,9 @@ pub(crate) fn plan(
         if unchanged_by_version(row, version.as_deref(), def.schema_version) && !force {
             continue;
         }
+        let hash = candidate.fingerprint();
         let value = candidate.value;
-        let hash = match (candidate.fingerprint)() {
+        let hash = match hash {
             Ok(hash) => hash,
             Err(error) => {
                 // An item that cannot be fingerprinted is invalid like any other: it never
@@ -473,12 +474,12 @@ mod tests {
     fn stored(identity: &str, def: &PollerDef, total: i64) -> ItemRow {
         let page = page(json!([{ "id": identity, "total": total }]));
         let mut valid = prepared(def, &page).expect("valid").valid;
-        let (_, candidate) = valid.pop().expect("one item");
+        let (_, mut candidate) = valid.pop().expect("one item");
         let payload = Json::from_value(&candidate.value);
         ItemRow {
             identity: identity.to_owned(),
             version: None,
-            hash: (candidate.fingerprint)().expect("a fingerprint"),
+            hash: candidate.fingerprint().expect("a fingerprint"),
             schema_version: def.schema_version,
             payload: Some(payload),
             seen_at: NOW - 1_000,

@@ -243,6 +243,9 @@ impl Dispatcher {
 
     fn counters_of(&self, partition: &str) -> Arc<Counters> {
         let mut all = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(counters) = all.get(partition) {
+            return Arc::clone(counters);
+        }
         Arc::clone(all.entry(partition.to_owned()).or_default())
     }
 
