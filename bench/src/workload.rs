@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use watukuy_core::diff::{EventIdParts, event_id};
 use watukuy_core::schedule::ScheduleOptions;
-use watukuy_core::{Event, EventType, Json, Lane};
+use watukuy_core::{Event, EventType, Json, Lane, SmolStr};
 
 /// The parameters of one measurement.
 #[derive(Clone, Copy, Debug)]
@@ -79,13 +79,13 @@ pub(crate) fn event(poller: &str, i: u64, sequence: i64, payload: usize, time: &
         event_type: EventType::Created,
     });
     Event {
-        id,
+        id: id.into(),
         event_type: EventType::Created,
-        source,
-        subject,
-        time: time.to_owned(),
-        poller: poller.to_owned(),
-        partition: String::new(),
+        source: source.into(),
+        subject: subject.into(),
+        time: time.into(),
+        poller: poller.into(),
+        partition: SmolStr::default(),
         lane: Lane::Live,
         sequence,
         cursor: None,

@@ -136,7 +136,11 @@ async fn tour(b: Arc<Backend>) {
     assert_eq!(store.counts(&key).await.map(|c| c.parked).unwrap(), 0);
     // The engine's next run delivers the retried event, never the discarded one.
     world.tick(&engine).await.unwrap();
-    let delivered: Vec<String> = consumer.delivered().into_iter().map(|e| e.id).collect();
+    let delivered: Vec<String> = consumer
+        .delivered()
+        .into_iter()
+        .map(|e| e.id.to_string())
+        .collect();
     assert!(delivered.contains(&retry_id));
     assert!(!delivered.contains(&discard_id));
     assert_eq!(store.counts(&key).await.map(|c| c.pending).unwrap(), 0);
@@ -475,7 +479,7 @@ async fn parked_kinds(b: Arc<Backend>) {
     let subjects: Vec<String> = consumer
         .delivered()
         .into_iter()
-        .map(|e| e.subject)
+        .map(|e| e.subject.to_string())
         .collect();
     assert!(subjects.contains(&"item-001".to_owned()) && subjects.contains(&"item-003".to_owned()));
 }

@@ -362,7 +362,10 @@ impl Recorder {
 
     /// The ids of every recorded event, in order.
     pub fn ids(&self) -> Vec<String> {
-        self.events().into_iter().map(|e| e.id).collect()
+        self.events()
+            .into_iter()
+            .map(|e| e.id.to_string())
+            .collect()
     }
 
     /// Forgets what was recorded.
@@ -408,14 +411,17 @@ impl Consumer {
 
     /// The ids of what it delivered, in order.
     pub fn delivered_ids(&self) -> Vec<String> {
-        lock(&self.delivered).iter().map(|e| e.id.clone()).collect()
+        lock(&self.delivered)
+            .iter()
+            .map(|e| e.id.to_string())
+            .collect()
     }
 
     /// Registers it as `engine`'s handler of [`POLLER`].
     pub fn attach(&self, engine: &Engine) -> Result<watukuy_core::delivery::Unsubscribe> {
         let consumer = self.clone();
         engine.on(POLLER, move |event: Event, _ctx: HandlerContext| {
-            let fail = lock(&consumer.failing).contains(&event.subject);
+            let fail = lock(&consumer.failing).iter().any(|s| *s == event.subject);
             let result: HandlerResult = if fail {
                 Err(HandlerError::permanent(format!(
                     "{} {}",

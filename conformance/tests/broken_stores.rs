@@ -311,7 +311,7 @@ async fn a_full_scan_over_a_store_streaming_backwards_deletes_nothing_and_warns(
             .events()
             .iter()
             .filter(|e| e.event_type == EventType::Deleted)
-            .map(|e| e.subject.clone())
+            .map(|e| e.subject.to_string())
             .collect();
         assert_eq!(deleted.len(), deletes, "{defect:?}: {deleted:?}");
         let key = watukuy_core::PKey::new(POLLER, "");

@@ -51,7 +51,7 @@ fn subjects(events: &[Event], event_type: EventType) -> Vec<String> {
     events
         .iter()
         .filter(|e| e.event_type == event_type)
-        .map(|e| e.subject.clone())
+        .map(|e| e.subject.to_string())
         .collect()
 }
 
@@ -714,7 +714,7 @@ async fn tick_after(label: &str, world: &World, engine: &Engine, by: Duration) -
 /// The type and subject of the last event `recorder` saw.
 fn last_event(recorder: &Recorder) -> (EventType, String) {
     let last = recorder.events().pop().expect("an event was recorded");
-    (last.event_type, last.subject)
+    (last.event_type, last.subject.to_string())
 }
 
 /// The engine recovered after `result`: the events after the 9 learned first update `subject`

@@ -288,7 +288,7 @@ async fn acks_of_different_keys_share_store_calls_without_reordering_a_key() {
                 tokio::task::yield_now().await;
                 seen.lock()
                     .unwrap()
-                    .push((event.subject.clone(), event.sequence));
+                    .push((event.subject.to_string(), event.sequence));
                 Ok::<(), HandlerError>(())
             }
         }

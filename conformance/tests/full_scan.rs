@@ -130,7 +130,7 @@ async fn scan(engine: &Engine, recorder: &Recorder) -> Vec<(EventType, String)> 
     recorder
         .events()
         .iter()
-        .map(|e: &Event| (e.event_type, e.subject.clone()))
+        .map(|e: &Event| (e.event_type, e.subject.to_string()))
         .collect()
 }
 

@@ -77,7 +77,7 @@ fn assert_no_errors(result: &TickResult) {
 fn summary(events: &[Event]) -> Vec<(EventType, String, Lane)> {
     events
         .iter()
-        .map(|e| (e.event_type, e.subject.clone(), e.lane))
+        .map(|e| (e.event_type, e.subject.to_string(), e.lane))
         .collect()
 }
 
@@ -377,7 +377,7 @@ async fn a_reconcile_with_a_token_cursor_lists_from_the_first_token_every_time()
         .filter(|e| e.event_type == EventType::Deleted)
         .map(|e| (e.subject, e.lane))
         .collect();
-    assert_eq!(deleted, [("item-002".to_owned(), Lane::Reconcile)]);
+    assert_eq!(deleted, [("item-002".into(), Lane::Reconcile)]);
 }
 
 #[tokio::test]

@@ -374,7 +374,7 @@ fn handler(
             script.crash_on = None;
             script
                 .delivered
-                .push((key, event.sequence, event.id.clone()));
+                .push((key, event.sequence, event.id.to_string()));
             faulty.kill("crash after the handler");
             return futures::future::ready(Ok(()));
         }
@@ -384,7 +384,7 @@ fn handler(
         }
         script
             .delivered
-            .push((key, event.sequence, event.id.clone()));
+            .push((key, event.sequence, event.id.to_string()));
         futures::future::ready(Ok(()))
     }
 }

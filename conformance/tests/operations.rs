@@ -67,7 +67,7 @@ async fn only(engine: &Engine) -> watukuy_core::ops::KeyInspect {
 fn types_and_subjects(events: &[Event]) -> Vec<(EventType, String)> {
     events
         .iter()
-        .map(|e| (e.event_type, e.subject.clone()))
+        .map(|e| (e.event_type, e.subject.to_string()))
         .collect()
 }
 
@@ -1360,7 +1360,7 @@ async fn stop_with_drain_lets_the_cycle_in_flight_finish() {
             .on(POLLER, move |event: Event, _ctx: HandlerContext| {
                 let (handled, clock) = (Arc::clone(&handled), clock.clone());
                 async move {
-                    lock(&handled).push(event.subject.clone());
+                    lock(&handled).push(event.subject.to_string());
                     // A slow handler: 5 s of virtual time.
                     clock.sleep(Duration::from_secs(5)).await;
                     Ok::<(), HandlerError>(())
@@ -1426,7 +1426,7 @@ fn hanging_handler(
 {
     let (in_flight, clock) = (Arc::clone(in_flight), clock.clone());
     move |event: Event, ctx: HandlerContext| {
-        *lock(&in_flight) = Some((event.id.clone(), ctx.cancel.clone()));
+        *lock(&in_flight) = Some((event.id.to_string(), ctx.cancel.clone()));
         let clock = clock.clone();
         Box::pin(async move {
             tokio::select! {

@@ -180,7 +180,7 @@ async fn a_halt_stops_the_cycle_and_keeps_the_circuit_open() {
             .await
             .unwrap()
             .into_iter()
-            .map(|r| r.event.subject)
+            .map(|r| r.event.subject.to_string())
             .collect();
         let expected = if overlap {
             vec!["item-002", "item-003", "item-004"]

@@ -137,7 +137,7 @@ async fn the_handler_runs_under_the_deliver_span_and_events_carry_the_poll_trace
     }
     // The CloudEvent form carries it as the distributed-tracing extension.
     assert_eq!(
-        events[0].to_cloud_event().traceparent,
-        events[0].traceparent
+        events[0].to_cloud_event().traceparent.as_deref(),
+        events[0].traceparent.as_deref()
     );
 }

@@ -3,6 +3,7 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use smol_str::SmolStr;
 
 use crate::json::{self, Json};
 use crate::model::Lane;
@@ -44,20 +45,20 @@ impl fmt::Display for EventType {
 #[serde(rename_all = "camelCase")]
 pub struct Event {
     /// Deterministic id: 64 hex characters, identical across restarts, instances and replays.
-    pub id: String,
+    pub id: SmolStr,
     /// Created, updated or deleted.
     #[serde(rename = "type")]
     pub event_type: EventType,
     /// The event source, `urn:watukuy:<poller>` by default.
-    pub source: String,
+    pub source: SmolStr,
     /// The item's identity.
-    pub subject: String,
+    pub subject: SmolStr,
     /// When the change was observed (RFC 3339, UTC).
-    pub time: String,
+    pub time: SmolStr,
     /// The poller's name.
-    pub poller: String,
+    pub poller: SmolStr,
     /// The partition key (`""` for an unpartitioned poller).
-    pub partition: String,
+    pub partition: SmolStr,
     /// The lane that produced the event.
     pub lane: Lane,
     /// Monotonic per `(poller, partition)`; delivery order within an ordering key follows it.
@@ -88,7 +89,7 @@ pub struct Event {
     /// The W3C `traceparent` of the poll cycle that observed the change, captured at commit, so
     /// a consumer can link its work to it (see `telemetry::TraceContext`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub traceparent: Option<String>,
+    pub traceparent: Option<SmolStr>,
 }
 
 /// The content type of CloudEvents `data` written by [`Event::to_cloud_event`].
@@ -144,19 +145,19 @@ impl Event {
     pub fn to_cloud_event(&self) -> CloudEvent {
         CloudEvent {
             specversion: "1.0".to_owned(),
-            id: self.id.clone(),
-            source: self.source.clone(),
+            id: self.id.to_string(),
+            source: self.source.to_string(),
             event_type: format!("{}.{}", self.poller, self.event_type),
-            subject: self.subject.clone(),
-            time: self.time.clone(),
+            subject: self.subject.to_string(),
+            time: self.time.to_string(),
             datacontenttype: CLOUDEVENTS_DATA_CONTENT_TYPE.to_owned(),
             data: self.data.clone(),
-            watukuypartition: self.partition.clone(),
+            watukuypartition: self.partition.to_string(),
             watukuylane: self.lane,
             watukuysequence: self.sequence,
-            watukuypoller: self.poller.clone(),
+            watukuypoller: self.poller.to_string(),
             watukuyprevious: self.previous.clone(),
-            traceparent: self.traceparent.clone(),
+            traceparent: self.traceparent.as_ref().map(SmolStr::to_string),
         }
     }
 
@@ -194,20 +195,20 @@ impl TryFrom<CloudEvent> for Event {
             }
         };
         Ok(Event {
-            id: ce.id,
+            id: ce.id.into(),
             event_type,
-            source: ce.source,
-            subject: ce.subject,
-            time: ce.time,
-            poller: ce.watukuypoller,
-            partition: ce.watukuypartition,
+            source: ce.source.into(),
+            subject: ce.subject.into(),
+            time: ce.time.into(),
+            poller: ce.watukuypoller.into(),
+            partition: ce.watukuypartition.into(),
             lane: ce.watukuylane,
             sequence: ce.watukuysequence,
             cursor: None,
             data: ce.data,
             previous: ce.watukuyprevious,
             attempt: 0,
-            traceparent: ce.traceparent,
+            traceparent: ce.traceparent.map(SmolStr::from),
         })
     }
 }
@@ -218,7 +219,7 @@ mod tests {
 
     fn sample() -> Event {
         Event {
-            id: "a".repeat(64),
+            id: "a".repeat(64).into(),
             event_type: EventType::Updated,
             source: "urn:watukuy:orders".into(),
             subject: "o1".into(),

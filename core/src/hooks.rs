@@ -8,18 +8,19 @@ use crate::event::Event;
 use crate::json::Json;
 use crate::model::{Lane, Lease, ParkedRow, PollSummary, SerializedError, ValidationIssue};
 use crate::schedule::ScheduleReason;
+use smol_str::SmolStr;
 
 /// Where a hook fired.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HookContext {
     /// The poller.
-    pub poller: String,
+    pub poller: SmolStr,
     /// The partition (`""` for none).
-    pub partition: String,
+    pub partition: SmolStr,
     /// The lane running.
     pub lane: Lane,
     /// This engine's instance id.
-    pub instance_id: String,
+    pub instance_id: SmolStr,
 }
 
 /// The phase a failure happened in.

@@ -54,6 +54,9 @@ pub use poller::{
 pub use rng::{Rng, SeededRng, SystemRng};
 pub use runner::PollResult;
 pub use schedule::{CircuitOptions, ScheduleOptions, ScheduleReason};
+/// The string type of [`Event`]'s fields: a `str` that clones without copying (up to 23 bytes
+/// inline, longer ones shared), compared with `==` against `&str` and `String`.
+pub use smol_str::SmolStr;
 pub use store::Store;
 
 // What users share across tasks must stay shareable: a change that breaks one of these is a

@@ -365,8 +365,8 @@ impl Consumer {
         {
             let mut model = self.model.lock().unwrap_or_else(PoisonError::into_inner);
             match (&event.event_type, &item) {
-                (EventType::Deleted, _) | (_, None) => model.remove(&event.subject),
-                (_, Some(item)) => model.insert(event.subject.clone(), item.clone()),
+                (EventType::Deleted, _) | (_, None) => model.remove(event.subject.as_str()),
+                (_, Some(item)) => model.insert(event.subject.to_string(), item.clone()),
             };
         }
         println!(
@@ -383,7 +383,7 @@ impl Consumer {
             .unwrap_or_else(PoisonError::into_inner)
             .push(Seen {
                 event_type: event.event_type,
-                subject: event.subject.clone(),
+                subject: event.subject.to_string(),
                 lane: event.lane,
                 item,
             });

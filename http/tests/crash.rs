@@ -125,7 +125,7 @@ async fn crash_between_fetch_and_commit(store: Arc<dyn Store>, label: &str) {
         .lock()
         .unwrap()
         .iter()
-        .map(|e| (e.event_type, e.subject.clone()))
+        .map(|e| (e.event_type, e.subject.to_string()))
         .collect();
     assert_eq!(
         delivered,

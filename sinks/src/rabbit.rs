@@ -125,7 +125,7 @@ impl RabbitSink {
         let exchange = short("exchange", self.exchange.clone())?;
         let routing_key = short("routing key", (self.routing_key)(event))?;
         let mut properties = BasicProperties::default()
-            .with_message_id(short("message id", event.id.clone())?)
+            .with_message_id(short("message id", event.id.to_string())?)
             .with_content_type(short("content type", serialized.content_type.to_owned())?)
             .with_delivery_mode(PERSISTENT);
         if let Ok(kind) = ShortString::try_new(default_key(event)) {

@@ -100,7 +100,7 @@ async fn messages_carry_the_event_id_and_are_confirmed() {
     let messages = drain(&admin, &queue).await;
     assert_eq!(messages.len(), 1);
     let props = &messages[0].delivery.properties;
-    assert_eq!(message_id(&messages[0]), Some(event.id.clone()));
+    assert_eq!(message_id(&messages[0]), Some(event.id.to_string()));
     assert_eq!(
         props.content_type().as_ref().map(|c| c.as_str()),
         Some("application/cloudevents+json")
@@ -117,7 +117,7 @@ async fn messages_carry_the_event_id_and_are_confirmed() {
     sink.handle(event.clone(), ctx()).await.unwrap();
     let again = drain(&admin, &queue).await;
     assert_eq!(again.len(), 1);
-    assert_eq!(message_id(&again[0]), Some(event.id));
+    assert_eq!(message_id(&again[0]), Some(event.id.to_string()));
 
     admin
         .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())

@@ -8,7 +8,7 @@ use futures::stream::{self, BoxStream, StreamExt};
 use watukuy_core::{
     Capabilities, CommitBatch, Error, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent, OutboxRow,
     OutboxStatus, PKey, ParkedAction, ParkedKind, ParkedQuery, ParkedRow, PollerState, Result,
-    SerializedError, StatePatch, Store, Validator,
+    SerializedError, SmolStr, StatePatch, Store, Validator,
 };
 
 /// Everything stored for one key.
@@ -18,9 +18,9 @@ struct Record {
     lease: Option<Lease>,
     items: BTreeMap<String, ItemRow>,
     /// Pending outbox rows by event id; delivered rows are removed.
-    outbox: HashMap<String, OutboxRow>,
+    outbox: HashMap<SmolStr, OutboxRow>,
     /// `(sequence, event id)` of every pending row, for ordered loads.
-    order: BTreeSet<(i64, String)>,
+    order: BTreeSet<(i64, SmolStr)>,
     parked: HashMap<String, ParkedRow>,
     validators: HashMap<String, Validator>,
     log: BTreeMap<i64, LoggedEvent>,
@@ -442,7 +442,7 @@ impl Store for MemoryStore {
             }) = record.parked.remove(id)
             {
                 let mut row = OutboxRow::pending(event, parked_at);
-                row.event_id = id.clone();
+                row.event_id = id.as_str().into();
                 record.put_outbox(row);
                 moved += 1;
             }

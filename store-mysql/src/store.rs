@@ -417,7 +417,7 @@ fn outbox_row(key: &PKey, row: OutboxTuple) -> Result<OutboxRow> {
     Ok(OutboxRow {
         event: decode(&format!("the event of {what}"), &event_json)?,
         last_error: opt_decode(&format!("the last error of {what}"), last_error)?,
-        event_id,
+        event_id: event_id.into(),
         sequence,
         status: if delivered == 0 {
             OutboxStatus::Pending

@@ -227,7 +227,7 @@ pub(crate) struct OutboxParams {
 impl OutboxParams {
     pub(crate) fn new(row: &OutboxRow) -> Result<Self> {
         Ok(Self {
-            event_id: row.event_id.clone(),
+            event_id: row.event_id.to_string(),
             seq: row.sequence,
             event: encode("an event", &row.event)?,
             attempts: i64::from(row.attempts),
@@ -413,7 +413,7 @@ pub(crate) fn decode_outbox(row: &PgRow) -> Result<OutboxRow> {
     let event: String = column(row, "event")?;
     let last_error: Option<String> = column(row, "last_error")?;
     Ok(OutboxRow {
-        event_id: column(row, "event_id")?,
+        event_id: column::<String>(row, "event_id")?.into(),
         sequence: column(row, "seq")?,
         event: decode::<Event>("an outbox event", &event)?,
         status: OutboxStatus::Pending,

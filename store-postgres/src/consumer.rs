@@ -15,7 +15,7 @@
 //! # async fn handler(pool: PgPool, event: Event, ctx: HandlerContext) -> Result<(), HandlerError> {
 //! let processed = ProcessedEvents::default();
 //! # processed.migrate(&pool).await?;
-//! let subject = &event.subject; // the projection may borrow
+//! let subject = event.subject.as_str(); // the projection may borrow
 //! processed
 //!     .apply_once(&pool, &event, |tx| {
 //!         Box::pin(async move {
@@ -260,13 +260,13 @@ impl ProcessedEvents {
         let now = self.clock.now_ms();
         let bind = |sql| {
             sqlx::query(sql)
-                .bind(&event.id)
-                .bind(&event.poller)
-                .bind(&event.partition)
+                .bind(event.id.as_str())
+                .bind(event.poller.as_str())
+                .bind(event.partition.as_str())
                 .bind(event.lane.as_str())
                 .bind(event.event_type.as_str())
                 .bind(now)
-                .bind(&event.subject)
+                .bind(event.subject.as_str())
         };
         let row = bind(&self.insert)
             .fetch_one(&mut *conn)

@@ -642,7 +642,7 @@ impl Store for PostgresStore {
         for row in events {
             match row.status {
                 OutboxStatus::Pending => pending.push(OutboxParams::new(row)?),
-                OutboxStatus::Delivered => delivered.push(row.event_id.clone()),
+                OutboxStatus::Delivered => delivered.push(row.event_id.to_string()),
             }
         }
         let log: Vec<LogParams> = if batch.log {

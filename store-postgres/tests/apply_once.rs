@@ -136,7 +136,7 @@ async fn project(
         sqlx::query(&format!(
             r#"DELETE FROM "{schema}"."{table}" WHERE subject = $1"#
         ))
-        .bind(&event.subject)
+        .bind(event.subject.as_str())
         .execute(&mut **tx)
         .await?;
     } else {
@@ -144,7 +144,7 @@ async fn project(
             r#"INSERT INTO "{schema}"."{table}" AS t (subject, value, applications) VALUES ($1, $2, 1)
                ON CONFLICT (subject) DO UPDATE SET value = excluded.value, applications = t.applications + 1"#
         ))
-        .bind(&event.subject)
+        .bind(event.subject.as_str())
         .bind(event.data.as_ref().map(|d| d.as_str().to_owned()))
         .execute(&mut **tx)
         .await?;

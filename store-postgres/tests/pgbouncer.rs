@@ -157,7 +157,8 @@ async fn many_clients_share_fewer_server_connections() {
                     batch.events = vec![pending(&key, &format!("e{s}-{page}"), page, "o1")];
                     store.commit_poll(&key, &lease, &batch).await?;
                     let pending = store.load_pending(&key, 100).await?;
-                    let ids: Vec<String> = pending.iter().map(|row| row.event.id.clone()).collect();
+                    let ids: Vec<String> =
+                        pending.iter().map(|row| row.event.id.to_string()).collect();
                     ensure!(ids.len() == 1, "store {s} page {page}: pending {ids:?}");
                     store.ack_events(&key, &lease, &ids).await?;
                 }

@@ -46,13 +46,13 @@ fn event(i: usize) -> Result<Event, CaseError> {
     let sequence = i64::try_from(i + 1).or_fail()?;
     let data = format!(r#"{{"id":"{}","total":12.5,"status":"paid"}}"#, identity(i));
     Ok(Event {
-        id: event_id(i),
+        id: event_id(i).into(),
         event_type: EventType::Created,
-        source: "urn:watukuy:orders".to_owned(),
-        subject: identity(i),
-        time: "2026-01-01T00:00:00.000Z".to_owned(),
-        poller: "orders".to_owned(),
-        partition: String::new(),
+        source: "urn:watukuy:orders".to_owned().into(),
+        subject: identity(i).into(),
+        time: "2026-01-01T00:00:00.000Z".to_owned().into(),
+        poller: "orders".to_owned().into(),
+        partition: "".into(),
         lane: Lane::Live,
         sequence,
         cursor: None,

@@ -513,7 +513,7 @@ schema_test!(
             .load_pending(&k, 20)
             .await?
             .into_iter()
-            .map(|r| r.event_id)
+            .map(|r| r.event_id.to_string())
             .collect();
         store.ack_events(&k, &lease, &acked).await?;
         ensure!(
@@ -1034,7 +1034,7 @@ schema_test!(
             "rows lost in the upgrade"
         );
         let pending = store.load_pending(&key(), 10).await?;
-        let ids: Vec<String> = pending.iter().map(|row| row.event_id.clone()).collect();
+        let ids: Vec<String> = pending.iter().map(|row| row.event_id.to_string()).collect();
         store.ack_events(&key(), &lease, &ids).await?;
         ensure!(
             store.counts(&key()).await.map(|c| c.pending)? == 0,

@@ -787,7 +787,7 @@ impl Store for RedisStore {
                 String::new()
             };
             let pending = row.status == OutboxStatus::Pending;
-            call.push(&row.event_id)
+            call.push(row.event_id.as_str())
                 .push(row.sequence.to_string())
                 .push(if pending { "1" } else { "0" })
                 .push(if pending {
@@ -1045,7 +1045,7 @@ impl RedisStore {
                     continue;
                 };
                 let mut outbox = OutboxRow::pending(event, parked_at);
-                outbox.event_id = (*id).clone();
+                outbox.event_id = id.as_str().into();
                 call.push(*id)
                     .push(&text)
                     .push(outbox.sequence.to_string())

@@ -236,7 +236,7 @@ async fn a_primary_failover_loses_no_committed_event() {
         .filter(|id| !found.contains(id.as_str()))
         .collect();
     assert!(lost.is_empty(), "events committed and then lost: {lost:?}");
-    let ids: Vec<String> = pending.iter().map(|row| row.event_id.clone()).collect();
+    let ids: Vec<String> = pending.iter().map(|row| row.event_id.to_string()).collect();
     store
         .ack_events(&key, &lease, &ids)
         .await

@@ -96,7 +96,7 @@ pub(crate) struct OutboxValues {
 impl OutboxValues {
     pub(crate) fn new(row: &OutboxRow) -> Result<Self> {
         Ok(Self {
-            event_id: row.event_id.clone(),
+            event_id: row.event_id.to_string(),
             sequence: row.sequence,
             event: encode("an event", &row.event)?,
             pending: row.status == OutboxStatus::Pending,
@@ -124,13 +124,13 @@ pub(crate) fn outbox_row(row: &rusqlite::Row<'_>) -> DbResult<OutboxRow> {
     };
     Ok(OutboxRow {
         sequence: row.get(1)?,
+        event_id: watukuy_core::SmolStr::new(&event_id),
         event,
         status: OutboxStatus::Pending,
         attempts: to_u32(what("attempts"), row.get(3)?)?,
         next_attempt_at: row.get(4)?,
         last_error,
         created_at: row.get(6)?,
-        event_id,
     })
 }
 
@@ -154,7 +154,7 @@ impl ParkedValues {
         Ok(Self {
             id: row.id.clone(),
             kind: row.kind.as_str(),
-            event_id: row.event.as_ref().map(|e| e.id.clone()),
+            event_id: row.event.as_ref().map(|e| e.id.to_string()),
             event: row
                 .event
                 .as_ref()

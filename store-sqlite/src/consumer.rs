@@ -23,7 +23,7 @@
 //!     .apply_once(&conn, &event, move |tx| {
 //!         tx.execute(
 //!             "INSERT INTO totals VALUES (?1, 1) ON CONFLICT (subject) DO UPDATE SET n = n + 1",
-//!             [&subject],
+//!             [subject.as_str()],
 //!         )
 //!     })
 //!     .await?
@@ -211,9 +211,9 @@ impl ProcessedEvents {
                     self.table
                 ))?
                 .execute(params![
-                    event.id,
-                    event.poller,
-                    event.partition,
+                    event.id.as_str(),
+                    event.poller.as_str(),
+                    event.partition.as_str(),
                     event.lane.as_str(),
                     event.event_type.as_str(),
                     now
@@ -225,9 +225,14 @@ impl ProcessedEvents {
                          WHERE poller = ?1 AND \"partition\" = ?2 AND subject = ?3",
                         self.table
                     ))?
-                    .query_row(params![event.poller, event.partition, event.subject], |r| {
-                        Ok((r.get(0)?, r.get(1)?))
-                    })
+                    .query_row(
+                        params![
+                            event.poller.as_str(),
+                            event.partition.as_str(),
+                            event.subject.as_str()
+                        ],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
                     .optional()?;
                 let last = last.as_ref().map(|(id, kind)| (id.as_str(), kind.as_str()));
                 if !reapplies(event, last) {
@@ -238,7 +243,7 @@ impl ProcessedEvents {
                     self.table
                 ))?
                 .execute(params![
-                    event.id,
+                    event.id.as_str(),
                     event.lane.as_str(),
                     event.event_type.as_str(),
                     now
@@ -253,10 +258,10 @@ impl ProcessedEvents {
                 self.table
             ))?
             .execute(params![
-                event.poller,
-                event.partition,
-                event.subject,
-                event.id,
+                event.poller.as_str(),
+                event.partition.as_str(),
+                event.subject.as_str(),
+                event.id.as_str(),
                 event.event_type.as_str(),
                 now
             ])?;

@@ -82,7 +82,7 @@ fn project(tx: &Transaction<'_>, table: &str, event: &Event) -> rusqlite::Result
     if event.event_type == EventType::Deleted {
         tx.execute(
             &format!("DELETE FROM {table} WHERE subject = ?1"),
-            [&event.subject],
+            [event.subject.as_str()],
         )?;
     } else {
         tx.execute(
@@ -91,7 +91,10 @@ fn project(tx: &Transaction<'_>, table: &str, event: &Event) -> rusqlite::Result
                  ON CONFLICT (subject) DO UPDATE SET value = excluded.value,
                  applications = applications + 1"
             ),
-            rusqlite::params![event.subject, event.data.as_ref().map(|d| d.as_str())],
+            rusqlite::params![
+                event.subject.as_str(),
+                event.data.as_ref().map(|d| d.as_str())
+            ],
         )?;
     }
     Ok(())

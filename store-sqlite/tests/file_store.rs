@@ -206,7 +206,7 @@ async fn two_stores_on_one_file_share_data_and_fencing() {
         .await
         .unwrap()
         .into_iter()
-        .map(|row| row.event_id)
+        .map(|row| row.event_id.to_string())
         .collect();
     assert_eq!(pending, ["evt-2", "evt-3"], "A sees B's ack and commit");
     let state = a.load_state(&key).await.unwrap().expect("state");

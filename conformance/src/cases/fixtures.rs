@@ -93,13 +93,13 @@ pub fn key_other() -> PKey {
 /// A `created` event on `key` with a small payload.
 pub fn event(key: &PKey, id: &str, sequence: i64, subject: &str) -> Event {
     Event {
-        id: id.to_owned(),
+        id: id.into(),
         event_type: EventType::Created,
-        source: format!("urn:watukuy:{}", key.poller),
-        subject: subject.to_owned(),
-        time: "2026-01-01T00:00:00.000Z".to_owned(),
-        poller: key.poller.clone(),
-        partition: key.partition.clone(),
+        source: format!("urn:watukuy:{}", key.poller).into(),
+        subject: subject.into(),
+        time: "2026-01-01T00:00:00.000Z".into(),
+        poller: key.poller.as_str().into(),
+        partition: key.partition.as_str().into(),
         lane: Lane::Live,
         sequence,
         cursor: Some(json(r#"{"value":"2026-01-01T00:00:00Z","tieBreak":null}"#)),
@@ -132,7 +132,7 @@ pub fn poison(event: Event, hold_key: Option<&str>, parked_at: i64) -> ParkedRow
     let first = SerializedError::new("HandlerError", "first failure");
     let last = SerializedError::new("HandlerError", "last failure");
     ParkedRow {
-        id: event.id.clone(),
+        id: event.id.to_string(),
         kind: ParkedKind::Poison,
         event: Some(event),
         item: None,
@@ -375,7 +375,7 @@ pub async fn pending_ids(store: &dyn Store, key: &PKey) -> Result<Vec<String>, C
         .load_pending(key, OBSERVE_LIMIT)
         .await?
         .into_iter()
-        .map(|row| row.event_id)
+        .map(|row| row.event_id.to_string())
         .collect())
 }
 

@@ -204,7 +204,7 @@ fn deleted(events: &[Event]) -> Vec<String> {
     events
         .iter()
         .filter(|e| e.event_type == EventType::Deleted)
-        .map(|e| e.subject.clone())
+        .map(|e| e.subject.to_string())
         .collect()
 }
 

@@ -99,7 +99,7 @@ impl World {
             .load_pending(&self.key, 1_000)
             .await?
             .into_iter()
-            .map(|r| r.event_id)
+            .map(|r| r.event_id.to_string())
             .collect())
     }
 }
@@ -127,7 +127,7 @@ impl Seen {
         self.all()
             .into_iter()
             .filter(|(_, ok)| *ok)
-            .map(|(e, _)| e.id)
+            .map(|(e, _)| e.id.to_string())
             .collect()
     }
 
@@ -156,7 +156,7 @@ impl Seen {
 }
 
 fn ids(events: &[Event]) -> Vec<String> {
-    events.iter().map(|e| e.id.clone()).collect()
+    events.iter().map(|e| e.id.to_string()).collect()
 }
 
 fn fast_retries(attempts: u32) -> DeliveryOptions {
@@ -402,7 +402,7 @@ pub async fn g3_per_key_order_under_concurrency_and_failures(env: Env) -> CaseRe
                 if !in_flight
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .insert(event.subject.clone())
+                    .insert(event.subject.to_string())
                 {
                     overlap.store(true, Ordering::SeqCst);
                 }
@@ -417,7 +417,7 @@ pub async fn g3_per_key_order_under_concurrency_and_failures(env: Env) -> CaseRe
                 in_flight
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&event.subject);
+                    .remove(event.subject.as_str());
                 if ok {
                     Ok(())
                 } else {
@@ -430,7 +430,7 @@ pub async fn g3_per_key_order_under_concurrency_and_failures(env: Env) -> CaseRe
     let mut report = w.drain(&dispatcher).await?;
     let clean: Vec<&String> = keys
         .iter()
-        .filter(|k| *k != "k07" && !events.iter().any(|e| &e.subject == *k && flaky(&e.id)))
+        .filter(|k| *k != "k07" && !events.iter().any(|e| e.subject == *k && flaky(&e.id)))
         .collect();
     check!(
         !clean.is_empty() && clean.len() < keys.len() - 1,
@@ -438,9 +438,9 @@ pub async fn g3_per_key_order_under_concurrency_and_failures(env: Env) -> CaseRe
     );
     let delivered_first: HashSet<String> = seen.delivered_ids().into_iter().collect();
     for k in &clean {
-        for e in events.iter().filter(|e| &e.subject == *k) {
+        for e in events.iter().filter(|e| e.subject == *k) {
             check!(
-                delivered_first.contains(&e.id),
+                delivered_first.contains(e.id.as_str()),
                 "key {k} has no failures and must not wait: {} undelivered after the first drain",
                 e.id
             );
@@ -469,7 +469,7 @@ pub async fn g3_per_key_order_under_concurrency_and_failures(env: Env) -> CaseRe
     let mut per_key: BTreeMap<String, Vec<(i64, bool)>> = BTreeMap::new();
     for (e, ok) in seen.all() {
         per_key
-            .entry(e.subject.clone())
+            .entry(e.subject.to_string())
             .or_default()
             .push((e.sequence, ok));
     }
@@ -496,7 +496,7 @@ pub async fn g3_per_key_order_under_concurrency_and_failures(env: Env) -> CaseRe
     for e in &events {
         let expected = usize::from(e.subject != "k07");
         check_eq!(
-            delivered_count.get(&e.id).copied().unwrap_or(0),
+            delivered_count.get(e.id.as_str()).copied().unwrap_or(0),
             expected,
             "deliveries of {} ({})",
             e.id,
@@ -566,7 +566,7 @@ pub async fn g7_poison_key_does_not_block_others(env: Env) -> CaseResult {
     let others: Vec<String> = events
         .iter()
         .filter(|e| e.subject != "b")
-        .map(|e| e.id.clone())
+        .map(|e| e.id.to_string())
         .collect();
     let mut delivered = seen.delivered_ids();
     delivered.sort();
@@ -619,7 +619,7 @@ pub async fn g7_retry_delivers_poison_then_successors_in_order(env: Env) -> Case
     failing.store(false, Ordering::SeqCst);
     check_eq!(
         dispatcher
-            .retry_parked(&w.key, std::slice::from_ref(&events[1].id))
+            .retry_parked(&w.key, &[events[1].id.to_string()])
             .await?,
         1
     );
@@ -628,7 +628,7 @@ pub async fn g7_retry_delivers_poison_then_successors_in_order(env: Env) -> Case
     check_eq!(report.delivered, 2);
     let after: Vec<String> = seen.all()[before..]
         .iter()
-        .map(|(e, _)| e.id.clone())
+        .map(|(e, _)| e.id.to_string())
         .collect();
     check_eq!(
         after,
@@ -646,18 +646,18 @@ pub async fn g7_discard_releases_the_key(env: Env) -> CaseResult {
     let (w, dispatcher, seen, _failing, events, _) = poisoned(&env).await?;
     check_eq!(
         dispatcher
-            .discard_parked(&w.key, std::slice::from_ref(&events[1].id))
+            .discard_parked(&w.key, &[events[1].id.to_string()])
             .await?,
         1
     );
     let report = w.drain(&dispatcher).await?;
     check_eq!(report.delivered, 1);
     check!(
-        seen.delivered_ids().contains(&events[5].id),
+        seen.delivered_ids().contains(&events[5].id.to_string()),
         "the successor is delivered"
     );
     check!(
-        !seen.delivered_ids().contains(&events[1].id),
+        !seen.delivered_ids().contains(&events[1].id.to_string()),
         "the discarded event is never delivered"
     );
     check_eq!(w.store.counts(&w.key).await.map(|c| c.pending)?, 0);

@@ -165,7 +165,7 @@ fn data_of(event: &Event) -> Value {
 fn summary(events: &[Event]) -> Vec<(EventType, String, Lane)> {
     events
         .iter()
-        .map(|e| (e.event_type, e.subject.clone(), e.lane))
+        .map(|e| (e.event_type, e.subject.to_string(), e.lane))
         .collect()
 }
 
@@ -514,7 +514,13 @@ pub async fn circuit_opens_probes_and_closes(env: Env) -> CaseResult {
     let events = recorder.events();
     let mut late: Vec<(String, EventType, Value)> = after_first(&events, 3)
         .iter()
-        .map(|e| (e.subject.clone(), e.event_type, data_of(e)["value"].clone()))
+        .map(|e| {
+            (
+                e.subject.to_string(),
+                e.event_type,
+                data_of(e)["value"].clone(),
+            )
+        })
         .collect();
     late.sort_by(|a, b| a.0.cmp(&b.0));
     check_eq!(
@@ -692,7 +698,7 @@ pub async fn backfill_force_reemits_and_finishes(env: Env) -> CaseResult {
         summary(backfilled),
         created
             .iter()
-            .map(|e| (EventType::Updated, e.subject.clone(), Lane::Backfill))
+            .map(|e| (EventType::Updated, e.subject.to_string(), Lane::Backfill))
             .collect::<Vec<_>>()
     );
     check_eq!(
@@ -927,7 +933,7 @@ pub async fn replay_redelivers_with_same_ids(env: Env) -> CaseResult {
     clean_tick(&w, &engine).await?;
     let last = recorder.events().last().cloned();
     check_eq!(
-        last.map(|e| (e.subject, e.lane, e.sequence)),
+        last.map(|e| (e.subject.to_string(), e.lane, e.sequence)),
         Some(("item-003".to_owned(), Lane::Live, 8))
     );
     check_eq!(
@@ -967,7 +973,7 @@ pub async fn log_retention_prunes(env: Env) -> CaseResult {
     let log = read_log(&env).await?;
     check_eq!(logged_at(&log), [t0 + 3_600_000]);
     check_eq!(
-        log.first().map(|l| l.event.subject.clone()),
+        log.first().map(|l| l.event.subject.to_string()),
         Some("item-001".to_owned())
     );
     check_eq!(

@@ -144,7 +144,10 @@ pub async fn read_log_after_sequence(env: Env) -> CaseResult {
         .ack_events(
             &k,
             &lease,
-            &rows.iter().map(|r| r.event_id.clone()).collect::<Vec<_>>(),
+            &rows
+                .iter()
+                .map(|r| r.event_id.to_string())
+                .collect::<Vec<_>>(),
         )
         .await?;
     check_eq!(

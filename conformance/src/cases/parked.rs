@@ -433,7 +433,7 @@ pub async fn retry_parked_moves_poison_back(env: Env) -> CaseResult {
         "only the poison row moved; the invalid row and unknown id are ignored"
     );
     let retried = OutboxRow {
-        event_id: "evt-1".to_owned(),
+        event_id: "evt-1".into(),
         sequence: parked_event_1.sequence,
         event: parked_event_1,
         status: OutboxStatus::Pending,

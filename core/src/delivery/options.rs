@@ -288,7 +288,7 @@ impl DeliveryOptions {
     pub fn key_of(&self, event: &Event) -> String {
         match &self.ordering_key {
             Some(f) => f(event),
-            None => event.subject.clone(),
+            None => event.subject.to_string(),
         }
     }
 

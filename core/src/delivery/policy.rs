@@ -225,13 +225,13 @@ mod tests {
     fn row(seq: i64, subject: &str) -> OutboxRow {
         OutboxRow::pending(
             Event {
-                id: format!("e{seq}"),
+                id: format!("e{seq}").into(),
                 event_type: EventType::Created,
                 source: "urn:watukuy:t".into(),
                 subject: subject.into(),
-                time: String::new(),
+                time: "".into(),
                 poller: "t".into(),
-                partition: String::new(),
+                partition: "".into(),
                 lane: Lane::Live,
                 sequence: seq,
                 cursor: None,
@@ -255,7 +255,7 @@ mod tests {
         ];
         let groups = eligible_groups(
             rows,
-            |r| r.event.subject.clone(),
+            |r| r.event.subject.to_string(),
             &HashSet::new(),
             &HashSet::new(),
         );
@@ -278,7 +278,7 @@ mod tests {
         let rows = vec![row(1, "a"), row(2, "b"), row(3, "c")];
         let held: HashSet<String> = ["a".to_owned()].into();
         let blocked: HashSet<String> = ["c".to_owned()].into();
-        let groups = eligible_groups(rows, |r| r.event.subject.clone(), &held, &blocked);
+        let groups = eligible_groups(rows, |r| r.event.subject.to_string(), &held, &blocked);
         assert_eq!(
             groups.iter().map(|g| g.key.as_str()).collect::<Vec<_>>(),
             vec!["b"]

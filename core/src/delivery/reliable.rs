@@ -249,13 +249,13 @@ mod tests {
 
     fn event(lane: Lane) -> Event {
         Event {
-            id: "a".repeat(64),
+            id: "a".repeat(64).into(),
             event_type: EventType::Created,
             source: "urn:watukuy:t".into(),
             subject: "s".into(),
-            time: String::new(),
+            time: "".into(),
             poller: "t".into(),
-            partition: String::new(),
+            partition: "".into(),
             lane,
             sequence: 1,
             cursor: None,

@@ -108,7 +108,7 @@ pub enum OutboxStatus {
 #[serde(rename_all = "camelCase")]
 pub struct OutboxRow {
     /// The event id (the row's key within its `PKey`).
-    pub event_id: String,
+    pub event_id: SmolStr,
     /// The key's outbox sequence; delivery follows it.
     pub sequence: i64,
     /// The event.

@@ -260,12 +260,7 @@ impl Poller {
             }
         }
         let candidates = crate::decide::dedupe_last_wins(candidates);
-        let from = crate::runner::EventSource {
-            source: &source,
-            key: &key,
-            lane: crate::model::Lane::Live,
-            traceparent: None,
-        };
+        let from = crate::runner::EventSource::new(&source, &key, crate::model::Lane::Live, None);
         let planned = crate::runner::plan(
             def, &from, candidates, stored, false, sequence, None, now_ms,
         )?;

@@ -1,6 +1,7 @@
 //! One run of one `(poller, partition)`: lease, drain the outbox first, the live
 //! cycle page by page (one `commit_poll` per page), full-scan deletes, the schedule, release.
 
+use smol_str::SmolStr;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::StreamExt;
@@ -189,10 +190,10 @@ pub(crate) async fn run_key(
         return Ok(KeyOutcome::Leased);
     };
     let hook = HookContext {
-        poller: key.poller.clone(),
-        partition: key.partition.clone(),
+        poller: SmolStr::new(&key.poller),
+        partition: SmolStr::new(&key.partition),
         lane: Lane::Live,
-        instance_id: shared.instance_id.clone(),
+        instance_id: SmolStr::new(&shared.instance_id),
     };
     // Once per lease taken anew, not on every run of a key this engine keeps re-taking.
     if shared.held.acquired(&key, &lease) {

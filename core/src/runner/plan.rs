@@ -2,23 +2,39 @@
 //! (invalid ones quarantined), deduplicated and diffed against the stored rows, and events get
 //! their deterministic ids.
 
+use smol_str::SmolStr;
 use std::collections::HashMap;
 
 use super::*;
 
-/// Where a page's events come from: what their ids and envelopes are made of.
+/// Where a page's events come from: what their ids and envelopes are made of. The strings every
+/// event of the page shares are made once, and each event takes a cheap clone of them.
 pub(crate) struct EventSource<'a> {
     /// The poller's event source (`urn:watukuy:…`).
-    pub(crate) source: &'a str,
+    source: SmolStr,
     /// The poller and partition.
     pub(crate) key: &'a PKey,
+    poller: SmolStr,
+    partition: SmolStr,
     /// The lane the page was read on.
-    pub(crate) lane: Lane,
+    lane: Lane,
     /// The W3C traceparent of the cycle.
-    pub(crate) traceparent: Option<&'a str>,
+    traceparent: Option<SmolStr>,
 }
 
-impl EventSource<'_> {
+impl<'a> EventSource<'a> {
+    /// The events of `key`'s pages read on `lane`.
+    pub(crate) fn new(source: &str, key: &'a PKey, lane: Lane, traceparent: Option<&str>) -> Self {
+        Self {
+            source: SmolStr::new(source),
+            key,
+            poller: SmolStr::new(&key.poller),
+            partition: SmolStr::new(&key.partition),
+            lane,
+            traceparent: traceparent.map(SmolStr::new),
+        }
+    }
+
     /// The event of one observation, with the next sequence.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn event(
@@ -30,11 +46,11 @@ impl EventSource<'_> {
         event_type: EventType,
         (data, previous): (Option<Json>, Option<Json>),
         cursor: Option<Json>,
-        time: &str,
+        time: &SmolStr,
     ) -> Event {
         *sequence += 1;
         let id = event_id(&EventIdParts {
-            source: self.source,
+            source: &self.source,
             partition: &self.key.partition,
             identity,
             version_or_hash,
@@ -42,20 +58,20 @@ impl EventSource<'_> {
             event_type,
         });
         Event {
-            id,
+            id: SmolStr::from(id),
             event_type,
-            source: self.source.to_owned(),
-            subject: identity.to_owned(),
-            time: time.to_owned(),
-            poller: self.key.poller.clone(),
-            partition: self.key.partition.clone(),
+            source: self.source.clone(),
+            subject: SmolStr::new(identity),
+            time: time.clone(),
+            poller: self.poller.clone(),
+            partition: self.partition.clone(),
             lane: self.lane,
             sequence: *sequence,
             cursor,
             data,
             previous,
             attempt: 0,
-            traceparent: self.traceparent.map(str::to_owned),
+            traceparent: self.traceparent.clone(),
         }
     }
 }
@@ -205,7 +221,7 @@ pub(crate) fn plan(
     now: i64,
 ) -> Result<PagePlan> {
     let mut out = PagePlan::default();
-    let time = format_rfc3339_ms(now);
+    let time = SmolStr::from(format_rfc3339_ms(now));
     for (identity, mut candidate) in valid {
         let row = stored.get(&identity);
         let version = candidate.version.clone();
@@ -286,7 +302,7 @@ pub(crate) fn plan_deletes(
     cursor_json: Option<&Json>,
     now: i64,
 ) -> Vec<Event> {
-    let time = format_rfc3339_ms(now);
+    let time = SmolStr::from(format_rfc3339_ms(now));
     identities
         .iter()
         .filter_map(|identity| {
@@ -312,12 +328,12 @@ pub(crate) fn plan_deletes(
 impl Run<'_> {
     /// Where this cycle's events come from.
     pub(super) fn event_source<'c>(&'c self, cycle: &'c Cycle) -> EventSource<'c> {
-        EventSource {
-            source: &self.rt.source,
-            key: &self.key,
-            lane: cycle.spec.lane,
-            traceparent: cycle.traceparent.as_deref(),
-        }
+        EventSource::new(
+            &self.rt.source,
+            &self.key,
+            cycle.spec.lane,
+            cycle.traceparent.as_deref(),
+        )
     }
 
     /// Plans one page: [`prepare`], the full scan's merge of the listed identities (before the
@@ -451,12 +467,7 @@ mod tests {
     }
 
     fn source(key: &PKey) -> EventSource<'_> {
-        EventSource {
-            source: "urn:watukuy:orders",
-            key,
-            lane: Lane::Live,
-            traceparent: None,
-        }
+        EventSource::new("urn:watukuy:orders", key, Lane::Live, None)
     }
 
     fn page(items: serde_json::Value) -> Page {

@@ -28,7 +28,11 @@ impl MetricsHooks {
     }
 
     fn cycle(ctx: &HookContext) -> (String, String, &'static str) {
-        (ctx.poller.clone(), ctx.partition.clone(), ctx.lane.as_str())
+        (
+            ctx.poller.to_string(),
+            ctx.partition.to_string(),
+            ctx.lane.as_str(),
+        )
     }
 }
 
@@ -45,8 +49,8 @@ fn count(value: u64) -> f64 {
 macro_rules! labels {
     ($ctx:expr) => {
         [
-            ("poller", $ctx.poller.clone()),
-            ("partition", $ctx.partition.clone()),
+            ("poller", $ctx.poller.to_string()),
+            ("partition", $ctx.partition.to_string()),
             ("lane", $ctx.lane.as_str().to_owned()),
         ]
     };
@@ -123,11 +127,11 @@ impl Hooks for MetricsHooks {
 
     async fn on_circuit_open(&self, ctx: &HookContext, _failures: u32, _probe_at: i64) {
         counter!("watukuy.circuit.opened", &labels!(ctx)).increment(1);
-        gauge!("watukuy.circuit.state", "poller" => ctx.poller.clone(), "partition" => ctx.partition.clone()).set(2.0);
+        gauge!("watukuy.circuit.state", "poller" => ctx.poller.to_string(), "partition" => ctx.partition.to_string()).set(2.0);
     }
 
     async fn on_circuit_close(&self, ctx: &HookContext) {
-        gauge!("watukuy.circuit.state", "poller" => ctx.poller.clone(), "partition" => ctx.partition.clone()).set(0.0);
+        gauge!("watukuy.circuit.state", "poller" => ctx.poller.to_string(), "partition" => ctx.partition.to_string()).set(0.0);
     }
 
     async fn on_budget_wait(&self, ctx: &HookContext, budget: &str, wait_ms: i64) {
@@ -144,7 +148,7 @@ impl Hooks for MetricsHooks {
         _next_due_at: i64,
         _reason: ScheduleReason,
     ) {
-        gauge!("watukuy.schedule.interval", "poller" => ctx.poller.clone(), "partition" => ctx.partition.clone())
+        gauge!("watukuy.schedule.interval", "poller" => ctx.poller.to_string(), "partition" => ctx.partition.to_string())
             .set(ms(interval_ms));
     }
 

@@ -17,13 +17,13 @@ use watukuy_store_memory::MemoryStore;
 fn order_event(seq: i64, order: &str, kind: EventType, total: u32, now: i64) -> Event {
     Event {
         // Real events get deterministic ids from the poll cycle; here any unique id will do.
-        id: format!("{seq:064x}"),
+        id: format!("{seq:064x}").into(),
         event_type: kind,
         source: "urn:watukuy:orders".into(),
         subject: order.into(),
-        time: format_rfc3339_ms(now),
+        time: format_rfc3339_ms(now).into(),
         poller: "orders".into(),
-        partition: String::new(),
+        partition: "".into(),
         lane: Lane::Live,
         sequence: seq,
         cursor: None,

@@ -137,7 +137,7 @@ async fn run_example(
                 let outcome = processed
                     .apply_once(&pool, &event, |tx| {
                         Box::pin(async move {
-                            let query = sqlx::query(&sql).bind(&subject);
+                            let query = sqlx::query(&sql).bind(subject.as_str());
                             let query = match &order {
                                 Some(o) => query.bind(&o.status).bind(o.total),
                                 None => query,

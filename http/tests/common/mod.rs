@@ -329,7 +329,7 @@ impl Harness {
             .lock()
             .unwrap()
             .iter()
-            .map(|e| (e.event_type, e.subject.clone()))
+            .map(|e| (e.event_type, e.subject.to_string()))
             .collect()
     }
 

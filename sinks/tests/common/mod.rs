@@ -7,13 +7,13 @@ use watukuy_core::{Event, EventType, HandlerContext, Json, Lane, Partition};
 /// An event of poller `poller` with the given id suffix (ids are 64 hex characters).
 pub fn event(poller: &str, n: u32, event_type: EventType) -> Event {
     Event {
-        id: format!("{n:064x}"),
+        id: format!("{n:064x}").into(),
         event_type,
-        source: format!("urn:watukuy:{poller}"),
-        subject: format!("item-{n}"),
+        source: format!("urn:watukuy:{poller}").into(),
+        subject: format!("item-{n}").into(),
         time: "2026-01-01T00:00:00.000Z".into(),
         poller: poller.into(),
-        partition: String::new(),
+        partition: "".into(),
         lane: Lane::Live,
         sequence: i64::from(n),
         cursor: None,

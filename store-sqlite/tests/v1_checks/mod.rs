@@ -341,10 +341,10 @@ struct LeaseLog(Mutex<Vec<(PKey, i64)>>);
 #[async_trait::async_trait]
 impl Hooks for LeaseLog {
     async fn on_lease_acquired(&self, ctx: &HookContext, lease: &Lease) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push((PKey::new(&ctx.poller, &ctx.partition), lease.epoch));
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).push((
+            PKey::new(ctx.poller.as_str(), ctx.partition.as_str()),
+            lease.epoch,
+        ));
     }
 }
 
@@ -416,7 +416,7 @@ async fn check_delivery(store: Arc<dyn Store>, store_name: &str, v1: &V1Dump) {
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .push(Delivered {
-                            key: PKey::new(&event.poller, &event.partition),
+                            key: PKey::new(event.poller.as_str(), event.partition.as_str()),
                             event,
                         });
                     Ok(())

@@ -157,7 +157,7 @@ impl Dispatcher {
                                 redacted,
                             };
                             let parked = ParkedRow {
-                                id: row.event_id.clone(),
+                                id: row.event_id.to_string(),
                                 kind: ParkedKind::Poison,
                                 item: None,
                                 error,

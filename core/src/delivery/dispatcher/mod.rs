@@ -27,6 +27,7 @@ use crate::model::{
 };
 use crate::rng::Rng;
 use crate::store::Store;
+use smol_str::SmolStr;
 
 mod counters;
 mod drain;
@@ -141,7 +142,7 @@ const ATTEMPT_LOG_PER_EVENT: usize = 50;
 /// every attempt is parked (with its history) and, with `hold_key`, holds its key until the
 /// parked row is retried or discarded.
 pub struct Dispatcher {
-    poller: String,
+    poller: SmolStr,
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
     rng: Arc<dyn Rng>,
@@ -149,7 +150,7 @@ pub struct Dispatcher {
     batch_size: usize,
     slot: Arc<Slot>,
     hooks: Arc<dyn Hooks>,
-    instance_id: String,
+    instance_id: SmolStr,
     counters: Mutex<HashMap<String, Arc<Counters>>>,
     attempt_log: AttemptLog,
 }
@@ -183,7 +184,7 @@ impl Dispatcher {
             ));
         }
         Ok(Self {
-            poller: poller.into(),
+            poller: SmolStr::new(poller.into()),
             store,
             clock,
             rng,
@@ -191,7 +192,7 @@ impl Dispatcher {
             batch_size,
             slot: Arc::default(),
             hooks: Arc::new(NoHooks),
-            instance_id: String::new(),
+            instance_id: SmolStr::default(),
             counters: Mutex::default(),
             attempt_log: AttemptLog::default(),
         })
@@ -201,7 +202,7 @@ impl Dispatcher {
     #[must_use]
     pub fn with_hooks(mut self, hooks: Arc<dyn Hooks>, instance_id: impl Into<String>) -> Self {
         self.hooks = hooks;
-        self.instance_id = instance_id.into();
+        self.instance_id = SmolStr::new(instance_id.into());
         self
     }
 
