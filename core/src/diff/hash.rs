@@ -6,12 +6,17 @@ use super::canonical::{CanonicalError, canonicalize};
 
 /// Lower-case hex SHA-256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
+    let hex = hex_digest(Sha256::digest(bytes).into());
+    String::from_utf8_lossy(&hex).into_owned()
+}
+
+/// A SHA-256 digest as 64 lower-case hex digits (ASCII), without allocating.
+pub(crate) fn hex_digest(digest: [u8; 32]) -> [u8; 64] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digest = Sha256::digest(bytes);
-    let mut hex = String::with_capacity(digest.len() * 2);
-    for byte in digest {
-        hex.push(char::from(HEX[usize::from(byte >> 4)]));
-        hex.push(char::from(HEX[usize::from(byte & 0x0f)]));
+    let mut hex = [0; 64];
+    for (pair, byte) in hex.chunks_exact_mut(2).zip(digest) {
+        pair[0] = HEX[usize::from(byte >> 4)];
+        pair[1] = HEX[usize::from(byte & 0x0f)];
     }
     hex
 }

@@ -74,7 +74,9 @@ where
                 identity: raw_id(),
             };
         }
-        let item: T = match serde_path_to_error::deserialize(raw) {
+        // Plain serde first; only a failure is decoded again, with its path tracked (most items
+        // are valid, and tracking the path costs on every field).
+        let item: T = match T::deserialize(raw).or_else(|_| serde_path_to_error::deserialize(raw)) {
             Ok(item) => item,
             Err(error) => {
                 let path = error.path().to_string();

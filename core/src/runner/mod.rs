@@ -14,7 +14,7 @@ use crate::clock::{Clock, format_rfc3339_ms};
 use crate::cursor::{AdvanceInput, Cursor, SharedStrategy};
 use crate::decide::{decide, dedupe_last_wins, unchanged_by_version};
 use crate::delivery::{Dispatcher, DrainContext, DrainReport, Partition};
-use crate::diff::{EventIdParts, event_id, sha256_hex};
+use crate::diff::{EventIdParts, sha256_hex};
 use crate::error::{BoxError, Error, Result};
 use crate::event::{Event, EventType};
 use crate::fetch::{FetchContext, Page};

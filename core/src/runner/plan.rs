@@ -49,7 +49,7 @@ impl<'a> EventSource<'a> {
         time: &SmolStr,
     ) -> Event {
         *sequence += 1;
-        let id = event_id(&EventIdParts {
+        let id = crate::diff::event_id_text(&EventIdParts {
             source: &self.source,
             partition: &self.key.partition,
             identity,
@@ -58,7 +58,7 @@ impl<'a> EventSource<'a> {
             event_type,
         });
         Event {
-            id: SmolStr::from(id),
+            id,
             event_type,
             source: self.source.clone(),
             subject: SmolStr::new(identity),
@@ -608,7 +608,7 @@ mod tests {
             Some(r#"{"id":"changed","total":1}"#),
             "retain payload: the previous payload"
         );
-        let expected_id = event_id(&EventIdParts {
+        let expected_id = crate::diff::event_id(&EventIdParts {
             source: "urn:watukuy:orders",
             partition: "eu",
             identity: "changed",
