@@ -3,12 +3,12 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use smol_str::SmolStr;
 
 use crate::event::Event;
 use crate::json::Json;
 use crate::model::{Lane, Lease, ParkedRow, PollSummary, SerializedError, ValidationIssue};
 use crate::schedule::ScheduleReason;
-use smol_str::SmolStr;
 
 /// Where a hook fired.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -3,10 +3,10 @@
 //! Every type here is plain data with a stable camelCase JSON shape (the same shape as the
 //! reference implementation), so a store may persist any of them as JSON text.
 
-use smol_str::SmolStr;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use smol_str::SmolStr;
 
 use crate::event::Event;
 use crate::json::{self, Json};

@@ -13,14 +13,10 @@ pub const MAX_ITEM_DEPTH: usize = 100;
 pub(crate) fn nested_deeper_than(value: &serde_json::Value, max: usize) -> bool {
     let mut stack = vec![(value, 1_usize)];
     while let Some((value, depth)) = stack.pop() {
-        let is_container = matches!(
-            value,
-            serde_json::Value::Array(_) | serde_json::Value::Object(_)
-        );
-        if is_container && depth > max {
-            return true;
-        }
         match value {
+            serde_json::Value::Array(_) | serde_json::Value::Object(_) if depth > max => {
+                return true;
+            }
             serde_json::Value::Array(items) => {
                 stack.extend(items.iter().map(|child| (child, depth + 1)));
             }

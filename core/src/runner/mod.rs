@@ -1,12 +1,12 @@
 //! One run of one `(poller, partition)`: lease, drain the outbox first, the live
 //! cycle page by page (one `commit_poll` per page), full-scan deletes, the schedule, release.
 
-use smol_str::SmolStr;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
+use smol_str::SmolStr;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 

@@ -2,8 +2,9 @@
 //! (invalid ones quarantined), deduplicated and diffed against the stored rows, and events get
 //! their deterministic ids.
 
-use smol_str::SmolStr;
 use std::collections::HashMap;
+
+use smol_str::SmolStr;
 
 use super::*;
 

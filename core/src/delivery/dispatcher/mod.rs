@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::{FutureExt, StreamExt};
+use smol_str::SmolStr;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -27,7 +28,6 @@ use crate::model::{
 };
 use crate::rng::Rng;
 use crate::store::Store;
-use smol_str::SmolStr;
 
 mod counters;
 mod drain;
