@@ -48,10 +48,10 @@ fn event(i: usize) -> Result<Event, CaseError> {
     Ok(Event {
         id: event_id(i).into(),
         event_type: EventType::Created,
-        source: "urn:watukuy:orders".to_owned().into(),
+        source: "urn:watukuy:orders".into(),
         subject: identity(i).into(),
-        time: "2026-01-01T00:00:00.000Z".to_owned().into(),
-        poller: "orders".to_owned().into(),
+        time: "2026-01-01T00:00:00.000Z".into(),
+        poller: "orders".into(),
         partition: "".into(),
         lane: Lane::Live,
         sequence,
