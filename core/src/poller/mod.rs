@@ -140,9 +140,11 @@ pub(crate) struct Candidate {
     /// The validated item, re-serialized (what handlers receive).
     pub(crate) value: serde_json::Value,
     /// The poller's own fingerprint of the typed item; `None` fingerprints `value`.
-    pub(crate) custom_fingerprint:
-        Option<Box<dyn FnOnce() -> Result<String, CanonicalError> + Send>>,
+    pub(crate) custom_fingerprint: Option<CustomFingerprint>,
 }
+
+/// A poller's own fingerprint of one typed item, ready to run.
+pub(crate) type CustomFingerprint = Box<dyn FnOnce() -> Result<String, CanonicalError> + Send>;
 
 impl Candidate {
     /// Computes the fingerprint hash; called only when the version fast path did not decide.

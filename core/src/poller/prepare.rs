@@ -128,7 +128,7 @@ where
         let version = version.as_ref().map(|f| f(&item));
         let custom_fingerprint = custom_fingerprint.as_ref().map(|f| {
             let f = Arc::clone(f);
-            Box::new(move || f(&item)) as Box<dyn FnOnce() -> Result<String, CanonicalError> + Send>
+            Box::new(move || f(&item)) as CustomFingerprint
         });
         Prepared::Valid(Candidate {
             identity,
