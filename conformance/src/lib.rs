@@ -2,6 +2,7 @@
 
 pub mod cases;
 pub mod chaos;
+pub mod consumer;
 mod fake_api;
 mod faulty;
 mod harness;

@@ -32,17 +32,19 @@
 //! # }
 //! ```
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use futures::future::BoxFuture;
 use sqlx::{Executor, PgConnection, PgPool, Postgres, Row, Transaction};
-use watukuy_core::delivery::{ApplyError, ApplyOutcome, reapplies};
+use watukuy_core::delivery::{
+    self, ApplyError, ApplyOutcome, ConsumerStore, Fence, LastApplied, reapplies,
+};
 use watukuy_core::{Clock, Error, Event, Result, StoreErrorKind, SystemClock};
 
 use crate::error::classify;
 
 /// The newest version of the processed-events table this crate creates.
-pub const PROCESSED_EVENTS_VERSION: i32 = 2;
+pub const PROCESSED_EVENTS_VERSION: i32 = 3;
 
 /// The default table name.
 pub const DEFAULT_PROCESSED_EVENTS_TABLE: &str = "watukuy_processed_events";
@@ -67,11 +69,18 @@ const MIGRATIONS: &[Migration] = &[
         name: "subjects",
         template: include_str!("../sql/consumer/0002_subjects.sql"),
     },
+    Migration {
+        version: 3,
+        name: "sequence",
+        template: include_str!("../sql/consumer/0003_sequence.sql"),
+    },
 ];
 
 const VERSION_TABLE: &str = include_str!("../sql/consumer/schema_version.sql");
 const INSERT_MARKER: &str = include_str!("../sql/consumer/insert_marker.sql");
+const RECHECK: &str = include_str!("../sql/consumer/recheck.sql");
 const RECLAIM: &str = include_str!("../sql/consumer/reclaim.sql");
+const FENCE: &str = include_str!("../sql/consumer/fence.sql");
 const PRUNE: &str = include_str!("../sql/consumer/prune.sql");
 const IS_PROCESSED: &str = include_str!("../sql/consumer/is_processed.sql");
 
@@ -90,9 +99,12 @@ pub struct ProcessedEvents {
     table: String,
     clock: Arc<dyn Clock>,
     insert: String,
+    recheck: String,
     reclaim: String,
     prune: String,
     is_processed: String,
+    /// The lease check of `fenced_by`, on the engine store's table.
+    fence: Option<String>,
 }
 
 impl std::fmt::Debug for ProcessedEvents {
@@ -129,13 +141,28 @@ impl ProcessedEvents {
         let render = |t: &str| render(t, &schema, &table);
         Self {
             insert: render(INSERT_MARKER),
+            recheck: render(RECHECK),
             reclaim: render(RECLAIM),
             prune: render(PRUNE),
             is_processed: render(IS_PROCESSED),
             schema,
             table,
             clock: Arc::new(SystemClock),
+            fence: None,
         }
+    }
+
+    /// Lets [`check_fence`](ConsumerStore::check_fence) (and so
+    /// [`apply_once_fenced`](Self::apply_once_fenced)) read the leases of the engine store
+    /// configured with `store` — a [`PostgresStore`](crate::PostgresStore) in the same
+    /// database as this table. A projection's transaction then commits only while its
+    /// delivery's lease is still held: an instance frozen past its lease cannot commit when it
+    /// wakes. Fails with a `Config` error naming the option when `store` is invalid.
+    pub fn fenced_by(mut self, store: &crate::PostgresOptions) -> Result<Self> {
+        store.validate()?;
+        let pollers = format!("\"{}\".\"{}pollers\"", store.schema, store.table_prefix);
+        self.fence = Some(FENCE.replace("{pollers}", &pollers));
+        Ok(self)
     }
 
     /// Stamps `applied_at` and measures TTLs with `clock` (default: the system clock).
@@ -243,19 +270,21 @@ impl ProcessedEvents {
         Ok(())
     }
 
-    /// Claims `event` inside a transaction you run: inserts its marker and returns `true`, or
-    /// returns `false` when the event was already applied (then do nothing, and let your
-    /// transaction end). Commit your projection's writes in the same transaction, so the marker
-    /// exists exactly when they do. A concurrent claim of the same id waits for the first
-    /// transaction to end (default `READ COMMITTED` isolation; under `REPEATABLE READ` or
-    /// `SERIALIZABLE` it fails with a transient serialization error instead, to retry).
+    /// Claims `event` inside a transaction you run: records it and returns `true` when it is a
+    /// change to apply, or returns `false` when it was applied already (then do nothing, and let
+    /// your transaction end). Commit your projection's writes in the same transaction, so the
+    /// record exists exactly when they do. A concurrent claim of the same id waits for the
+    /// first transaction to end and decides on what it committed (default `READ COMMITTED`
+    /// isolation; under `REPEATABLE READ` or `SERIALIZABLE` it fails with a transient
+    /// serialization error instead, to retry).
     ///
-    /// An id with a marker is a duplicate while it is still its subject's last applied event:
-    /// a redelivery. When another event of the same subject was applied since, the id came back
-    /// as a new change — a re-create after a delete with the same content, an item changed back
-    /// to an earlier content — and is claimed again (see
-    /// [`reapplies`](watukuy_core::delivery::reapplies)); that costs a second statement. Markers
-    /// written before the subjects table existed count as duplicates.
+    /// An id with a marker is a duplicate while it is still its subject's last applied event,
+    /// or when this delivery is not newer (by sequence) than that event: a redelivery. When a
+    /// newer event is an id that another event of its subject was applied after, it came back
+    /// as a new change — a re-create after a delete with the same content, an item changed
+    /// back to an earlier content — and is claimed again (see
+    /// [`reapplies`](watukuy_core::delivery::reapplies)); that costs two more statements.
+    /// Markers written before the subjects table existed count as duplicates.
     pub async fn claim(&self, conn: &mut PgConnection, event: &Event) -> Result<bool> {
         let now = self.clock.now_ms();
         let bind = |sql| {
@@ -267,50 +296,83 @@ impl ProcessedEvents {
                 .bind(event.event_type.as_str())
                 .bind(now)
                 .bind(event.subject.as_str())
+                .bind(event.sequence)
         };
-        let row = bind(&self.insert)
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(classify)?;
-        let read = || -> std::result::Result<_, sqlx::Error> {
-            Ok((
-                row.try_get::<bool, _>(0)?,
-                row.try_get::<Option<String>, _>(1)?,
-                row.try_get::<Option<String>, _>(2)?,
-            ))
-        };
-        let (inserted, last_id, last_type) = read().map_err(classify)?;
-        if inserted {
+        // A marker pruned between the insert and the re-check is claimed afresh; a few rounds
+        // are plenty (prune deletes only old markers).
+        for _ in 0..3 {
+            let inserted: bool = bind(&self.insert)
+                .fetch_one(&mut *conn)
+                .await
+                .and_then(|row| row.try_get(0))
+                .map_err(classify)?;
+            if inserted {
+                return Ok(true);
+            }
+            let row = sqlx::query(&self.recheck)
+                .bind(event.id.as_str())
+                .bind(event.poller.as_str())
+                .bind(event.partition.as_str())
+                .bind(event.subject.as_str())
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(classify)?;
+            let read = || -> std::result::Result<_, sqlx::Error> {
+                Ok((
+                    row.try_get::<bool, _>(0)?,
+                    row.try_get::<Option<String>, _>(1)?,
+                    row.try_get::<Option<String>, _>(2)?,
+                    row.try_get::<Option<i64>, _>(3)?,
+                ))
+            };
+            let (marked, last_id, last_type, last_sequence) = read().map_err(classify)?;
+            if !marked {
+                continue;
+            }
+            let last = last_id
+                .as_deref()
+                .zip(last_type.as_deref())
+                .map(|(id, kind)| LastApplied::new(id, kind, last_sequence));
+            if !reapplies(event, last) {
+                return Ok(false);
+            }
+            bind(&self.reclaim)
+                .execute(&mut *conn)
+                .await
+                .map_err(classify)?;
             return Ok(true);
         }
-        let last = last_id.as_deref().zip(last_type.as_deref());
-        if !reapplies(event, last) {
-            return Ok(false);
-        }
-        bind(&self.reclaim)
-            .execute(&mut *conn)
-            .await
-            .map_err(classify)?;
-        Ok(true)
+        Err(Error::store(
+            StoreErrorKind::Other,
+            true,
+            format!(
+                "the marker of event {} in {:?}.{:?} vanished three times while it was claimed \
+                 (pruned concurrently?)",
+                event.id, self.schema, self.table
+            ),
+        ))
     }
 
-    /// Applies `event` at most once: in ONE transaction, inserts the marker and, when it was
-    /// new, runs `projection` on the transaction, then commits.
+    /// Applies `event` at most once: in ONE transaction, claims it and, when it is a change to
+    /// apply, runs `projection` on the transaction, then commits (see
+    /// [`apply_once`](watukuy_core::delivery::apply_once) for every outcome).
     ///
-    /// - A repeated id is a no-op: [`ApplyOutcome::Deduplicated`] (the projection does not run).
+    /// - A repeated delivery is a no-op: [`ApplyOutcome::Deduplicated`] (the projection does
+    ///   not run).
     /// - The projection's error rolls everything back, marker included:
     ///   [`ApplyError::Projection`]; a later delivery applies it afresh.
     /// - Dropping the returned future before it completes (a crash) rolls back as well.
-    /// - A failure of the marker insert or of the commit is [`ApplyError::Store`]. When a commit
-    ///   fails in flight its outcome is unknown; the redelivery then finds the marker or not.
+    /// - A failure of the claim or of the commit is [`ApplyError::Store`]. When a commit fails
+    ///   in flight its outcome is unknown; the redelivery then finds the marker or not.
     ///
     /// The projection is a closure taking the transaction and returning a boxed future
     /// (`|tx| Box::pin(async move { ... })`, the shape of sqlx's own `Connection::transaction`);
     /// run statements on `&mut **tx`. It may borrow from the caller (the transaction's `'a`), and
-    /// the whole call stays `Send`, so it works inside handlers.
+    /// the whole call stays `Send`, so it works inside handlers. Where this table shares the
+    /// engine store's database, prefer [`apply_once_fenced`](Self::apply_once_fenced).
     pub async fn apply_once<'a, T, E, F>(
-        &self,
-        pool: &PgPool,
+        &'a self,
+        pool: &'a PgPool,
         event: &Event,
         projection: F,
     ) -> std::result::Result<ApplyOutcome<T>, ApplyError<E>>
@@ -319,32 +381,28 @@ impl ProcessedEvents {
             &'t mut Transaction<'a, Postgres>,
         ) -> BoxFuture<'t, std::result::Result<T, E>>,
     {
-        let mut tx: Transaction<'a, Postgres> = pool
-            .begin()
-            .await
-            .map_err(|e| ApplyError::Store(classify(e)))?;
-        if !self
-            .claim(&mut tx, event)
-            .await
-            .map_err(ApplyError::Store)?
-        {
-            // Nothing was written; ending the transaction is only tidiness.
-            let _ = tx.rollback().await;
-            return Ok(ApplyOutcome::Deduplicated);
-        }
-        match projection(&mut tx).await {
-            Ok(value) => {
-                tx.commit()
-                    .await
-                    .map_err(|e| ApplyError::Store(classify(e)))?;
-                Ok(ApplyOutcome::Applied(value))
-            }
-            Err(error) => {
-                // Dropping rolls back too; an explicit rollback frees the connection sooner.
-                let _ = tx.rollback().await;
-                Err(ApplyError::Projection(error))
-            }
-        }
+        delivery::apply_once(self, pool, event, None, projection).await
+    }
+
+    /// [`apply_once`](Self::apply_once) that commits only while the delivery's lease is still
+    /// held: `fence` is the handler's [`HandlerContext::fence`](watukuy_core::HandlerContext::fence),
+    /// checked in the projection's transaction just before the commit. A lease lost meanwhile
+    /// (the instance was frozen past it) rolls everything back with
+    /// [`ApplyError::Store`]`(`[`Error::LeaseLost`]`)`, and the new holder applies the event.
+    /// Needs [`fenced_by`](Self::fenced_by) (otherwise every call fails with `Unsupported`).
+    pub async fn apply_once_fenced<'a, T, E, F>(
+        &'a self,
+        pool: &'a PgPool,
+        event: &Event,
+        fence: &Fence,
+        projection: F,
+    ) -> std::result::Result<ApplyOutcome<T>, ApplyError<E>>
+    where
+        F: for<'t> FnOnce(
+            &'t mut Transaction<'a, Postgres>,
+        ) -> BoxFuture<'t, std::result::Result<T, E>>,
+    {
+        delivery::apply_once(self, pool, event, Some(fence), projection).await
     }
 
     /// Whether `event_id` has a marker.
@@ -382,10 +440,65 @@ impl ProcessedEvents {
     }
 }
 
+#[async_trait::async_trait]
+impl ConsumerStore for ProcessedEvents {
+    type Conn = PgPool;
+    type Tx<'a> = Transaction<'a, Postgres>;
+
+    async fn begin<'a>(&'a self, pool: &'a PgPool) -> Result<Transaction<'a, Postgres>> {
+        pool.begin().await.map_err(classify)
+    }
+
+    async fn claim(&self, tx: &mut Transaction<'_, Postgres>, event: &Event) -> Result<bool> {
+        ProcessedEvents::claim(self, tx, event).await
+    }
+
+    async fn check_fence(&self, tx: &mut Transaction<'_, Postgres>, fence: &Fence) -> Result<()> {
+        let Some(sql) = &self.fence else {
+            return Err(Error::Unsupported {
+                message: format!(
+                    "the processed-events table {:?}.{:?} cannot check leases: build it with \
+                     fenced_by(&store_options) (the engine store must share its database)",
+                    self.schema, self.table
+                ),
+            });
+        };
+        let held: bool = sqlx::query_scalar(sql)
+            .bind(fence.key.poller.as_str())
+            .bind(fence.key.partition.as_str())
+            .bind(fence.owner.as_str())
+            .bind(fence.epoch)
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(classify)?;
+        if held {
+            Ok(())
+        } else {
+            Err(Error::lease_lost(&fence.key, fence.epoch))
+        }
+    }
+
+    async fn commit(&self, tx: Transaction<'_, Postgres>) -> Result<()> {
+        tx.commit().await.map_err(classify)
+    }
+
+    async fn rollback(&self, tx: Transaction<'_, Postgres>) -> Result<()> {
+        tx.rollback().await.map_err(classify)
+    }
+
+    async fn is_processed(&self, pool: &PgPool, event_id: &str) -> Result<bool> {
+        ProcessedEvents::is_processed(self, pool, event_id).await
+    }
+
+    async fn prune(&self, pool: &PgPool, older_than: i64) -> Result<u64> {
+        ProcessedEvents::prune(self, pool, older_than).await
+    }
+}
+
 /// [`ProcessedEvents::apply_once`] on the default table (`public.watukuy_processed_events`,
 /// system clock).
 pub async fn apply_once<'a, T, E, F>(
-    pool: &PgPool,
+    pool: &'a PgPool,
     event: &Event,
     projection: F,
 ) -> std::result::Result<ApplyOutcome<T>, ApplyError<E>>
@@ -394,9 +507,8 @@ where
         &'t mut Transaction<'a, Postgres>,
     ) -> BoxFuture<'t, std::result::Result<T, E>>,
 {
-    ProcessedEvents::default()
-        .apply_once(pool, event, projection)
-        .await
+    static DEFAULT: LazyLock<ProcessedEvents> = LazyLock::new(ProcessedEvents::default);
+    DEFAULT.apply_once(pool, event, projection).await
 }
 
 /// Fills `{schema}` and `{table}` (validated identifiers, always inside double quotes in the

@@ -18,6 +18,8 @@ use crate::error::BoxError;
 use crate::event::Event;
 use crate::model::SerializedError;
 
+use super::idempotent::Fence;
+
 /// How a handler failure should be treated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HandlerErrorKind {
@@ -236,6 +238,7 @@ pub struct HandlerContext {
     /// Fires when the engine stops without draining or loses the key's lease; the attempt's
     /// result is then ignored and the event delivered again later.
     pub cancel: CancellationToken,
+    fence: Option<Fence>,
     ack: AckHandle,
     notes: Arc<AttemptNotes>,
 }
@@ -247,9 +250,27 @@ impl HandlerContext {
             attempt,
             partition,
             cancel,
+            fence: None,
             ack: AckHandle::default(),
             notes: Arc::default(),
         }
+    }
+
+    /// This context with the lease the delivery runs under (the dispatcher sets it; for
+    /// handler unit tests).
+    #[must_use]
+    pub fn with_fence(mut self, fence: Fence) -> Self {
+        self.fence = Some(fence);
+        self
+    }
+
+    /// The lease this delivery runs under: its key, holder and fencing epoch. A consumer store
+    /// whose projection shares the engine store's database checks it in the projection's own
+    /// transaction (see [`ConsumerStore::check_fence`](super::ConsumerStore::check_fence)), so
+    /// an instance that lost its lease while the handler ran cannot commit. `None` only for a
+    /// context built by hand.
+    pub fn fence(&self) -> Option<&Fence> {
+        self.fence.as_ref()
     }
 
     /// Acknowledges the event. Required before returning `Ok` in manual mode; a no-op in auto

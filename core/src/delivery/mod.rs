@@ -4,6 +4,7 @@ mod acks;
 mod classify;
 mod consumer;
 mod dispatcher;
+mod idempotent;
 mod options;
 pub(crate) mod policy;
 mod reliable;
@@ -20,11 +21,12 @@ pub use dispatcher::{
     DEFAULT_DISPATCH_BATCH_SIZE, DeliveryCounters, Dispatcher, DrainContext, DrainReport,
     Unsubscribe,
 };
+pub use idempotent::{ConsumerStore, Fence, apply_once};
 pub use options::{
     AckMode, AckWindow, CorrelationIdFn, DEFAULT_HANDLER_TIMEOUT, DeliveryOptions, OrderingKeyFn,
     PoisonAction, Redaction,
 };
 pub use reliable::{
-    ApplyError, ApplyOutcome, LiveOnly, SideEffectGate, idempotency_key, reapplies,
+    ApplyError, ApplyOutcome, LastApplied, LiveOnly, SideEffectGate, idempotency_key, reapplies,
     scoped_idempotency_key, side_effect_gate,
 };

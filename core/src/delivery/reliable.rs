@@ -200,19 +200,45 @@ impl<H: Handler> Handler for LiveOnly<H> {
     }
 }
 
+/// The last event an idempotent consumer applied for a subject, as it keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LastApplied<'a> {
+    /// Its id.
+    pub id: &'a str,
+    /// Its type, as [`EventType::as_str`] writes it.
+    pub event_type: &'a str,
+    /// Its sequence; `None` when the record predates sequences.
+    pub sequence: Option<i64>,
+}
+
+impl<'a> LastApplied<'a> {
+    /// The record of an applied event.
+    pub fn new(id: &'a str, event_type: &'a str, sequence: Option<i64>) -> Self {
+        Self {
+            id,
+            event_type,
+            sequence,
+        }
+    }
+}
+
 /// Whether an event whose id an idempotent consumer already recorded is a new change to apply
-/// again, given the last event the consumer applied for the same subject (`(id, type)`, the
-/// type as [`EventType::as_str`] writes it; `None` when it keeps no such record).
+/// again, given the last event the consumer applied for the same subject (`None` when it keeps
+/// no such record).
 ///
 /// Event ids are stable per identity, version-or-hash and type (byte-identical to the
 /// reference), so an id can come back as a new change: a delete and a re-create with the same
 /// content give the re-create the original `created` id (and a second delete the first one's
 /// `deleted` id); an item changed back to an earlier content gets that content's `updated` id
-/// again. A redelivery, on the other hand, always finds its own id as the subject's last
-/// applied event: the dispatcher delivers a subject's next event only after this one was
-/// acknowledged. So:
+/// again. Such a change is committed after the subject's earlier events, so it carries a higher
+/// sequence than any of them. A redelivery, on the other hand, is the same outbox row: the same
+/// sequence. So:
 ///
 /// - the subject's last applied event is this id, or unknown: a duplicate;
+/// - this delivery's sequence is not above the last applied event's: a late redelivery (an
+///   instance that was frozen past its lease waking up after the new holder went further), a
+///   duplicate;
 /// - otherwise, on the live, reconcile and backfill lanes: a new change;
 /// - on the replay lane, which replays history a read model may already hold, only a state
 ///   change is applied again: a `created` after the subject's `deleted`, a `deleted` after
@@ -222,17 +248,17 @@ impl<H: Handler> Handler for LiveOnly<H> {
 ///
 /// The SQL stores' `apply_once` uses it; a consumer of your own that deduplicates by event id
 /// should keep the last applied event per subject and ask it too.
-pub fn reapplies(event: &Event, last: Option<(&str, &str)>) -> bool {
-    let Some((last_id, last_type)) = last else {
+pub fn reapplies(event: &Event, last: Option<LastApplied<'_>>) -> bool {
+    let Some(last) = last else {
         return false;
     };
-    if last_id == event.id {
+    if last.id == event.id || last.sequence.is_some_and(|seq| event.sequence <= seq) {
         return false;
     }
     if event.lane != Lane::Replay {
         return true;
     }
-    let last_deleted = last_type == EventType::Deleted.as_str();
+    let last_deleted = last.event_type == EventType::Deleted.as_str();
     match event.event_type {
         EventType::Created => last_deleted,
         EventType::Deleted => !last_deleted,
@@ -344,28 +370,45 @@ mod tests {
 
     #[test]
     fn a_known_id_is_reapplied_only_after_another_event_of_its_subject() {
+        let last = |id, kind| Some(LastApplied::new(id, kind, None));
         let mut created = event(Lane::Live);
         created.event_type = EventType::Created;
+        created.sequence = 10;
         let id = created.id.clone();
         assert!(!reapplies(&created, None), "no record: a duplicate");
         assert!(
-            !reapplies(&created, Some((&id, "created"))),
+            !reapplies(&created, last(&id, "created")),
             "still the subject's last event: a redelivery"
         );
-        assert!(reapplies(&created, Some(("the-delete", "deleted"))));
-        assert!(reapplies(&created, Some(("an-update", "updated"))));
+        assert!(reapplies(&created, last("the-delete", "deleted")));
+        assert!(reapplies(&created, last("an-update", "updated")));
 
         let mut replayed = created.clone();
         replayed.lane = Lane::Replay;
-        assert!(reapplies(&replayed, Some(("the-delete", "deleted"))));
+        assert!(reapplies(&replayed, last("the-delete", "deleted")));
         assert!(
-            !reapplies(&replayed, Some(("an-update", "updated"))),
+            !reapplies(&replayed, last("an-update", "updated")),
             "a replayed create of a live item changes nothing"
         );
         replayed.event_type = EventType::Deleted;
-        assert!(reapplies(&replayed, Some(("the-re-create", "created"))));
-        assert!(!reapplies(&replayed, Some(("another-delete", "deleted"))));
+        assert!(reapplies(&replayed, last("the-re-create", "created")));
+        assert!(!reapplies(&replayed, last("another-delete", "deleted")));
         replayed.event_type = EventType::Updated;
-        assert!(!reapplies(&replayed, Some(("a-later-update", "updated"))));
+        assert!(!reapplies(&replayed, last("a-later-update", "updated")));
+    }
+
+    #[test]
+    fn a_delivery_not_newer_than_the_subjects_last_event_is_a_late_redelivery() {
+        let mut created = event(Lane::Live);
+        created.sequence = 10;
+        let after = |seq| Some(LastApplied::new("the-delete", "deleted", Some(seq)));
+        assert!(reapplies(&created, after(9)), "a re-create after the delete");
+        assert!(
+            !reapplies(&created, after(11)),
+            "the subject went further: this delivery is a late copy"
+        );
+        assert!(!reapplies(&created, after(10)), "the same sequence");
+        created.lane = Lane::Replay;
+        assert!(!reapplies(&created, after(11)));
     }
 }

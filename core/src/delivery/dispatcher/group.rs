@@ -53,7 +53,7 @@ impl Dispatcher {
                 error = tracing::field::Empty,
             );
             let attempt_result = self
-                .attempt(&row, attempt, consumer, partition, cancel, &counters)
+                .attempt(&row, attempt, consumer, partition, lease_fence(key, lease), cancel, &counters)
                 .instrument(span.clone())
                 .await;
             drop(turn);
@@ -192,13 +192,15 @@ impl Dispatcher {
         attempt: u32,
         consumer: &Consumer,
         partition: &Partition,
+        fence: Fence,
         cancel: &CancellationToken,
         counters: &Counters,
     ) -> Attempt {
         let mut event = row.event.clone();
         event.attempt = attempt;
         let handler_cancel = cancel.child_token();
-        let ctx = HandlerContext::new(attempt, partition.clone(), handler_cancel.clone());
+        let ctx = HandlerContext::new(attempt, partition.clone(), handler_cancel.clone())
+            .with_fence(fence);
         let notes = Arc::clone(ctx.notes());
         let failed = |error: HandlerError| Attempt::Failed {
             error,
@@ -281,6 +283,11 @@ pub(super) enum Attempt {
     },
     /// Cancelled, or the subscriber went away: not acknowledged, no attempt recorded.
     Aborted,
+}
+
+/// The fence handed to a handler running under `lease` on `key`.
+fn lease_fence(key: &PKey, lease: &Lease) -> Fence {
+    Fence::new(key.clone(), lease.owner.clone(), lease.epoch)
 }
 
 pub(super) fn failure_class(kind: &HandlerErrorKind) -> FailureClass {

@@ -17,6 +17,7 @@ use super::consumer::{
     Consumer, Delivery, DeliveryOutcome, Handler, HandlerContext, HandlerError, HandlerErrorKind,
     Partition, Subscription, Timeout,
 };
+use super::idempotent::Fence;
 use super::options::{AckMode, DeliveryOptions};
 use super::policy::{self, FailureDecision, Group};
 use crate::clock::Clock;
