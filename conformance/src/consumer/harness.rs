@@ -86,4 +86,9 @@ pub trait ConsumerHarness: Send + Sync + 'static {
     /// A fresh database for case `name`, with `clock` stamping the markers. Return
     /// `Err(CaseError::Failed(..))` when the backend is not available.
     async fn fresh(&self, name: &'static str, clock: ManualClock) -> Result<Self::Db, CaseError>;
+
+    /// Removes a database after its case passed (a failing case leaves it for inspection).
+    async fn cleanup(&self, db: Arc<Self::Db>) {
+        drop(db);
+    }
 }

@@ -14,9 +14,9 @@ use futures::future::BoxFuture;
 use smol_str::SmolStr;
 
 use super::reliable::{ApplyError, ApplyOutcome};
-use crate::error::Result;
 #[cfg(doc)]
 use crate::error::Error;
+use crate::error::Result;
 use crate::event::Event;
 use crate::model::PKey;
 
@@ -49,7 +49,11 @@ impl Fence {
 
 impl fmt::Display for Fence {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (owner {}, epoch {})", self.key, self.owner, self.epoch)
+        write!(
+            f,
+            "{} (owner {}, epoch {})",
+            self.key, self.owner, self.epoch
+        )
     }
 }
 
@@ -177,4 +181,3 @@ where
     consumer.commit(tx).await.map_err(ApplyError::Store)?;
     Ok(ApplyOutcome::Applied(value))
 }
-

@@ -402,7 +402,10 @@ mod tests {
         let mut created = event(Lane::Live);
         created.sequence = 10;
         let after = |seq| Some(LastApplied::new("the-delete", "deleted", Some(seq)));
-        assert!(reapplies(&created, after(9)), "a re-create after the delete");
+        assert!(
+            reapplies(&created, after(9)),
+            "a re-create after the delete"
+        );
         assert!(
             !reapplies(&created, after(11)),
             "the subject went further: this delivery is a late copy"

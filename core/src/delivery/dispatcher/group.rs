@@ -53,7 +53,15 @@ impl Dispatcher {
                 error = tracing::field::Empty,
             );
             let attempt_result = self
-                .attempt(&row, attempt, consumer, partition, lease_fence(key, lease), cancel, &counters)
+                .attempt(
+                    &row,
+                    attempt,
+                    consumer,
+                    partition,
+                    lease_fence(key, lease),
+                    cancel,
+                    &counters,
+                )
                 .instrument(span.clone())
                 .await;
             drop(turn);
