@@ -196,3 +196,72 @@ watukuy_conformance::consumer_tests!(
     PgConsumers,
     #[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
 );
+
+/// The freeze the consumer suite cannot play on every database: an instance frozen INSIDE its
+/// projection's transaction past its lease. The new holder takes the lease and delivers the
+/// same event; its claim waits on the frozen instance's marker. When the frozen instance wakes,
+/// its fence check fails and it rolls back, so the new holder's claim goes on and applies the
+/// event: once, by the instance that holds the lease.
+#[watukuy_testenv::requires(postgres, or_cfg(feature = "testcontainers"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_frozen_inside_its_transaction_past_its_lease_cannot_commit() {
+    use watukuy_conformance::cases::fixtures::{NODE_A, NODE_B, T0, TTL, acquire, event, key};
+    use watukuy_conformance::consumer::cases::{applications, spawn_held, until_blocked};
+    use watukuy_core::delivery::{ApplyError, ApplyOutcome, Fence};
+
+    let run = async {
+        let db = Arc::new(
+            PgConsumers
+                .fresh("frozen_inside", ManualClock::new(T0))
+                .await?,
+        );
+        let store = db.engine_store();
+        let k = key();
+        let old = acquire(&*store, &k, NODE_A, T0).await?;
+        let e = event(&k, "evt-1", 1, "o1");
+        // The old holder claims and writes, then freezes with its transaction open.
+        let (frozen, wrote, wake) = spawn_held(
+            &db,
+            0,
+            &e,
+            Some(Fence::new(k.clone(), old.owner.as_str(), old.epoch)),
+        );
+        wrote
+            .await
+            .or_fail_with("the frozen projection never ran")?;
+        // Its lease expires; another instance takes it and delivers the same event.
+        let new = acquire(&*store, &k, NODE_B, T0 + TTL + 1).await?;
+        let holder = {
+            let (db, e) = (Arc::clone(&db), e.clone());
+            let fence = Fence::new(k.clone(), new.owner.as_str(), new.epoch);
+            tokio::spawn(async move {
+                watukuy_conformance::consumer::cases::apply_with(&db, 1, &e, Some(&fence), async {
+                    Ok(())
+                })
+                .await
+            })
+        };
+        until_blocked(&*db, "the new holder").await?;
+        let _ = wake.send(Ok(()));
+        let frozen = frozen.await.or_fail()?;
+        let holder = holder.await.or_fail()?;
+        if !matches!(&frozen, Err(ApplyError::Store(watukuy_core::Error::LeaseLost { epoch, .. })) if *epoch == old.epoch)
+        {
+            return Err(CaseError::failed(format!(
+                "the frozen instance: {frozen:?}"
+            )));
+        }
+        if !matches!(holder, Ok(ApplyOutcome::Applied(()))) {
+            return Err(CaseError::failed(format!("the new holder: {holder:?}")));
+        }
+        let n = applications(&*db, "o1").await?;
+        if n != 1 {
+            return Err(CaseError::failed(format!("applied {n} times")));
+        }
+        PgConsumers.cleanup(db).await;
+        Ok::<(), CaseError>(())
+    };
+    if let Err(e) = run.await {
+        panic!("{e}");
+    }
+}

@@ -82,7 +82,7 @@ async fn applied<D: ConsumerDb>(
 /// Spawns a delivery of `e` on `instance` whose projection, once it wrote, says so and waits
 /// for the returned sender: `Ok(())` commits, `Err(())` fails the projection (a rollback).
 #[allow(clippy::type_complexity)]
-fn spawn_held<D: ConsumerDb>(
+pub fn spawn_held<D: ConsumerDb>(
     db: &Arc<D>,
     instance: usize,
     e: &Event,
@@ -110,13 +110,13 @@ fn spawn_held<D: ConsumerDb>(
 }
 
 /// Spawns a plain delivery of `e` on `instance`.
-fn spawn_apply<D: ConsumerDb>(db: &Arc<D>, instance: usize, e: &Event) -> JoinHandle<Applied> {
+pub fn spawn_apply<D: ConsumerDb>(db: &Arc<D>, instance: usize, e: &Event) -> JoinHandle<Applied> {
     let (db, e) = (Arc::clone(db), e.clone());
     tokio::spawn(async move { apply_with(&db, instance, &e, None, async { Ok(()) }).await })
 }
 
 /// Waits until some transaction of `db` is blocked on another's lock.
-async fn until_blocked<D: ConsumerDb>(db: &D, what: &str) -> CaseResult {
+pub async fn until_blocked<D: ConsumerDb>(db: &D, what: &str) -> CaseResult {
     for _ in 0..200_000 {
         if db.waiting().await? {
             return Ok(());
@@ -139,7 +139,7 @@ async fn row_of<D: ConsumerDb>(db: &D, subject: &str) -> Result<Option<ModelRow>
 }
 
 /// How many times the projection touched `subject` (0 when it has no row).
-async fn applications<D: ConsumerDb>(db: &D, subject: &str) -> Result<i64, CaseError> {
+pub async fn applications<D: ConsumerDb>(db: &D, subject: &str) -> Result<i64, CaseError> {
     Ok(row_of(db, subject).await?.map_or(0, |r| r.2))
 }
 
