@@ -52,16 +52,11 @@ impl Dispatcher {
                 traceparent = row.event.traceparent.as_deref().unwrap_or(""),
                 error = tracing::field::Empty,
             );
+            // The handler's own token: a timeout cancels it without cancelling the drain.
+            let ctx = HandlerContext::new(attempt, partition.clone(), cancel.child_token())
+                .with_fence(lease_fence(key, lease));
             let attempt_result = self
-                .attempt(
-                    &row,
-                    attempt,
-                    consumer,
-                    partition,
-                    lease_fence(key, lease),
-                    cancel,
-                    &counters,
-                )
+                .attempt(&row, ctx, consumer, cancel, &counters)
                 .instrument(span.clone())
                 .await;
             drop(turn);
@@ -197,18 +192,14 @@ impl Dispatcher {
     pub(super) async fn attempt(
         &self,
         row: &OutboxRow,
-        attempt: u32,
+        ctx: HandlerContext,
         consumer: &Consumer,
-        partition: &Partition,
-        fence: Fence,
         cancel: &CancellationToken,
         counters: &Counters,
     ) -> Attempt {
         let mut event = row.event.clone();
-        event.attempt = attempt;
-        let handler_cancel = cancel.child_token();
-        let ctx = HandlerContext::new(attempt, partition.clone(), handler_cancel.clone())
-            .with_fence(fence);
+        event.attempt = ctx.attempt;
+        let handler_cancel = ctx.cancel.clone();
         let notes = Arc::clone(ctx.notes());
         let failed = |error: HandlerError| Attempt::Failed {
             error,
