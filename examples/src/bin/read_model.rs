@@ -9,7 +9,10 @@
 //! The engine's store and the read model share the database, each in a schema of its own made
 //! for this run (dropped at the end). The API is watukuy's in-process fake. The handler for
 //! `order-2` "crashes" after its transaction committed and before the acknowledgement: the event
-//! is delivered again, `apply_once` finds its marker, and the row is not touched twice.
+//! is delivered again, `apply_once` finds its marker, and the row is not touched twice. The
+//! projection is fenced by the delivery's lease (`fenced_by`, `apply_once_fenced`): it commits
+//! only while this instance still holds the key, so an instance frozen past its lease cannot
+//! commit when it wakes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -87,11 +90,14 @@ async fn run_example(
     ))
     .execute(pool)
     .await?;
-    let processed = ProcessedEvents::new(app_schema, "processed_events")?;
+    let store_options = PostgresOptions::default().schema(store_schema);
+    // The markers beside the read model, fenced by the leases of the engine's store (same
+    // database, another schema).
+    let processed =
+        ProcessedEvents::new(app_schema, "processed_events")?.fenced_by(&store_options)?;
     processed.migrate(pool).await?;
 
-    let store =
-        PostgresStore::connect(url, PostgresOptions::default().schema(store_schema)).await?;
+    let store = PostgresStore::connect(url, store_options).await?;
     store.migrate().await?;
 
     let api = FakeApi::new(FakeApiOptions::new(Arc::new(SystemClock)));
@@ -134,8 +140,11 @@ async fn run_example(
                     ),
                 };
                 let subject = event.subject.clone();
+                let fence = ctx
+                    .fence()
+                    .ok_or_else(|| HandlerError::permanent("delivered without a lease"))?;
                 let outcome = processed
-                    .apply_once(&pool, &event, |tx| {
+                    .apply_once_fenced(&pool, &event, fence, |tx| {
                         Box::pin(async move {
                             let query = sqlx::query(&sql).bind(subject.as_str());
                             let query = match &order {
