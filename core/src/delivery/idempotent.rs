@@ -91,7 +91,8 @@ impl fmt::Display for Fence {
 ///    refuse a table newer than the code with a `Schema` store error.
 ///
 /// `Conn` is what the methods run on (a pool, or a connection behind a mutex); `Tx<'a>` is the
-/// store's transaction, handed to projections.
+/// store's transaction, handed to projections. An implementation whose transaction does not
+/// borrow (`type Tx<'a> = MyTx;`) names it `Self::Tx<'_>` in its method signatures.
 #[async_trait]
 pub trait ConsumerStore: Send + Sync {
     /// The database handle the table lives in.
@@ -180,4 +181,147 @@ where
     }
     consumer.commit(tx).await.map_err(ApplyError::Store)?;
     Ok(ApplyOutcome::Applied(value))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::error::Error;
+    use crate::event::EventType;
+    use crate::model::Lane;
+
+    /// A consumer store that records what `apply_once` asked of it.
+    #[derive(Default)]
+    struct Recording {
+        calls: Mutex<Vec<&'static str>>,
+        duplicate: bool,
+        lease_held: bool,
+    }
+
+    impl Recording {
+        fn note(&self, call: &'static str) {
+            self.calls.lock().unwrap().push(call);
+        }
+
+        fn calls(&self) -> Vec<&'static str> {
+            self.calls.lock().unwrap().clone()
+        }
+    }
+
+    #[async_trait]
+    impl ConsumerStore for Recording {
+        type Conn = ();
+        type Tx<'a> = Vec<&'static str>;
+
+        async fn begin<'a>(&'a self, _conn: &'a ()) -> Result<Vec<&'static str>> {
+            self.note("begin");
+            Ok(Vec::new())
+        }
+
+        async fn claim(&self, tx: &mut Self::Tx<'_>, _event: &Event) -> Result<bool> {
+            self.note("claim");
+            tx.push("marker");
+            Ok(!self.duplicate)
+        }
+
+        async fn check_fence(&self, _tx: &mut Self::Tx<'_>, fence: &Fence) -> Result<()> {
+            self.note("check_fence");
+            if self.lease_held {
+                Ok(())
+            } else {
+                Err(Error::lease_lost(&fence.key, fence.epoch))
+            }
+        }
+
+        async fn commit(&self, _tx: Self::Tx<'_>) -> Result<()> {
+            self.note("commit");
+            Ok(())
+        }
+
+        async fn rollback(&self, _tx: Self::Tx<'_>) -> Result<()> {
+            self.note("rollback");
+            Ok(())
+        }
+
+        async fn is_processed(&self, _conn: &(), _event_id: &str) -> Result<bool> {
+            Ok(false)
+        }
+
+        async fn prune(&self, _conn: &(), _older_than: i64) -> Result<u64> {
+            Ok(0)
+        }
+    }
+
+    fn event() -> Event {
+        Event {
+            id: "e".into(),
+            event_type: EventType::Created,
+            source: "urn:watukuy:orders".into(),
+            subject: "o1".into(),
+            time: "2026-01-01T00:00:00.000Z".into(),
+            poller: "orders".into(),
+            partition: "".into(),
+            lane: Lane::Live,
+            sequence: 1,
+            cursor: None,
+            data: None,
+            previous: None,
+            attempt: 1,
+            traceparent: None,
+        }
+    }
+
+    async fn run(store: &Recording, fence: Option<&Fence>, fails: bool) -> String {
+        let outcome = apply_once(store, &(), &event(), fence, |tx| {
+            Box::pin(async move {
+                tx.push("projection");
+                if fails { Err("no") } else { Ok(7) }
+            })
+        })
+        .await;
+        format!("{outcome:?}")
+    }
+
+    #[tokio::test]
+    async fn apply_once_commits_only_a_claimed_projection_whose_fence_holds() {
+        let fence = Fence::new(PKey::new("orders", ""), "node-a", 3);
+        let held = Recording {
+            lease_held: true,
+            ..Recording::default()
+        };
+        assert_eq!(run(&held, Some(&fence), false).await, "Ok(Applied(7))");
+        assert_eq!(
+            held.calls(),
+            ["begin", "claim", "check_fence", "commit"],
+            "the fence is checked after the projection, before the commit"
+        );
+
+        let lost = Recording::default();
+        let outcome = run(&lost, Some(&fence), false).await;
+        assert!(outcome.contains("LeaseLost"), "{outcome}");
+        assert_eq!(lost.calls(), ["begin", "claim", "check_fence", "rollback"]);
+
+        let unfenced = Recording::default();
+        assert_eq!(run(&unfenced, None, false).await, "Ok(Applied(7))");
+        assert_eq!(unfenced.calls(), ["begin", "claim", "commit"]);
+
+        let failing = Recording::default();
+        assert_eq!(
+            run(&failing, Some(&fence), true).await,
+            "Err(Projection(\"no\"))"
+        );
+        assert_eq!(failing.calls(), ["begin", "claim", "rollback"]);
+
+        let duplicate = Recording {
+            duplicate: true,
+            ..Recording::default()
+        };
+        assert_eq!(
+            run(&duplicate, Some(&fence), false).await,
+            "Ok(Deduplicated)"
+        );
+        assert_eq!(duplicate.calls(), ["begin", "claim", "rollback"]);
+    }
 }
