@@ -7,6 +7,7 @@ mod error;
 mod options;
 mod sql;
 mod store;
+mod tx;
 
 pub use consumer::{
     DEFAULT_PROCESSED_EVENTS_TABLE, PROCESSED_EVENTS_VERSION, ProcessedEvents, apply_once,
@@ -17,3 +18,4 @@ pub use options::{
 };
 pub use sql::{SCHEMA_VERSION, ddl};
 pub use store::SqliteStore;
+pub use tx::SqliteTx;
