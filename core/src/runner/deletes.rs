@@ -49,9 +49,12 @@ impl Run<'_> {
         }
         let MissingPlan {
             deleted: confirmed,
-            suspects,
-            ..
+            mut suspects,
+            look_up,
         } = sorted;
+        // Only without a lookup (which `build` rules out for `Lookup`): nothing is deleted
+        // unconfirmed, they wait as suspects.
+        suspects.extend(look_up);
         if !suspects.is_empty() {
             tracing::info!(key = %self.key, lane = lane.as_str(), suspects = suspects.len(), confirmed = confirmed.len(), "items missing from a listing of several pages are reported deleted only if the next listing misses them too");
         }
