@@ -149,6 +149,9 @@ macro_rules! for_each_case {
             full_scans {
                 a_shifting_listing_never_deletes_a_live_item,
                 an_interrupted_listing_never_deletes_a_live_item,
+                caught_up_waits_for_the_suspects,
+                lookups_never_delete_a_live_item_of_a_listing_that_always_shifts,
+                a_failing_lookup_deletes_nothing,
             }
             chaos {
                 timestamp_seeds,

@@ -69,6 +69,11 @@ pub struct KeyInspect {
     pub items: u64,
     /// How far behind now the live cursor is (the timestamp strategy only).
     pub lag_ms: Option<i64>,
+    /// Items a full scan (`snapshot_diff`, the reconcile lane) missed and has not yet reported
+    /// deleted: they wait for the next complete listing, or for a lookup that failed to be
+    /// tried again (see [`DeleteConfirmation`](crate::DeleteConfirmation)). Summed over the
+    /// lanes.
+    pub suspects: u64,
 }
 
 /// The key's state, or `initial` when it was never saved.
@@ -108,6 +113,11 @@ pub async fn inspect_key(
         parked: counts.parked,
         items: counts.items,
         lag_ms,
+        suspects: Lane::ALL
+            .iter()
+            .filter_map(|lane| state.lanes.get(*lane)?.suspects.as_ref())
+            .map(|suspects| suspects.len() as u64)
+            .sum(),
     })
 }
 

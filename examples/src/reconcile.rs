@@ -4,10 +4,14 @@
 //! cannot see a delete: a deleted item is simply no longer returned).
 //!
 //! - `GET /items?since=<ts>&after=<id>&limit=<n>`: the live lane's keyset, by `(updatedAt, id)`.
-//! - `GET /items/all?after=<id>&limit=<n>`: the full listing for the reconcile lane, ordered by
-//!   `id`, paged by keyset (`after` = the last id of the previous page), which a delete between
-//!   two page requests cannot make skip an item. So the poller reports a missing item deleted as
-//!   soon as one complete listing misses it (`DeleteConfirmation::Immediate`); see
+//! - `GET /items/all?offset=<n>&limit=<n>`: the full listing for the reconcile lane, ordered by
+//!   `id` and paged by offset, the common shape, and the one that shifts: a delete between two
+//!   page requests moves every later item one place up, so the item that moves onto the page
+//!   already read is listed by no request, although it still exists.
+//! - `GET /items/lookup?ids=<id>,<id>`: the items among `ids` that still exist. An item a
+//!   complete listing missed is looked up here in the same cycle
+//!   (`DeleteConfirmation::Lookup`, set by `PollerBuilder::lookup`): reported deleted only if
+//!   the lookup does not return it, so a shifted listing never deletes a live item; see
 //!   `docs/deletes.md`.
 //!
 //! [`scenario`] runs a fixed script on a manual clock, driving the engine with `tick()` (no
@@ -26,8 +30,8 @@ use watukuy_core::clock::format_rfc3339_ms;
 use watukuy_core::cursor::{self, Cursor};
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
-    BoxError, Clock, DeleteConfirmation, Engine, Event, EventType, FetchContext, HandlerContext,
-    HandlerError, Lane, ManualClock, PKey, Page, Poller, Store, TickOptions,
+    BoxError, Clock, Engine, Event, EventType, FetchContext, HandlerContext, HandlerError, Lane,
+    ManualClock, PKey, Page, Poller, Store, TickOptions,
 };
 use watukuy_http::HttpClient;
 use watukuy_store_memory::MemoryStore;
@@ -37,6 +41,9 @@ pub const POLLER: &str = "catalog";
 
 /// Items per page of both listings (small, so a full listing has several pages).
 pub const PAGE_SIZE: usize = 3;
+
+/// Identities per lookup request.
+pub const LOOKUP_BATCH: usize = 10;
 
 /// How often the reconcile lane lists everything.
 pub const RECONCILE_EVERY: Duration = Duration::from_secs(10);
@@ -76,6 +83,15 @@ pub enum Change {
     Delete(&'static str),
 }
 
+/// One lookup the API answered: what it was asked for and what it found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LookedUp {
+    /// The ids asked for.
+    pub asked: Vec<String>,
+    /// Those that still exist.
+    pub found: Vec<String>,
+}
+
 /// The catalog behind the HTTP server.
 pub struct Catalog {
     clock: Arc<dyn Clock>,
@@ -91,8 +107,8 @@ struct CatalogState {
     /// Changes applied right after the full listing's next page of this number is served: the
     /// listing changes while the reconcile lane reads it.
     during_listing: Option<(usize, Vec<Change>)>,
-    /// The page of the full listing served last (a request without `after` is page 1).
-    listing_page: usize,
+    /// Every lookup answered, in order.
+    lookups: Vec<LookedUp>,
 }
 
 impl Catalog {
@@ -131,6 +147,11 @@ impl Catalog {
     /// Every id deleted so far.
     pub fn deleted(&self) -> BTreeSet<String> {
         self.lock().deleted.clone()
+    }
+
+    /// Every lookup answered so far.
+    pub fn lookups(&self) -> Vec<LookedUp> {
+        self.lock().lookups.clone()
     }
 }
 
@@ -185,15 +206,21 @@ struct SinceQuery {
 
 #[derive(serde::Deserialize)]
 struct AllQuery {
-    after: Option<String>,
+    offset: Option<usize>,
     limit: Option<usize>,
 }
 
-/// A page of the full listing: the items and the id to continue after (`None`: the end).
+#[derive(serde::Deserialize)]
+struct LookupQuery {
+    ids: String,
+}
+
+/// A page of the full listing: the items, and whether more follow.
 #[derive(serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct Listing {
     items: Vec<Item>,
-    next: Option<String>,
+    has_more: bool,
 }
 
 /// `GET /items`: items with `(updatedAt, id) > (since, after)` (or `updatedAt >= since` without
@@ -220,31 +247,21 @@ async fn changed_since(
     Json(page)
 }
 
-/// `GET /items/all`: items with `id > after`, by id; `next` is the last id when more follow.
+/// `GET /items/all`: `limit` items by id from `offset` (0 by default), and whether more follow.
 async fn listing(State(catalog): State<Arc<Catalog>>, Query(q): Query<AllQuery>) -> Json<Listing> {
-    let limit = q.limit.unwrap_or(PAGE_SIZE);
+    let limit = q.limit.unwrap_or(PAGE_SIZE).max(1);
+    let offset = q.offset.unwrap_or(0);
     let mut state = catalog.lock();
     let items: Vec<Item> = state
         .items
         .values()
-        .filter(|i| q.after.as_deref().is_none_or(|after| i.id.as_str() > after))
-        .take(limit + 1)
+        .skip(offset)
+        .take(limit)
         .cloned()
         .collect();
-    let more = items.len() > limit;
-    let items: Vec<Item> = items.into_iter().take(limit).collect();
-    let next = if more {
-        items.last().map(|i| i.id.clone())
-    } else {
-        None
-    };
-    // Which page of the listing this is: 1 without `after`, counted from there.
-    state.listing_page = if q.after.is_none() {
-        1
-    } else {
-        state.listing_page + 1
-    };
-    let page = state.listing_page;
+    let has_more = state.items.len() > offset + items.len();
+    // Which page of the listing this is: 1 at offset 0.
+    let page = offset / limit + 1;
     if let Some((at, _)) = &state.during_listing
         && *at == page
         && let Some((_, changes)) = state.during_listing.take()
@@ -255,7 +272,40 @@ async fn listing(State(catalog): State<Arc<Catalog>>, Query(q): Query<AllQuery>)
             println!("  api: {said} (while the full listing is read, after its page {page})");
         }
     }
-    Json(Listing { items, next })
+    Json(Listing { items, has_more })
+}
+
+/// `GET /items/lookup`: the items among `ids` (comma-separated) that exist, by id.
+async fn lookup(
+    State(catalog): State<Arc<Catalog>>,
+    Query(q): Query<LookupQuery>,
+) -> Json<Vec<Item>> {
+    let mut state = catalog.lock();
+    let asked: Vec<String> = q
+        .ids
+        .split(',')
+        .filter(|id| !id.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let found: Vec<Item> = asked
+        .iter()
+        .filter_map(|id| state.items.get(id).cloned())
+        .collect();
+    let found_ids: Vec<String> = found.iter().map(|i| i.id.clone()).collect();
+    println!(
+        "  api: lookup of {}: {}",
+        asked.join(", "),
+        if found_ids.is_empty() {
+            "none found".to_owned()
+        } else {
+            format!("{} found", found_ids.join(", "))
+        }
+    );
+    state.lookups.push(LookedUp {
+        asked,
+        found: found_ids,
+    });
+    Json(found)
 }
 
 /// Serves `catalog` on 127.0.0.1 (a free port) and returns its base URL.
@@ -263,6 +313,7 @@ pub async fn serve(catalog: Arc<Catalog>) -> std::io::Result<String> {
     let app = axum::Router::new()
         .route("/items", axum::routing::get(changed_since))
         .route("/items/all", axum::routing::get(listing))
+        .route("/items/lookup", axum::routing::get(lookup))
         .with_state(catalog);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
@@ -271,11 +322,13 @@ pub async fn serve(catalog: Arc<Catalog>) -> std::io::Result<String> {
 }
 
 /// The poller: a live `timestamp` lane over `/items` and a reconcile lane over `/items/all`
-/// (a `token` cursor carrying the last id), checking every `reconcile_every`.
+/// (page numbers from 1, as offsets), checking every `reconcile_every`, whose missing items are
+/// looked up through `/items/lookup`.
 pub fn poller(base: &str, reconcile_every: Duration) -> Result<Poller, BoxError> {
     let http = HttpClient::new()?;
     let (live_http, live_url) = (http.clone(), format!("{base}/items"));
-    let (all_http, all_url) = (http, format!("{base}/items/all"));
+    let (all_http, all_url) = (http.clone(), format!("{base}/items/all"));
+    let (lookup_http, lookup_url) = (http, format!("{base}/items/lookup"));
     Ok(Poller::builder::<Item>(POLLER)
         .identity(|item: &Item| item.id.clone())
         .version(|item: &Item| item.updated_at.clone())
@@ -310,31 +363,41 @@ pub fn poller(base: &str, reconcile_every: Duration) -> Result<Poller, BoxError>
                 Ok::<Page, BoxError>(page.has_more(full))
             }
         })
-        // The reconcile lane: the whole listing by id, continued with the last id (a keyset),
-        // from the first page on every listing.
+        // The reconcile lane: the whole listing by id, page by page (the default page cursor,
+        // from 1 on every listing), as offsets.
         .reconcile(reconcile_every, move |ctx: FetchContext| {
             let (http, url) = (all_http.clone(), all_url.clone());
             async move {
-                let Cursor::Token { value } = &ctx.cursor else {
+                let Cursor::Page { page } = ctx.cursor else {
                     return Err(format!("the reconcile lane got a {:?} cursor", ctx.cursor).into());
                 };
+                let offset = usize::try_from(page.saturating_sub(1))? * PAGE_SIZE;
                 let listing: Listing = http
                     .get(&ctx, url)
-                    .query("after", value.clone())
+                    .query("offset", offset)
                     .query("limit", PAGE_SIZE)
                     .send()
                     .await?
                     .json()?;
-                let mut page = Page::from_items(&listing.items)?.has_more(listing.next.is_some());
-                if let Some(next) = listing.next {
-                    page = page.cursor(next);
-                }
-                Ok::<Page, BoxError>(page)
+                Ok::<Page, BoxError>(Page::from_items(&listing.items)?.has_more(listing.has_more))
             }
         })
-        .reconcile_cursor(cursor::token(None))
-        // A keyset by id cannot shift under the listing: a missing item is deleted for sure.
-        .delete_confirmation(DeleteConfirmation::Immediate)
+        // An offset listing shifts under a delete: an item a listing missed is looked up (in the
+        // same cycle, `LOOKUP_BATCH` ids a request, charged to the budget like a page) and
+        // reported deleted only if the API no longer has it. The client answers for the lookup
+        // as for a fetch (`ctx` is a fetch's context); a failed lookup deletes nothing.
+        .lookup(LOOKUP_BATCH, move |ctx: FetchContext, ids: Vec<String>| {
+            let (http, url) = (lookup_http.clone(), lookup_url.clone());
+            async move {
+                let found = http
+                    .get(&ctx, url)
+                    .query("ids", ids.join(","))
+                    .send()
+                    .await?
+                    .items_page()?;
+                Ok::<Page, BoxError>(found)
+            }
+        })
         .build()?)
 }
 
@@ -443,6 +506,8 @@ pub struct Report {
     pub deleted: BTreeSet<String>,
     /// The identities in the engine's snapshot at the end.
     pub snapshot: BTreeSet<String>,
+    /// Every lookup the API answered.
+    pub lookups: Vec<LookedUp>,
     /// The ticks it took after the last change until the consumer matched the API.
     pub settle_ticks: u32,
 }
@@ -505,8 +570,11 @@ pub async fn scenario() -> Result<Report, BoxError> {
         if step == 6 {
             // The listing changes under the next reconcile: after its first page (item-02,
             // item-04, item-06), item-02 (listed already) and item-08 (not listed yet) are
-            // deleted, and item-10 is added after the rest. item-08 is reported deleted by this
-            // listing, item-02 by the next one, item-10 created by this one.
+            // deleted, and item-10 is added after the rest. Every later item moves up two
+            // places, so page 2 (offset 3) starts at item-10 and no request lists item-09. The
+            // lookup that follows the listing finds item-09 (kept) and not item-08 (reported
+            // deleted by this listing); item-02 is reported by the next listing, item-10 created
+            // by this one.
             catalog.during_next_listing(
                 1,
                 vec![
@@ -528,6 +596,7 @@ pub async fn scenario() -> Result<Report, BoxError> {
             listing: catalog.items(),
             deleted: catalog.deleted(),
             snapshot: snapshot(&store).await?,
+            lookups: catalog.lookups(),
             settle_ticks,
         };
         if report.converged() || settle_ticks >= limit {

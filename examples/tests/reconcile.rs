@@ -1,8 +1,9 @@
 //! The `reconcile` example's promise, on its own HTTP server: with a live `timestamp` lane and a
-//! reconcile lane over a listing that changes while it runs (items added, updated and deleted,
-//! some while a full listing is being read), a consumer that only applies the events ends with
-//! exactly the API's listing; every deleted item is reported deleted exactly once, by the
-//! reconcile lane, and no item the API still lists is ever reported deleted.
+//! reconcile lane over an offset-paged listing that changes while it runs (items added, updated
+//! and deleted, some while a full listing is being read, which shifts the listing across a live
+//! item), a consumer that only applies the events ends with exactly the API's listing; every
+//! deleted item is reported deleted exactly once, by the reconcile lane, and no item the API
+//! still lists is ever reported deleted: the item the listing missed is looked up and found.
 //!
 //! The scenario runs on a manual clock driven by `tick()`: no real sleeps. The second test runs
 //! the binary with `--scenario`, as CI does.
@@ -79,6 +80,25 @@ async fn every_delete_is_reported_once_and_the_consumer_ends_with_the_listing() 
     // one reconcile period (ticks are one second apart).
     let period = u32::try_from(RECONCILE_EVERY.as_secs()).unwrap();
     assert!(report.settle_ticks <= period + 1, "{}", report.settle_ticks);
+    // The shifted listing missed item-09, which still exists: the lookup after that listing
+    // found it, so it was kept; the same lookup did not find item-08, deleted in that listing.
+    let shifted = report
+        .lookups
+        .iter()
+        .find(|l| l.asked.iter().any(|id| id == "item-09"))
+        .unwrap_or_else(|| panic!("item-09 was never looked up: {:?}", report.lookups));
+    assert_eq!(shifted.found, ["item-09"], "{shifted:?}");
+    assert!(
+        shifted.asked.iter().any(|id| id == "item-08"),
+        "{shifted:?}"
+    );
+    assert!(report.listing.contains_key("item-09"));
+    // item-09 is the only item a lookup ever found: every other item a listing missed was gone.
+    for lookup in &report.lookups {
+        for id in &lookup.found {
+            assert_eq!(id, "item-09", "{:?}", report.lookups);
+        }
+    }
     // item-10, added after the first page of a listing, was found by that listing.
     assert!(
         report
@@ -105,6 +125,7 @@ fn the_binary_runs_its_scenario_and_stops_by_itself() {
     for expected in [
         "api: item-08 deleted (while the full listing is read, after its page 1)",
         "deleted item-08 (reconcile lane)",
+        "item-09 found",
         "created item-10 (reconcile lane)",
         "scenario done: 20 events (6 deletes); the read model equals the API's 4 items",
     ] {

@@ -78,14 +78,19 @@ impl Engine {
 
     /// Whether everything seen so far is delivered, for health checks and tests: every
     /// `(poller, partition)` has completed a poll whose listing ended (its last cycle was not
-    /// cut short by `max_pages_per_cycle`, a deadline or the full-scan page cap), and no event
-    /// of any key is pending in the outbox or parked. Changes the API made since the last poll
-    /// are not seen yet, so they do not count. Reads the store (as [`inspect`](Self::inspect)).
+    /// cut short by `max_pages_per_cycle`, a deadline or the full-scan page cap), no event of
+    /// any key is pending in the outbox or parked, and no key has suspects: items a full scan
+    /// missed and has not yet reported deleted, which wait for the next complete listing
+    /// ([`DeleteConfirmation::NextListing`](crate::DeleteConfirmation::NextListing)) or for a
+    /// failed lookup to be tried again ([`DeleteConfirmation::Lookup`](crate::DeleteConfirmation::Lookup))
+    /// (`suspects` in [`inspect`](Self::inspect)). Changes the API made since the last poll are
+    /// not seen yet, so they do not count. Reads the store (as [`inspect`](Self::inspect)).
     pub async fn caught_up(&self) -> Result<bool> {
         Ok(self.inspect().await?.pollers.iter().all(|key| {
             key.last_poll.as_ref().is_some_and(|poll| !poll.truncated)
                 && key.outbox_pending == 0
                 && key.parked == 0
+                && key.suspects == 0
         }))
     }
 }

@@ -111,7 +111,8 @@ pub struct LaneCursor {
     pub retry_at: Option<i64>,
     /// Full scans: identities the last complete listing of several pages did not name, in
     /// ascending order, not yet reported deleted. The next complete listing that misses one of
-    /// them again deletes it (see [`DeleteConfirmation`](crate::DeleteConfirmation)).
+    /// them again deletes it, or, with a lookup, looks it up again (those a failed lookup left
+    /// undecided); see [`DeleteConfirmation`](crate::DeleteConfirmation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspects: Option<Vec<String>>,
 }

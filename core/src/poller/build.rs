@@ -96,6 +96,8 @@ where
                 ));
             }
         }
+        let full_scan = strategy.is_full_scan() || reconcile.is_some();
+        let delete_confirmation = confirmation(self.delete_confirmation, &self.lookup, full_scan)?;
         if !(self.budget_weight.is_finite() && self.budget_weight > 0.0) {
             return Err(Error::config(
                 "budget_weight",
@@ -160,7 +162,8 @@ where
                 on_schema_change: self.on_schema_change,
                 max_pages_per_cycle: self.max_pages_per_cycle,
                 full_scan_page_cap: self.full_scan_page_cap,
-                delete_confirmation: self.delete_confirmation,
+                delete_confirmation,
+                lookup: self.lookup,
                 overlap_delivery: self.overlap_delivery,
                 log_retention: self.log_retention,
                 reconcile,
@@ -171,5 +174,116 @@ where
                 partitions_refresh: self.partitions_refresh,
             }),
         })
+    }
+}
+
+/// The delete confirmation rule from what the builder was given: `Lookup` and a lookup come
+/// together, a lookup needs a full scan to confirm, and a batch holds at least one identity.
+fn confirmation(
+    rule: Option<DeleteConfirmation>,
+    lookup: &Option<LookupDef>,
+    full_scan: bool,
+) -> Result<DeleteConfirmation> {
+    let Some(lookup) = lookup else {
+        return match rule {
+            Some(DeleteConfirmation::Lookup) => Err(Error::config(
+                "lookup",
+                "is required by `DeleteConfirmation::Lookup`: add one with `lookup(batch_size, f)`",
+            )),
+            rule => Ok(rule.unwrap_or_default()),
+        };
+    };
+    if let Some(rule) = rule.filter(|r| *r != DeleteConfirmation::Lookup) {
+        return Err(Error::config(
+            "delete_confirmation",
+            format!(
+                "is `{rule:?}`, which never calls the `lookup` that is set: use \
+                 `DeleteConfirmation::Lookup` (what `lookup` selects) or remove the lookup"
+            ),
+        ));
+    }
+    if lookup.batch_size == 0 {
+        return Err(Error::config(
+            "lookup.batch_size",
+            "must be at least 1, got 0",
+        ));
+    }
+    if !full_scan {
+        return Err(Error::config(
+            "lookup",
+            "has nothing to confirm: only a full scan reports deletes (the `snapshot_diff` \
+             strategy or a `reconcile` lane)",
+        ));
+    }
+    Ok(DeleteConfirmation::Lookup)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lookup(batch_size: usize) -> Option<LookupDef> {
+        let lookup =
+            |_ctx: FetchContext, _ids: Vec<String>| async { Ok::<Page, BoxError>(Page::default()) };
+        Some(LookupDef {
+            batch_size,
+            lookup: Arc::new(lookup),
+        })
+    }
+
+    fn option(result: Result<DeleteConfirmation>) -> String {
+        match result {
+            Ok(rule) => panic!("accepted as {rule:?}"),
+            Err(error) => error
+                .config_option()
+                .unwrap_or("not a Config error")
+                .to_owned(),
+        }
+    }
+
+    #[test]
+    fn the_rule_defaults_to_next_listing_and_a_lookup_selects_lookup() {
+        assert_eq!(
+            confirmation(None, &None, true).ok(),
+            Some(DeleteConfirmation::NextListing)
+        );
+        for rule in [
+            DeleteConfirmation::Immediate,
+            DeleteConfirmation::NextListing,
+        ] {
+            assert_eq!(confirmation(Some(rule), &None, true).ok(), Some(rule));
+        }
+        for rule in [None, Some(DeleteConfirmation::Lookup)] {
+            assert_eq!(
+                confirmation(rule, &lookup(1), true).ok(),
+                Some(DeleteConfirmation::Lookup)
+            );
+        }
+    }
+
+    #[test]
+    fn a_lookup_rule_and_a_lookup_come_together() {
+        assert_eq!(
+            option(confirmation(Some(DeleteConfirmation::Lookup), &None, true)),
+            "lookup"
+        );
+        for rule in [
+            DeleteConfirmation::Immediate,
+            DeleteConfirmation::NextListing,
+        ] {
+            assert_eq!(
+                option(confirmation(Some(rule), &lookup(10), true)),
+                "delete_confirmation"
+            );
+        }
+    }
+
+    #[test]
+    fn a_lookup_needs_a_batch_and_a_full_scan() {
+        assert_eq!(
+            option(confirmation(None, &lookup(0), true)),
+            "lookup.batch_size"
+        );
+        assert_eq!(option(confirmation(None, &lookup(10), false)), "lookup");
     }
 }

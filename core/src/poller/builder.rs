@@ -28,7 +28,9 @@ pub struct PollerBuilder<T> {
     pub(super) on_schema_change: OnSchemaChange,
     pub(super) max_pages_per_cycle: u32,
     pub(super) full_scan_page_cap: u32,
-    pub(super) delete_confirmation: DeleteConfirmation,
+    /// `None` until set: `NextListing`, or `Lookup` when a lookup is set.
+    pub(super) delete_confirmation: Option<DeleteConfirmation>,
+    pub(super) lookup: Option<LookupDef>,
     pub(super) overlap_delivery: bool,
     pub(super) log_retention: Option<Duration>,
     pub(super) reconcile: Option<(Duration, FetchSource)>,
@@ -73,7 +75,8 @@ where
             on_schema_change: OnSchemaChange::Rebaseline,
             max_pages_per_cycle: DEFAULT_MAX_PAGES_PER_CYCLE,
             full_scan_page_cap: DEFAULT_FULL_SCAN_PAGE_CAP,
-            delete_confirmation: DeleteConfirmation::default(),
+            delete_confirmation: None,
+            lookup: None,
             overlap_delivery: false,
             log_retention: None,
             reconcile: None,
@@ -229,10 +232,47 @@ where
     }
 
     /// When a full scan (`snapshot_diff`, the reconcile lane) may report an unlisted item as
-    /// deleted (default [`DeleteConfirmation::NextListing`]).
+    /// deleted (default [`DeleteConfirmation::NextListing`], or [`DeleteConfirmation::Lookup`]
+    /// when a [`lookup`](Self::lookup) is set). `Lookup` needs a lookup, and a lookup needs
+    /// `Lookup`: [`build`](Self::build) rejects either without the other.
     #[must_use]
     pub fn delete_confirmation(mut self, rule: DeleteConfirmation) -> Self {
-        self.delete_confirmation = rule;
+        self.delete_confirmation = Some(rule);
+        self
+    }
+
+    /// Confirms a full scan's suspects by asking the API for them
+    /// ([`DeleteConfirmation::Lookup`], which this selects): after a complete listing of
+    /// several pages, the items it did not name are looked up, `batch_size` identities per
+    /// call (at least 1), in the same cycle; those the lookup does not return are reported
+    /// deleted, the others are diffed like listed items. Needs a full scan to confirm
+    /// (`snapshot_diff` or a [`reconcile`](Self::reconcile) lane). See [`Lookup`] for what the
+    /// function receives and must return.
+    ///
+    /// ```
+    /// # use watukuy_core::{cursor, BoxError, FetchContext, Page, Poller};
+    /// # use std::time::Duration;
+    /// # #[derive(serde::Serialize, serde::Deserialize)]
+    /// # struct Order { id: String }
+    /// # fn orders_by_ids(ids: &[String]) -> Vec<Order> { Vec::new() }
+    /// let orders = Poller::builder::<Order>("orders")
+    ///     .identity(|order: &Order| order.id.clone())
+    ///     .cursor(cursor::snapshot_diff()) // `GET /orders?page=N`: it shifts
+    ///     .fetch(|_ctx: FetchContext| async { Ok::<Page, BoxError>(Page::default()) })
+    ///     // `GET /orders?ids=a,b,c`: the orders that still exist.
+    ///     .lookup(50, |ctx: FetchContext, ids: Vec<String>| async move {
+    ///         ctx.charge_budget().await?;
+    ///         Ok::<Page, BoxError>(Page::from_items(&orders_by_ids(&ids))?)
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), watukuy_core::Error>(())
+    /// ```
+    #[must_use]
+    pub fn lookup(mut self, batch_size: usize, lookup: impl Lookup) -> Self {
+        self.lookup = Some(LookupDef {
+            batch_size,
+            lookup: Arc::new(lookup),
+        });
         self
     }
 

@@ -114,6 +114,44 @@ pub(crate) struct Reconcile {
     pub(crate) strategy: SharedStrategy,
 }
 
+/// Looks up a full scan's suspects by identity, for [`DeleteConfirmation::Lookup`] (set with
+/// [`PollerBuilder::lookup`]). Implemented for every `Fn(FetchContext, Vec<String>) -> impl
+/// Future<Output = Result<Page, BoxError>>`.
+#[async_trait]
+pub trait Lookup: Send + Sync + 'static {
+    /// Fetches the items among `identities` that the API still has (`GET /orders?ids=a,b`, or
+    /// one `GET /orders/{id}` per identity with a `404` left out of the answer), as a page of
+    /// raw items: they are validated and diffed like the items of a listing. An identity the
+    /// answer does not name is reported deleted, so the answer must hold every item of the
+    /// batch that exists (an answer with `has_more(true)` or `not_modified` is an error).
+    ///
+    /// `ctx` is the context of a fetch on the full scan's lane, with the poller's rate budget
+    /// (charge it with [`FetchContext::charge_budget`] before each request, as a fetch does;
+    /// `watukuy-http` does it by itself), the cancellation token and the engine's clock; its
+    /// `page` is the 1-based index of this batch among the cycle's lookups, its `cursor` the
+    /// lane's initial cursor, and it carries no validators. An error deletes nothing.
+    async fn lookup(&self, ctx: FetchContext, identities: Vec<String>) -> Result<Page, BoxError>;
+}
+
+#[async_trait]
+impl<F, Fut> Lookup for F
+where
+    F: Fn(FetchContext, Vec<String>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Page, BoxError>> + Send + 'static,
+{
+    async fn lookup(&self, ctx: FetchContext, identities: Vec<String>) -> Result<Page, BoxError> {
+        (self)(ctx, identities).await
+    }
+}
+
+/// A poller's lookup of suspects, with its batch size.
+#[derive(Clone)]
+pub(crate) struct LookupDef {
+    /// Identities per call (at least 1).
+    pub(crate) batch_size: usize,
+    pub(crate) lookup: Arc<dyn Lookup>,
+}
+
 /// Lists a poller's partitions. Implemented for every `Fn() -> impl Future<Output =
 /// Result<Vec<Partition>, BoxError>>`.
 #[async_trait]
@@ -191,6 +229,8 @@ pub(crate) struct PollerDef {
     pub(crate) max_pages_per_cycle: u32,
     pub(crate) full_scan_page_cap: u32,
     pub(crate) delete_confirmation: DeleteConfirmation,
+    /// Set exactly when `delete_confirmation` is `Lookup` (checked by `build`).
+    pub(crate) lookup: Option<LookupDef>,
     pub(crate) overlap_delivery: bool,
     pub(crate) log_retention: Option<Duration>,
     pub(crate) reconcile: Option<Reconcile>,
@@ -317,8 +357,9 @@ impl PollerDef {
 /// number (`?page=2`, `?offset=50`) shifts every later item one place up when an item before
 /// them is deleted between two requests: the item that moved onto the page already fetched is
 /// listed by neither request, although it was never deleted. One response cannot shift under
-/// itself, so a listing of a single page is always trusted.
+/// itself, so a listing of a single page is always trusted, whatever the rule.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DeleteConfirmation {
     /// An item missing from a complete listing of several pages is a *suspect*, kept with the
     /// lane's state; it is reported deleted only when the next complete listing misses it too,
@@ -331,4 +372,14 @@ pub enum DeleteConfirmation {
     /// reference's rule). Sound only for listings that cannot shift: one page, keyset
     /// pagination (`?after=<last id>`), or a snapshot the API holds for the whole listing.
     Immediate,
+    /// Every item missing from a complete listing of several pages is looked up by identity
+    /// through the poller's [`lookup`](PollerBuilder::lookup), in the same cycle, right after
+    /// the listing: an item the lookup does not return is reported deleted; an item it returns
+    /// is alive (no delete), and its value is diffed like a listed item's (an `updated` event
+    /// if it changed, validation and quarantine as usual). A lookup that fails deletes nothing:
+    /// its identities stay suspects (kept with the lane's state), the cycle fails like a failed
+    /// fetch, and the next complete listing looks them up again. Sound for any listing,
+    /// offset-paged ones included, as long as the lookup answers for the item itself; costs
+    /// one request per batch of missing items. Selected by [`PollerBuilder::lookup`].
+    Lookup,
 }

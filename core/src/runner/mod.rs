@@ -41,6 +41,7 @@ mod plan;
 use cycle::{Cycle, LaneSpec, PageStep, Processed, fetch_failure};
 pub(crate) use lease::HeldLeases;
 use lease::LeaseKeeper;
+use plan::invalid;
 pub(crate) use plan::{EventSource, plan, plan_deletes, prepare_item};
 
 /// What the engine shares with every run.

@@ -95,7 +95,7 @@ pub(crate) struct PreparedPage {
 
 /// How a planning step treats an invalid item, by `on_invalid`: `Err` fails the cycle; `Ok`
 /// with a row quarantines it; `Ok(None)` skips it.
-fn invalid(
+pub(super) fn invalid(
     def: &PollerDef,
     key: &PKey,
     item: impl FnOnce() -> Json,

@@ -1,5 +1,6 @@
 //! Deletes from a pull-only API: a live `timestamp` lane reads what changed, and a reconcile lane
-//! lists everything every 10 s to find what was deleted (docs/deletes.md).
+//! lists everything every 10 s, page by page by offset, to find what was deleted; an item a
+//! listing missed is looked up by id before it is reported deleted (docs/deletes.md).
 //!
 //! Run it with `cargo run -p watukuy-examples --bin reconcile`: a local catalog API (axum on
 //! 127.0.0.1, a random port) starts with six items and changes every second (items added,
@@ -53,7 +54,10 @@ async fn daemon() -> Result<(), watukuy_core::BoxError> {
     let consumer = Arc::new(Consumer::default());
     let engine = engine(poller(&base, RECONCILE_EVERY)?, clock, store, &consumer)?;
     engine.migrate().await?;
-    println!("polling {base}/items (live) and {base}/items/all (reconcile, every 10 s)");
+    println!(
+        "polling {base}/items (live) and {base}/items/all (reconcile, every 10 s; missing items \
+         looked up at {base}/items/lookup)"
+    );
     println!("(Ctrl-C or SIGTERM stops the engine cleanly)");
     engine.start().await?;
 
