@@ -42,8 +42,18 @@
 //!   timeouts (1205), killed or lost connections are transient; duplicate keys, syntax, access
 //!   and a missing schema are permanent.
 //! - **No clock.** Every time is an argument; the store never reads one.
+//!
+//! # Idempotent consumers
+//!
+//! [`ProcessedEvents`] is a processed-events table beside a read model in MySQL / MariaDB:
+//! [`ProcessedEvents::apply_once`] records an event id and runs the projection in one
+//! transaction, so a redelivered event changes nothing, and
+//! [`apply_once_fenced`](ProcessedEvents::apply_once_fenced) commits only while the delivery's
+//! lease is held (when the table shares the store's database). It implements
+//! [`ConsumerStore`](watukuy_core::delivery::ConsumerStore).
 
 mod codec;
+mod consumer;
 mod error;
 mod schema;
 mod sql;
@@ -51,11 +61,18 @@ mod store;
 
 use std::str::FromStr;
 
-use sqlx::MySqlPool;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use watukuy_core::{Error, Result};
 
 pub use schema::SCHEMA_VERSION;
+
+pub use crate::consumer::{
+    DEFAULT_PROCESSED_EVENTS_TABLE, PROCESSED_EVENTS_VERSION, ProcessedEvents, apply_once,
+};
+
+/// The sqlx pool type [`MySqlStore::from_pool`] and [`ProcessedEvents`] take, re-exported so
+/// callers can name it without matching this crate's sqlx version by hand.
+pub use sqlx::MySqlPool;
 
 use crate::error::OrStore;
 use crate::sql::Tables;

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use sqlx::mysql::MySql;
-use sqlx::{Executor, MySqlConnection, Transaction};
+use sqlx::{Executor, MySqlConnection, MySqlPool, Transaction};
 use watukuy_core::{
     Capabilities, CommitBatch, Error, Event, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent,
     OutboxRow, OutboxStatus, PKey, ParkedAction, ParkedKind, ParkedQuery, ParkedRow, PollerState,
@@ -22,7 +22,30 @@ use crate::sql::{MAX_ROWS, MyQuery, check_len, limit, marks, padded, write_rows}
 /// this transaction only, in the same round trip as `START TRANSACTION`.
 const BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
 
-type Tx = Transaction<'static, MySql>;
+/// A transaction on a pooled connection.
+pub(crate) type Tx = Transaction<'static, MySql>;
+
+/// Opens a `READ COMMITTED` transaction on a connection of `pool`, cancel-safe.
+///
+/// The engine drops store futures at any `.await` (a cancelled delivery drops its
+/// `record_attempt`, say). A `Transaction` dropped after it began queues a `ROLLBACK`, but the
+/// driver's begin is not cancel-safe: dropped after `START TRANSACTION` was sent and before its
+/// answer came back, it returns the connection to the pool *inside* a transaction, and the next
+/// user's autocommit writes hold their locks forever. So the begin runs in a task of its own
+/// that always finishes: a caller that went away leaves a `Transaction` the task drops, which
+/// rolls back.
+pub(crate) async fn begin(pool: &MySqlPool, doing: &str) -> Result<Tx> {
+    let pool = pool.clone();
+    let begun = tokio::spawn(async move { pool.begin_with(BEGIN).await });
+    match begun.await {
+        Ok(tx) => tx.store(doing),
+        Err(join) => Err(Error::store(
+            StoreErrorKind::Other,
+            true,
+            format!("{doing}: the task opening the transaction failed: {join}"),
+        )),
+    }
+}
 
 /// A key's row as the fence reads it.
 struct KeyRow {
@@ -72,26 +95,9 @@ fn distinct(ids: &[String]) -> Vec<&str> {
 }
 
 impl MySqlStore {
-    /// Opens a transaction on a pooled connection.
-    ///
-    /// The engine drops store futures at any `.await` (a cancelled delivery drops its
-    /// `record_attempt`, say). A `Transaction` dropped after it began queues a `ROLLBACK`, but
-    /// the driver's begin is not cancel-safe: dropped after `START TRANSACTION` was sent and
-    /// before its answer came back, it returns the connection to the pool *inside* a
-    /// transaction, and the next user's autocommit writes hold their locks forever. So the
-    /// begin runs in a task of its own that always finishes: a caller that went away leaves a
-    /// `Transaction` the task drops, which rolls back.
+    /// Opens a transaction on a pooled connection (see [`begin`]).
     async fn begin(&self, doing: &str) -> Result<Tx> {
-        let pool = self.pool.clone();
-        let begun = tokio::spawn(async move { pool.begin_with(BEGIN).await });
-        match begun.await {
-            Ok(tx) => tx.store(doing),
-            Err(join) => Err(Error::store(
-                StoreErrorKind::Other,
-                true,
-                format!("{doing}: the task opening the transaction failed: {join}"),
-            )),
-        }
+        begin(&self.pool, doing).await
     }
 
     /// Locks the key's row and reads its lease (and its state when `with_state`); `None` when

@@ -177,3 +177,41 @@ where
         panic!("[mysql] {what} {error}");
     }
 }
+
+/// How many transactions on `database` wait for a row lock right now.
+///
+/// Read from `SHOW ENGINE INNODB STATUS` (its `LOCK WAIT` transactions and their thread ids,
+/// matched against `information_schema.processlist`), which the server builds on every call.
+/// Not from `information_schema.innodb_trx`: InnoDB refreshes that table's cache only when
+/// nobody read it for 100 ms, so tests polling it at once keep it stale for good.
+pub async fn lock_waits(pool: &MySqlPool, database: &str) -> Result<u64, CaseError> {
+    let (_, _, status): (String, String, String) = sqlx::query_as("SHOW ENGINE INNODB STATUS")
+        .fetch_one(pool)
+        .await
+        .or_fail_with("SHOW ENGINE INNODB STATUS")?;
+    let waiters: Vec<i64> = status
+        .split("---TRANSACTION")
+        .filter(|block| block.lines().any(|line| line.starts_with("LOCK WAIT")))
+        .filter_map(|block| {
+            let (_, after) = block.split_once(" thread id ")?;
+            let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .collect();
+    if waiters.is_empty() {
+        return Ok(0);
+    }
+    let sql = format!(
+        "SELECT COUNT(*) FROM information_schema.processlist WHERE db = ? AND id IN ({})",
+        vec!["?"; waiters.len()].join(",")
+    );
+    let mut query = sqlx::query_scalar::<_, i64>(&sql).bind(database);
+    for id in waiters {
+        query = query.bind(id);
+    }
+    let count = query
+        .fetch_one(pool)
+        .await
+        .or_fail_with("read information_schema.processlist")?;
+    Ok(u64::try_from(count).unwrap_or(0))
+}
