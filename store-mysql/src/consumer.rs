@@ -609,17 +609,17 @@ impl ConsumerStore for ProcessedEvents {
             });
         };
         let held = sqlx::query(sql)
-            .bind(fence.key.poller.as_bytes())
-            .bind(fence.key.partition.as_bytes())
+            .bind(fence.poller.as_bytes())
+            .bind(fence.partition.as_bytes())
             .bind(fence.owner.as_bytes())
             .bind(fence.epoch)
             .fetch_optional(&mut **tx)
             .await
-            .store(&format!("check the lease of {}", fence.key))?;
+            .store(&format!("check the lease of {}", fence.key()))?;
         if held.is_some() {
             Ok(())
         } else {
-            Err(Error::lease_lost(&fence.key, fence.epoch))
+            Err(Error::lease_lost(&fence.key(), fence.epoch))
         }
     }
 

@@ -464,8 +464,8 @@ impl ConsumerStore for ProcessedEvents {
             });
         };
         let held: bool = sqlx::query_scalar(sql)
-            .bind(fence.key.poller.as_str())
-            .bind(fence.key.partition.as_str())
+            .bind(fence.poller.as_str())
+            .bind(fence.partition.as_str())
             .bind(fence.owner.as_str())
             .bind(fence.epoch)
             .fetch_one(&mut **tx)
@@ -474,7 +474,7 @@ impl ConsumerStore for ProcessedEvents {
         if held {
             Ok(())
         } else {
-            Err(Error::lease_lost(&fence.key, fence.epoch))
+            Err(Error::lease_lost(&fence.key(), fence.epoch))
         }
     }
 

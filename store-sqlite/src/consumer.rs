@@ -369,8 +369,8 @@ impl ProcessedEvents {
             .and_then(|mut statement| {
                 statement.query_row(
                     params![
-                        fence.key.poller.as_str(),
-                        fence.key.partition.as_str(),
+                        fence.poller.as_str(),
+                        fence.partition.as_str(),
                         fence.owner.as_str(),
                         fence.epoch
                     ],
@@ -381,7 +381,7 @@ impl ProcessedEvents {
         if held {
             Ok(())
         } else {
-            Err(Error::lease_lost(&fence.key, fence.epoch))
+            Err(Error::lease_lost(&fence.key(), fence.epoch))
         }
     }
 

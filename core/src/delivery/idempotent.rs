@@ -28,8 +28,10 @@ use crate::model::PKey;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct Fence {
-    /// The key (poller and partition) whose lease the delivery runs under.
-    pub key: PKey,
+    /// The poller of the key whose lease the delivery runs under.
+    pub poller: SmolStr,
+    /// The partition of that key.
+    pub partition: SmolStr,
     /// The instance holding the lease.
     pub owner: SmolStr,
     /// The lease's fencing epoch.
@@ -40,10 +42,16 @@ impl Fence {
     /// The fence of `owner`'s lease on `key` with `epoch`.
     pub fn new(key: PKey, owner: impl Into<SmolStr>, epoch: i64) -> Self {
         Self {
-            key,
+            poller: key.poller.into(),
+            partition: key.partition.into(),
             owner: owner.into(),
             epoch,
         }
+    }
+
+    /// The key whose lease this is.
+    pub fn key(&self) -> PKey {
+        PKey::new(self.poller.as_str(), self.partition.as_str())
     }
 }
 
@@ -51,8 +59,8 @@ impl fmt::Display for Fence {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} (owner {}, epoch {})",
-            self.key, self.owner, self.epoch
+            "{}/{} (owner {}, epoch {})",
+            self.poller, self.partition, self.owner, self.epoch
         )
     }
 }
@@ -231,7 +239,7 @@ mod tests {
             if self.lease_held {
                 Ok(())
             } else {
-                Err(Error::lease_lost(&fence.key, fence.epoch))
+                Err(Error::lease_lost(&fence.key(), fence.epoch))
             }
         }
 

@@ -386,7 +386,7 @@ async fn the_fence_holds_for_the_current_lease_only() {
         other => panic!("expected LeaseLost, got {other:?}"),
     }
     db.check(&new).await.expect("the new holder's fence");
-    let stranger = Fence::new(new.key.clone(), "node-c", new.epoch);
+    let stranger = Fence::new(new.key(), "node-c", new.epoch);
     assert!(matches!(
         db.check(&stranger).await,
         Err(Error::LeaseLost { .. })

@@ -18,6 +18,7 @@ impl Dispatcher {
     ) -> Result<GroupOutcome> {
         let mut outcome = GroupOutcome::default();
         let counters = self.counters_of(&key.partition);
+        let fence = Fence::new(key.clone(), lease.owner.as_str(), lease.epoch);
         let _live = acks.group();
         for mut row in group.rows {
             if halted.load(Ordering::Acquire) || cancel.is_cancelled() {
@@ -54,7 +55,7 @@ impl Dispatcher {
             );
             // The handler's own token: a timeout cancels it without cancelling the drain.
             let ctx = HandlerContext::new(attempt, partition.clone(), cancel.child_token())
-                .with_fence(lease_fence(key, lease));
+                .with_fence(fence.clone());
             let attempt_result = self
                 .attempt(&row, ctx, consumer, cancel, &counters)
                 .instrument(span.clone())
@@ -282,11 +283,6 @@ pub(super) enum Attempt {
     },
     /// Cancelled, or the subscriber went away: not acknowledged, no attempt recorded.
     Aborted,
-}
-
-/// The fence handed to a handler running under `lease` on `key`.
-fn lease_fence(key: &PKey, lease: &Lease) -> Fence {
-    Fence::new(key.clone(), lease.owner.clone(), lease.epoch)
 }
 
 pub(super) fn failure_class(kind: &HandlerErrorKind) -> FailureClass {
