@@ -128,6 +128,42 @@ pub async fn until_blocked<D: ConsumerDb>(db: &D, what: &str) -> CaseResult {
     )))
 }
 
+/// Two overlapping deliveries of `e`: the first (instance 0) claims and writes, the second
+/// (instance 1) starts and is seen blocked on it, then the first commits (`first_commits`) or
+/// rolls back. Returns both outcomes.
+pub async fn overlap<D: ConsumerDb>(
+    db: &Arc<D>,
+    what: &str,
+    e: &Event,
+    first_commits: bool,
+) -> Result<(Applied, Applied), CaseError> {
+    let (first, wrote, go) = spawn_held(db, 0, e, None);
+    wrote
+        .await
+        .map_err(|_| CaseError::failed(format!("{what}: the first projection never ran")))?;
+    let second = spawn_apply(db, 1, e);
+    until_blocked(&**db, what).await?;
+    let _ = go.send(if first_commits { Ok(()) } else { Err(()) });
+    Ok((joined(first).await?, joined(second).await?))
+}
+
+/// Applies an earlier event of subject `o1`, then returns the two overlap scenarios: an event
+/// of `o1` (after the earlier one) and one of a fresh subject `o9`, each with the applications
+/// its subject has once it applied.
+async fn with_and_without_an_earlier_event<D: ConsumerDb>(
+    db: &Arc<D>,
+) -> Result<[(&'static str, Event, i64); 2], CaseError> {
+    check!(
+        applied(db, &order("evt-0", 1, "o1"), "the earlier event")
+            .await?
+            .is_applied()
+    );
+    Ok([
+        ("after an earlier event", order("evt-1", 2, "o1"), 2),
+        ("of a fresh subject", order("evt-9", 1, "o9"), 1),
+    ])
+}
+
 /// The task's outcome, failing the case on a panic or a cancellation.
 async fn joined(task: JoinHandle<Applied>) -> Result<Applied, CaseError> {
     task.await.or_fail_with("a delivery task")
@@ -231,26 +267,8 @@ pub async fn a_redelivery_after_the_commit_is_a_duplicate<D: ConsumerDb>(db: Arc
 /// until it commits, apply once: for a fresh subject, and for a subject that already had an
 /// applied event (which a claim deciding on its own stale snapshot applies twice).
 pub async fn overlapping_deliveries_apply_once<D: ConsumerDb>(db: Arc<D>) -> CaseResult {
-    // A subject with an earlier applied event.
-    let earlier = order("evt-0", 1, "o1");
-    check!(
-        applied(&db, &earlier, "the earlier event")
-            .await?
-            .is_applied()
-    );
-    let cases = [
-        ("after an earlier event", order("evt-1", 2, "o1"), 2),
-        ("of a fresh subject", order("evt-9", 1, "o9"), 1),
-    ];
-    for (what, e, expected) in cases {
-        let (first, wrote, go) = spawn_held(&db, 0, &e, None);
-        wrote
-            .await
-            .map_err(|_| CaseError::failed("the first projection never ran"))?;
-        let second = spawn_apply(&db, 1, &e);
-        until_blocked(&*db, what).await?;
-        let _ = go.send(Ok(()));
-        let (first, second) = (joined(first).await?, joined(second).await?);
+    for (what, e, expected) in with_and_without_an_earlier_event(&db).await? {
+        let (first, second) = overlap(&db, what, &e, true).await?;
         check!(
             matches!(first, Ok(ApplyOutcome::Applied(()))),
             "{what}: first: {first:?}"
@@ -295,24 +313,8 @@ pub async fn overlapping_deliveries_apply_once<D: ConsumerDb>(db: Arc<D>) -> Cas
 pub async fn an_overlapping_delivery_applies_after_the_first_rolled_back<D: ConsumerDb>(
     db: Arc<D>,
 ) -> CaseResult {
-    check!(
-        applied(&db, &order("evt-0", 1, "o1"), "the earlier event")
-            .await?
-            .is_applied()
-    );
-    let cases = [
-        ("after an earlier event", order("evt-1", 2, "o1"), 2),
-        ("of a fresh subject", order("evt-9", 1, "o9"), 1),
-    ];
-    for (what, e, expected) in cases {
-        let (first, wrote, go) = spawn_held(&db, 0, &e, None);
-        wrote
-            .await
-            .map_err(|_| CaseError::failed("the first projection never ran"))?;
-        let second = spawn_apply(&db, 1, &e);
-        until_blocked(&*db, what).await?;
-        let _ = go.send(Err(()));
-        let (first, second) = (joined(first).await?, joined(second).await?);
+    for (what, e, expected) in with_and_without_an_earlier_event(&db).await? {
+        let (first, second) = overlap(&db, what, &e, false).await?;
         check!(
             matches!(first, Err(ApplyError::Projection(_))),
             "{what}: first: {first:?}"
@@ -430,15 +432,7 @@ pub async fn repeated_ids_of_new_changes_apply_again<D: ConsumerDb>(db: Arc<D>) 
     }
     // A third re-create, delivered twice at once: applied once.
     seq += 1;
-    let e = created(seq);
-    let (first, wrote, go) = spawn_held(&db, 0, &e, None);
-    wrote
-        .await
-        .map_err(|_| CaseError::failed("the first projection never ran"))?;
-    let second = spawn_apply(&db, 1, &e);
-    until_blocked(&*db, "a repeated re-create").await?;
-    let _ = go.send(Ok(()));
-    let (first, second) = (joined(first).await?, joined(second).await?);
+    let (first, second) = overlap(&db, "a repeated re-create", &created(seq), true).await?;
     check!(
         matches!(first, Ok(ApplyOutcome::Applied(())))
             && matches!(second, Ok(ApplyOutcome::Deduplicated)),
