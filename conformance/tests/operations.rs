@@ -1771,3 +1771,64 @@ fn poller_options_are_validated_at_build() {
     let error = complete("p").max_pages_per_cycle(0).build().unwrap_err();
     assert_eq!(option_of(error), "max_pages_per_cycle");
 }
+
+/// `TickOptions::concurrency` bounds the keys a tick runs at once: eight partitions whose
+/// fetches stay in flight until every started one has yielded show at most that many at once,
+/// and `0` is a `Config` error naming the option.
+#[tokio::test]
+async fn tick_runs_as_many_keys_at_once_as_asked() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let poller = Poller::builder::<Value>("tenants")
+        .identity(|item: &Value| item["id"].as_str().unwrap_or_default().to_owned())
+        .cursor(cursor::snapshot_diff())
+        .schedule(ScheduleOptions::default().jitter(0.0))
+        .fetch({
+            let (in_flight, most) = (Arc::clone(&in_flight), Arc::clone(&most));
+            move |_ctx: FetchContext| {
+                let (in_flight, most) = (Arc::clone(&in_flight), Arc::clone(&most));
+                async move {
+                    let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    // Let every other started fetch run before this one ends.
+                    for _ in 0..16 {
+                        tokio::task::yield_now().await;
+                    }
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    Ok::<_, BoxError>(Page::default())
+                }
+            }
+        })
+        .partitions(
+            || async {
+                Ok::<_, BoxError>((0..8).map(|n| Partition::new(format!("p{n}"))).collect())
+            },
+            Duration::from_secs(60),
+        )
+        .build()
+        .unwrap();
+    let clock = ManualClock::new(T0);
+    let engine = Engine::builder(Arc::new(MemoryStore::new()))
+        .poller(poller)
+        .clock(Arc::new(clock.clone()))
+        .build()
+        .unwrap();
+    for (asked, expected) in [(None, 4), (Some(1), 1), (Some(8), 8)] {
+        most.store(0, Ordering::SeqCst);
+        let options = match asked {
+            Some(n) => TickOptions::default().concurrency(n),
+            None => TickOptions::default(),
+        };
+        let result = engine.tick(options).await.unwrap();
+        assert_eq!(result.polled.len(), 8, "asked {asked:?}: {result:?}");
+        assert_eq!(most.load(Ordering::SeqCst), expected, "asked {asked:?}");
+        clock.advance(Duration::from_secs(3_600));
+    }
+    let err = engine
+        .tick(TickOptions::default().concurrency(0))
+        .await
+        .unwrap_err();
+    assert_eq!(err.config_option(), Some("tick.concurrency"), "{err}");
+}

@@ -36,7 +36,8 @@ pub use operations::BackfillOptions;
 /// The daemon re-reads the store at least this often.
 pub(crate) const MAX_SLEEP: Duration = Duration::from_secs(30);
 /// How many keys `tick()` runs at once.
-pub(crate) const TICK_CONCURRENCY: usize = 4;
+/// How many keys [`Engine::tick`] runs at once unless [`TickOptions::concurrency`] says otherwise.
+pub const DEFAULT_TICK_CONCURRENCY: usize = 4;
 /// The default event source prefix.
 pub const DEFAULT_SOURCE_PREFIX: &str = "urn:watukuy:";
 
@@ -100,6 +101,8 @@ pub struct TickOptions {
     pub max_duration: Option<Duration>,
     /// Only these pollers (by name).
     pub only: Option<Vec<String>>,
+    /// How many keys run at once (default [`DEFAULT_TICK_CONCURRENCY`]; at least 1).
+    pub concurrency: Option<usize>,
 }
 
 impl TickOptions {
@@ -114,6 +117,16 @@ impl TickOptions {
     #[must_use]
     pub fn only(mut self, pollers: impl IntoIterator<Item = impl Into<String>>) -> Self {
         self.only = Some(pollers.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Runs up to `keys` keys at once (default [`DEFAULT_TICK_CONCURRENCY`]). With many
+    /// partitions and a store or API that answers slowly, more keys at once shorten the tick;
+    /// each key in flight holds its page in memory. `0` makes `tick` fail with a `Config` error
+    /// naming `tick.concurrency`.
+    #[must_use]
+    pub fn concurrency(mut self, keys: usize) -> Self {
+        self.concurrency = Some(keys);
         self
     }
 }
@@ -260,9 +273,17 @@ impl Engine {
             .await
     }
 
-    /// Runs every due key once (up to four at a time), delivering what they commit.
-    /// Fetch failures land in the results; they are never returned as `Err`.
+    /// Runs every due key once ([`TickOptions::concurrency`] at a time, four by default),
+    /// delivering what they commit. Fetch failures land in the results; they are never returned
+    /// as `Err`.
     pub async fn tick(&self, options: TickOptions) -> Result<TickResult> {
+        let concurrency = options.concurrency.unwrap_or(DEFAULT_TICK_CONCURRENCY);
+        if concurrency == 0 {
+            return Err(Error::config(
+                "tick.concurrency",
+                "must be at least 1, got 0",
+            ));
+        }
         let inner = &self.inner;
         let started = inner.now();
         let deadline = options
@@ -310,7 +331,7 @@ impl Engine {
                     ))
                 }
             })
-            .buffer_unordered(TICK_CONCURRENCY);
+            .buffer_unordered(concurrency);
         while let Some(run) = runs.next().await {
             let Some((name, partition, outcome)) = run else {
                 result.timed_out = true;
