@@ -1832,3 +1832,104 @@ async fn tick_runs_as_many_keys_at_once_as_asked() {
         .unwrap_err();
     assert_eq!(err.config_option(), Some("tick.concurrency"), "{err}");
 }
+
+/// A poller of `n` partitions (`p0`…) whose fetch counts the fetches in flight (`most` keeps the
+/// highest count) and per partition, each staying in flight for a second of the clock.
+fn counted_tenants(
+    n: usize,
+    clock: &TokioClock,
+    in_flight: &Arc<std::sync::atomic::AtomicUsize>,
+    most: &Arc<std::sync::atomic::AtomicUsize>,
+    fetched: &Arc<Mutex<HashMap<String, usize>>>,
+) -> Poller {
+    use std::sync::atomic::Ordering;
+    let (clock, in_flight, most, fetched) = (
+        clock.clone(),
+        Arc::clone(in_flight),
+        Arc::clone(most),
+        Arc::clone(fetched),
+    );
+    Poller::builder::<Value>("tenants")
+        .identity(|item: &Value| item["id"].as_str().unwrap_or_default().to_owned())
+        .cursor(cursor::snapshot_diff())
+        .schedule(
+            ScheduleOptions::default()
+                .min(Duration::from_secs(60))
+                .max(Duration::from_secs(600))
+                .jitter(0.0),
+        )
+        .fetch(move |ctx: FetchContext| {
+            let (clock, in_flight, most, fetched) = (
+                clock.clone(),
+                Arc::clone(&in_flight),
+                Arc::clone(&most),
+                Arc::clone(&fetched),
+            );
+            async move {
+                *lock(&fetched).entry(ctx.partition.key.clone()).or_default() += 1;
+                let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                clock.sleep(Duration::from_secs(1)).await;
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, BoxError>(Page::default())
+            }
+        })
+        .partitions(
+            move || async move {
+                Ok::<_, BoxError>((0..n).map(|i| Partition::new(format!("p{i}"))).collect())
+            },
+            Duration::from_secs(3_600),
+        )
+        .build()
+        .unwrap()
+}
+
+/// The daemon runs at most `max_concurrent_keys` keys at once, and every partition gets its
+/// turn; a trigger of one tenant wakes that tenant alone: it is polled at once, and the daemon
+/// reads no other key's state for it.
+#[tokio::test(start_paused = true)]
+async fn the_daemon_runs_a_bounded_number_of_keys_and_a_trigger_wakes_one() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let clock = TokioClock::starting_at(T0);
+    let (in_flight, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let fetched = Arc::new(Mutex::new(HashMap::new()));
+    let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new())));
+    let engine = Engine::builder(store.clone())
+        .poller(counted_tenants(12, &clock, &in_flight, &most, &fetched))
+        .clock(Arc::new(clock.clone()))
+        .rng(Arc::new(SeededRng::new(5)))
+        .max_concurrent_keys(3)
+        .build()
+        .unwrap();
+    engine.start().await.unwrap();
+    assert!(run_until(&clock, 60, || lock(&fetched).len() == 12).await);
+    assert_eq!(most.load(Ordering::SeqCst), 3, "keys in flight at once");
+    // Idle until every key's first run is over and none is due (min interval 60 s).
+    clock.sleep(Duration::from_secs(10)).await;
+    let reads = store.calls(Op::LoadState);
+    let polls = lock(&fetched).clone();
+    engine.trigger("tenants", Some("p7")).await.unwrap();
+    assert!(run_until(&clock, 5, || lock(&fetched)["p7"] == polls["p7"] + 1).await);
+    let others: usize = lock(&fetched)
+        .iter()
+        .filter(|(k, _)| *k != "p7")
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(
+        others,
+        polls.values().sum::<usize>() - polls["p7"],
+        "only p7 was polled"
+    );
+    let read = store.calls(Op::LoadState) - reads;
+    assert!(
+        read <= 4,
+        "the trigger made the daemon read {read} states (of 12 keys)"
+    );
+    engine.stop(StopOptions::default()).await.unwrap();
+
+    let zero = Engine::builder(memory())
+        .max_concurrent_keys(0)
+        .build()
+        .unwrap_err();
+    assert_eq!(option_of(zero), "max_concurrent_keys");
+}

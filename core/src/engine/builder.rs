@@ -14,6 +14,7 @@ pub struct EngineBuilder {
     pub(super) renew_every: Option<Duration>,
     pub(super) source_prefix: String,
     pub(super) dispatch_batch_size: usize,
+    pub(super) max_concurrent_keys: usize,
     pub(super) budgets: Vec<(String, crate::budget::BudgetPolicy)>,
     pub(super) budget_store: Arc<dyn crate::budget::BudgetStore>,
     pub(super) trace: Arc<dyn crate::telemetry::TraceContext>,
@@ -85,6 +86,16 @@ impl EngineBuilder {
         self
     }
 
+    /// How many keys the daemon ([`Engine::start`]) runs at once, all pollers and partitions
+    /// together (default [`DEFAULT_MAX_CONCURRENT_KEYS`](super::DEFAULT_MAX_CONCURRENT_KEYS)).
+    /// Due keys wait their turn earliest-due first, so every partition gets its turn; each key
+    /// in flight holds a page in memory. `0` is a `Config` error naming `max_concurrent_keys`.
+    #[must_use]
+    pub fn max_concurrent_keys(mut self, keys: usize) -> Self {
+        self.max_concurrent_keys = keys;
+        self
+    }
+
     /// Declares a named rate budget that pollers draw on (`PollerBuilder::budget`).
     #[must_use]
     pub fn budget(mut self, name: impl Into<String>, policy: crate::budget::BudgetPolicy) -> Self {
@@ -113,6 +124,12 @@ impl EngineBuilder {
         let ttl_ms = duration_ms(self.lease_ttl);
         if ttl_ms <= 0 {
             return Err(Error::config("lease.ttl", "must be greater than zero"));
+        }
+        if self.max_concurrent_keys == 0 {
+            return Err(Error::config(
+                "max_concurrent_keys",
+                "must be at least 1, got 0",
+            ));
         }
         let renew_ms = self.renew_every.map_or(ttl_ms / 3, duration_ms);
         if renew_ms >= ttl_ms || renew_ms <= 0 {
@@ -209,6 +226,8 @@ impl EngineBuilder {
                 partitions: Mutex::default(),
                 status: Mutex::new(Status::Idle),
                 wake: Notify::new(),
+                wakes: Mutex::default(),
+                max_concurrent_keys: self.max_concurrent_keys,
                 daemon: tokio::sync::Mutex::new(None),
             }),
         })

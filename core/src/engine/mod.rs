@@ -35,9 +35,11 @@ pub use operations::BackfillOptions;
 
 /// The daemon re-reads the store at least this often.
 pub(crate) const MAX_SLEEP: Duration = Duration::from_secs(30);
-/// How many keys `tick()` runs at once.
 /// How many keys [`Engine::tick`] runs at once unless [`TickOptions::concurrency`] says otherwise.
 pub const DEFAULT_TICK_CONCURRENCY: usize = 4;
+/// How many keys the daemon runs at once unless
+/// [`EngineBuilder::max_concurrent_keys`] says otherwise.
+pub const DEFAULT_MAX_CONCURRENT_KEYS: usize = 64;
 /// The default event source prefix.
 pub const DEFAULT_SOURCE_PREFIX: &str = "urn:watukuy:";
 
@@ -59,6 +61,17 @@ pub enum Status {
 struct PartitionCache {
     list: Vec<Partition>,
     refreshed_at: i64,
+    /// Grows with every refresh, so the daemon sees a new list without comparing lists.
+    generation: u64,
+}
+
+/// What operations asked the daemon to look at again since it last looked.
+#[derive(Default)]
+struct Wakes {
+    /// Keys an operation changed (a trigger, a pause, a reset, a parked retry).
+    keys: HashSet<PKey>,
+    /// Pollers whose every key should run (a consumer attached).
+    pollers: HashSet<String>,
 }
 
 struct Daemon {
@@ -72,7 +85,10 @@ struct Inner {
     pollers: BTreeMap<String, Runtime>,
     partitions: Mutex<HashMap<String, PartitionCache>>,
     status: Mutex<Status>,
+    /// Wakes the daemon; what to look at is in `wakes`.
     wake: Notify,
+    wakes: Mutex<Wakes>,
+    max_concurrent_keys: usize,
     daemon: tokio::sync::Mutex<Option<Daemon>>,
 }
 
@@ -201,6 +217,7 @@ impl Engine {
             renew_every: None,
             source_prefix: DEFAULT_SOURCE_PREFIX.to_owned(),
             dispatch_batch_size: DEFAULT_DISPATCH_BATCH_SIZE,
+            max_concurrent_keys: DEFAULT_MAX_CONCURRENT_KEYS,
             budgets: Vec::new(),
             budget_store: Arc::new(crate::budget::MemoryBudgetStore::new()),
             trace: Arc::new(crate::telemetry::GeneratedTraceContext),
@@ -235,14 +252,14 @@ impl Engine {
     /// delivered on the next run.
     pub fn on(&self, name: &str, handler: impl Handler) -> Result<Unsubscribe> {
         let handle = self.runtime(name)?.dispatcher.on(handler)?;
-        self.inner.wake.notify_one();
+        self.inner.wake_poller(name);
         Ok(handle)
     }
 
     /// Attaches a pull-based stream of poller `name`'s events.
     pub fn subscribe(&self, name: &str) -> Result<Subscription> {
         let subscription = self.runtime(name)?.dispatcher.subscribe()?;
-        self.inner.wake.notify_one();
+        self.inner.wake_poller(name);
         Ok(subscription)
     }
 
@@ -507,11 +524,13 @@ impl Inner {
             .partitions
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        let generation = cache.get(&rt.def.name).map_or(1, |c| c.generation + 1);
         cache.insert(
             rt.def.name.clone(),
             PartitionCache {
                 list: listed,
                 refreshed_at: now,
+                generation,
             },
         );
         Ok(())

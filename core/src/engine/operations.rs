@@ -58,14 +58,14 @@ impl Engine {
     /// An operator's write (unfenced: it never touches the lease), then a wake-up so a running
     /// daemon looks at the key again.
     pub(super) async fn admin_write(&self, key: &PKey, patch: &StatePatch) -> Result<()> {
-        self.woken(self.inner.shared.store.save_state_unfenced(key, patch))
+        self.woken(key, self.inner.shared.store.save_state_unfenced(key, patch))
             .await
     }
 
-    /// Runs an operation, then wakes the daemon so it looks at the key again.
-    async fn woken<T>(&self, op: impl Future<Output = Result<T>>) -> Result<T> {
+    /// Runs an operation on `key`, then wakes the daemon so it looks at that key again.
+    async fn woken<T>(&self, key: &PKey, op: impl Future<Output = Result<T>>) -> Result<T> {
         let out = op.await?;
-        self.inner.wake.notify_one();
+        self.inner.wake_key(key);
         Ok(out)
     }
 
@@ -94,14 +94,14 @@ impl Engine {
         let (key, rt) = self.key_for(name, partition)?;
         let store = &*self.inner.shared.store;
         let due = crate::ops::make_due(store, &key, self.inner.now(), self.initial_state(rt));
-        self.woken(due).await
+        self.woken(&key, due).await
     }
 
     /// Pauses a key: it is not polled and its outbox is not drained.
     pub async fn pause(&self, name: &str, partition: Option<&str>) -> Result<()> {
         let (key, _) = self.key_for(name, partition)?;
         let paused = crate::ops::pause(&*self.inner.shared.store, &key, self.inner.now());
-        self.woken(paused).await
+        self.woken(&key, paused).await
     }
 
     /// Resumes a paused key and makes it due now.
@@ -109,7 +109,7 @@ impl Engine {
         let (key, rt) = self.key_for(name, partition)?;
         let store = &*self.inner.shared.store;
         let resumed = crate::ops::resume(store, &key, self.inner.now(), self.initial_state(rt));
-        self.woken(resumed).await
+        self.woken(&key, resumed).await
     }
 
     /// Moves the live cursor to `to` (a raw API value; `None` = the strategy's beginning) and
@@ -131,7 +131,7 @@ impl Engine {
         let store = &*self.inner.shared.store;
         let (now, initial) = (self.inner.now(), self.initial_state(rt));
         let reset = crate::ops::reset_cursor(store, &key, cursor, clear_snapshot, now, initial);
-        self.woken(reset).await
+        self.woken(&key, reset).await
     }
 
     /// Starts (or replaces) a backfill: the key re-reads history from `from` to `to` on the
@@ -206,7 +206,7 @@ impl Engine {
             self.initial_state(rt),
         )
         .await?;
-        self.inner.wake.notify_one();
+        self.inner.wake_key(&key);
         Ok(replayed)
     }
 
@@ -229,7 +229,8 @@ impl Engine {
         ids: &[String],
     ) -> Result<u64> {
         let (key, rt) = self.key_for(name, partition)?;
-        self.woken(rt.dispatcher.retry_parked(&key, ids)).await
+        self.woken(&key, rt.dispatcher.retry_parked(&key, ids))
+            .await
     }
 
     /// Deletes parked rows (releasing their hold).
@@ -240,6 +241,7 @@ impl Engine {
         ids: &[String],
     ) -> Result<u64> {
         let (key, rt) = self.key_for(name, partition)?;
-        self.woken(rt.dispatcher.discard_parked(&key, ids)).await
+        self.woken(&key, rt.dispatcher.discard_parked(&key, ids))
+            .await
     }
 }
