@@ -14,6 +14,10 @@
 //! - `memory`: bounded memory (G10), reported and not timed: RSS while one dispatcher drains
 //!   a million pending events, and the peak RSS of a `snapshot_diff` full scan over a million
 //!   items.
+//! - `tenants`: one poller with N partitions (`--tenants`, default 10, 100, 1,000, 10,000), each
+//!   asked to be polled every second with 5 unchanged items from memory: the first round's
+//!   `tick` throughput, then the daemon idle for `--tenants-seconds`: achieved polls/s, CPU and
+//!   store calls per idle poll, RSS per partition and a trigger's latency.
 //!
 //! ```text
 //! cargo run --release -p watukuy-bench -- --store postgres --events 100000 --keys 1000 --concurrency 16
@@ -21,6 +25,7 @@
 //! cargo run --release -p watukuy-bench -- --store postgres --ack-window 100
 //! cargo run --release -p watukuy-bench -- --mode sweep --store memory,sqlite,postgres,redis
 //! cargo run --release -p watukuy-bench -- --mode memory --store memory,sqlite
+//! cargo run --release -p watukuy-bench -- --mode tenants --store memory,sqlite,postgres --tenants 10,100,1000,10000
 //! ```
 
 mod measure;
@@ -31,6 +36,7 @@ mod pipeline;
 mod plot;
 mod probe;
 mod stores;
+mod tenants;
 mod workload;
 
 use std::path::PathBuf;
@@ -53,6 +59,8 @@ enum Mode {
     Sweep,
     /// Bounded-memory report.
     Memory,
+    /// One poller with many partitions under `tick` and the daemon.
+    Tenants,
 }
 
 /// The command line.
@@ -115,6 +123,12 @@ struct Args {
     /// Item counts of the memory mode's `snapshot_diff` scans.
     #[arg(long, value_delimiter = ',', default_value = "100000,1000000")]
     scan_items: Vec<u64>,
+    /// Partition counts of the tenants mode (30,000 works too, at length).
+    #[arg(long, value_delimiter = ',', default_value = "10,100,1000,10000")]
+    tenants: Vec<u64>,
+    /// The tenants mode's idle window under the daemon, in seconds.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    tenants_seconds: u64,
     /// Where the plots go.
     #[arg(long, default_value = "bench/plots")]
     plots: PathBuf,
@@ -559,6 +573,18 @@ async fn main() -> Result<(), BoxError> {
     match args.mode {
         Mode::Suite => suite(&args).await,
         Mode::Sweep => sweep(&args).await,
+        Mode::Tenants => {
+            let backends: Vec<(Backend, String)> =
+                args.stores.iter().map(|&b| (b, args.label(b))).collect();
+            // The daemon runs up to 64 keys at once: size the Postgres pool for them.
+            tenants::report(
+                &backends,
+                &args.targets(64),
+                &args.tenants,
+                std::time::Duration::from_secs(args.tenants_seconds),
+            )
+            .await
+        }
         Mode::Memory => {
             memory::report(
                 &args.stores,
