@@ -17,7 +17,9 @@ use watukuy_core::{
     Poller, StopOptions, Store, SystemClock, TickOptions,
 };
 
-use crate::measure::{Stopwatch, as_f64, fmt_rate, fmt_ratio, peak_rss_kb, rate, rss_kb};
+use crate::measure::{
+    Stopwatch, as_f64, fmt_rate, fmt_ratio, peak_rss_kb, rate, reset_peak_rss, rss_kb,
+};
 use crate::stores::{self, Backend, PG_SCHEMA, Targets};
 use crate::workload;
 
@@ -47,7 +49,7 @@ const OPS: [Op; 13] = [
 ];
 
 /// What one (store, N) run measured.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct TenantRun {
     /// Partitions (tenants), each asked to be polled once a second.
     pub(crate) tenants: u64,
@@ -59,7 +61,9 @@ pub(crate) struct TenantRun {
     pub(crate) cpu_ms_per_poll: f64,
     /// Counted store calls per idle poll.
     pub(crate) calls_per_poll: f64,
-    /// Peak RSS of the process so far (`VmHWM`), kB.
+    /// The same, per operation (those called at least once).
+    pub(crate) calls_by_op: Vec<(Op, f64)>,
+    /// Peak RSS of the run (`VmHWM`, reset before the store is opened), kB.
     pub(crate) peak_rss_kb: u64,
     /// RSS after the window minus RSS before the engine was built, per partition, kB.
     pub(crate) rss_kb_per_partition: f64,
@@ -91,9 +95,9 @@ fn cpu_ticks() -> u64 {
 /// does not depend on `libc`, so it is assumed).
 const CLK_TCK: f64 = 100.0;
 
-/// The sum of every counted store call so far.
-fn store_calls(store: &FaultyStore) -> u64 {
-    OPS.into_iter().map(|op| store.calls(op)).sum()
+/// Every counted store call so far, per operation.
+fn store_calls(store: &FaultyStore) -> [u64; OPS.len()] {
+    OPS.map(|op| store.calls(op))
 }
 
 /// The per-partition fetch counter of key `p<i>`.
@@ -120,6 +124,8 @@ pub(crate) async fn run(
     let per_partition: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
     let keys: Arc<Vec<String>> = Arc::new((0..n).map(|i| format!("p{i}")).collect());
     let rss_before_kb = rss_kb();
+    // The peak covers this run only (where the kernel supports the reset).
+    reset_peak_rss();
     let (fetch_items, fetch_count, fetch_each) = (
         Arc::clone(&items),
         Arc::clone(&fetches),
@@ -188,7 +194,12 @@ pub(crate) async fn run(
     SystemClock.sleep(window).await;
     let elapsed = watch.elapsed();
     let polls = fetches.load(Ordering::Relaxed).saturating_sub(fetch_start);
-    let calls = store_calls(&store).saturating_sub(calls_start);
+    let by_op: Vec<(Op, u64)> = OPS
+        .into_iter()
+        .zip(store_calls(&store).into_iter().zip(calls_start))
+        .map(|(op, (after, before))| (op, after.saturating_sub(before)))
+        .collect();
+    let calls: u64 = by_op.iter().map(|(_, c)| c).sum();
     let cpu_s = as_f64(cpu_ticks().saturating_sub(cpu_start)) / CLK_TCK;
     let rss_after_kb = rss_kb();
     let peak = peak_rss_kb();
@@ -221,6 +232,11 @@ pub(crate) async fn run(
         achieved: rate(polls, elapsed),
         cpu_ms_per_poll: cpu_s * 1000.0 / polls_f,
         calls_per_poll: as_f64(calls) / polls_f,
+        calls_by_op: by_op
+            .into_iter()
+            .filter(|(_, c)| *c > 0)
+            .map(|(op, c)| (op, as_f64(c) / polls_f))
+            .collect(),
         peak_rss_kb: peak,
         rss_kb_per_partition: (as_f64(rss_after_kb) - as_f64(rss_before_kb)) / as_f64(tenants),
         trigger_ms,
@@ -321,6 +337,18 @@ pub(crate) async fn report(
                 runs.iter().map(|r| r.tenants).max().unwrap_or(0)
             ),
             None => println!("- {label}: slope not computable (one N, or no CPU measured)"),
+        }
+        if let Some(r) = runs.iter().max_by_key(|r| r.tenants) {
+            let each: Vec<String> = r
+                .calls_by_op
+                .iter()
+                .map(|(op, c)| format!("{op:?} {c:.2}"))
+                .collect();
+            println!(
+                "  - store calls per idle poll at N = {}: {}",
+                r.tenants,
+                each.join(", ")
+            );
         }
     }
     Ok(())
