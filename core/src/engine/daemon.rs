@@ -67,6 +67,10 @@ impl Inner {
 /// `(poller, partition)`.
 type KeyId = (String, String);
 
+/// The time a woken key is scheduled at: before every key that is merely due, so a trigger is
+/// served next even when the daemon is behind its schedule.
+const WOKEN: i64 = i64::MIN;
+
 /// What the daemon does with a key when its time comes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Next {
@@ -186,7 +190,7 @@ impl Keys {
     }
 
     /// A key's task ended: when to look at it next (`due`, capped at `cap` for a re-read).
-    fn finished(&mut self, id: &KeyId, due: i64, cap: i64, now: i64) {
+    fn finished(&mut self, id: &KeyId, due: i64, cap: i64) {
         self.running = self.running.saturating_sub(1);
         let Some(slot) = self.slots.get_mut(id) else {
             return;
@@ -197,7 +201,7 @@ impl Keys {
         }
         slot.running = false;
         let (at, next) = if std::mem::take(&mut slot.woken) {
-            (now, Next::Run)
+            (WOKEN, Next::Run)
         } else if due > cap {
             (cap, Next::Reread)
         } else {
@@ -233,7 +237,7 @@ pub(super) async fn daemon_loop(
                 keys.sync(name, inner.partition_list(name), generation, now);
             }
         }
-        take_wakes(&inner, &mut keys, now);
+        take_wakes(&inner, &mut keys);
         while keys.running < inner.max_concurrent_keys {
             let Some((id, next, partition)) = keys.pop_due(now) else {
                 break;
@@ -261,7 +265,7 @@ pub(super) async fn daemon_loop(
             Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
                 if let Ok((id, due)) = done {
                     let now = inner.now();
-                    keys.finished(&id, due, now.saturating_add(duration_ms(MAX_SLEEP)), now);
+                    keys.finished(&id, due, now.saturating_add(duration_ms(MAX_SLEEP)));
                 }
             }
         }
@@ -271,9 +275,9 @@ pub(super) async fn daemon_loop(
     while in_flight.join_next().await.is_some() {}
 }
 
-/// Applies the wake-ups operations asked for: a woken key runs now (or right after its run in
-/// progress), and every key of a woken poller runs now.
-fn take_wakes(inner: &Inner, keys: &mut Keys, now: i64) {
+/// Applies the wake-ups operations asked for: a woken key runs next, before the keys merely due
+/// (or right after its run in progress), and so does every key of a woken poller.
+fn take_wakes(inner: &Inner, keys: &mut Keys) {
     let wakes = std::mem::take(&mut *inner.wakes.lock().unwrap_or_else(PoisonError::into_inner));
     let mut woken: Vec<KeyId> = wakes
         .keys
@@ -286,7 +290,7 @@ fn take_wakes(inner: &Inner, keys: &mut Keys, now: i64) {
     for id in woken {
         match keys.slots.get_mut(&id) {
             Some(slot) if slot.running => slot.woken = true,
-            Some(_) => keys.schedule(&id, now, Next::Run),
+            Some(_) => keys.schedule(&id, WOKEN, Next::Run),
             None => {}
         }
     }
