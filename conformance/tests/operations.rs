@@ -1833,10 +1833,12 @@ async fn tick_runs_as_many_keys_at_once_as_asked() {
     assert_eq!(err.config_option(), Some("tick.concurrency"), "{err}");
 }
 
-/// A poller of `n` partitions (`p0`…) whose fetch counts the fetches in flight (`most` keeps the
-/// highest count) and per partition, each staying in flight for a second of the clock.
+/// A poller of `n` partitions (`p0`…, polled at most every minute) whose fetch counts the
+/// fetches in flight (`most` keeps the highest count) and per partition, each staying in flight
+/// for `hold` of the clock.
 fn counted_tenants(
     n: usize,
+    hold: Duration,
     clock: &TokioClock,
     in_flight: &Arc<std::sync::atomic::AtomicUsize>,
     most: &Arc<std::sync::atomic::AtomicUsize>,
@@ -1869,7 +1871,7 @@ fn counted_tenants(
                 *lock(&fetched).entry(ctx.partition.key.clone()).or_default() += 1;
                 let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
                 most.fetch_max(now, Ordering::SeqCst);
-                clock.sleep(Duration::from_secs(1)).await;
+                clock.sleep(hold).await;
                 in_flight.fetch_sub(1, Ordering::SeqCst);
                 Ok::<_, BoxError>(Page::default())
             }
@@ -1895,7 +1897,14 @@ async fn the_daemon_runs_a_bounded_number_of_keys_and_a_trigger_wakes_one() {
     let fetched = Arc::new(Mutex::new(HashMap::new()));
     let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new())));
     let engine = Engine::builder(store.clone())
-        .poller(counted_tenants(12, &clock, &in_flight, &most, &fetched))
+        .poller(counted_tenants(
+            12,
+            Duration::from_secs(1),
+            &clock,
+            &in_flight,
+            &most,
+            &fetched,
+        ))
         .clock(Arc::new(clock.clone()))
         .rng(Arc::new(SeededRng::new(5)))
         .max_concurrent_keys(3)
@@ -1932,4 +1941,58 @@ async fn the_daemon_runs_a_bounded_number_of_keys_and_a_trigger_wakes_one() {
         .build()
         .unwrap_err();
     assert_eq!(option_of(zero), "max_concurrent_keys");
+}
+
+/// A daemon behind its schedule (12 tenants due every minute, one at a time, 10 s per poll:
+/// a round takes two minutes) serves a trigger next: the triggered tenant, which just ran and is
+/// otherwise due behind every other one, is polled as soon as the poll in flight ends.
+#[tokio::test(start_paused = true)]
+async fn a_trigger_goes_before_the_backlog() {
+    use std::sync::atomic::AtomicUsize;
+    let clock = TokioClock::starting_at(T0);
+    let (in_flight, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let fetched: Arc<Mutex<HashMap<String, usize>>> = Arc::new(Mutex::new(HashMap::new()));
+    let engine = Engine::builder(memory())
+        .poller(counted_tenants(
+            12,
+            Duration::from_secs(10),
+            &clock,
+            &in_flight,
+            &most,
+            &fetched,
+        ))
+        .clock(Arc::new(clock.clone()))
+        .rng(Arc::new(SeededRng::new(5)))
+        .max_concurrent_keys(1)
+        .build()
+        .unwrap();
+    engine.start().await.unwrap();
+    // Two minutes in, every tenant ran once and the daemon works through an overdue backlog
+    // (the last one's poll started; 15 s later it ended and the next one is in flight).
+    assert!(run_until(&clock, 200, || lock(&fetched).len() == 12).await);
+    clock.sleep(Duration::from_secs(15)).await;
+    let polls = lock(&fetched).clone();
+    let total: usize = polls.values().sum();
+    // The tenant polled last (not in flight: a trigger during a run is overwritten by the run's
+    // own schedule): the latest due of all.
+    let last = polls
+        .iter()
+        .min_by_key(|(k, n)| (**n, std::cmp::Reverse((*k).clone())))
+        .map(|(k, _)| k.clone())
+        .unwrap();
+    let before = polls[&last];
+    engine.trigger("tenants", Some(&last)).await.unwrap();
+    // The poll in flight ends within 10 s, then the triggered tenant runs (10 s more at most).
+    assert!(
+        run_until(&clock, 21, || lock(&fetched)[&last] > before).await,
+        "the triggered tenant {last} waited behind the backlog: before {polls:?}, after {:?}",
+        lock(&fetched)
+    );
+    let after = lock(&fetched).clone();
+    let others = after.values().sum::<usize>() - after[&last];
+    assert!(
+        others <= total - before + 1,
+        "at most the poll in flight ran before the trigger: {others} vs {total}"
+    );
+    engine.stop(StopOptions::default()).await.unwrap();
 }
