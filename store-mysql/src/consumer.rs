@@ -56,6 +56,7 @@ use watukuy_core::{Clock, Error, Event, Result, StoreErrorKind, SystemClock};
 
 use crate::codec::text;
 use crate::error::{OrStore, map, number};
+use crate::schema::{release_named_lock, take_named_lock};
 use crate::sql::{Tables, check_len, limit};
 
 /// The newest version of the processed-events table this crate creates.
@@ -259,54 +260,18 @@ impl ProcessedEvents {
     pub async fn migrate(&self, pool: &MySqlPool) -> Result<()> {
         let doing = format!("migrate the processed-events table `{}`", self.table);
         let mut conn = pool.acquire().await.store(&doing)?;
-        let database: Option<String> = sqlx::query_scalar("SELECT DATABASE()")
-            .fetch_one(&mut *conn)
-            .await
-            .store(&doing)?;
-        let Some(database) = database else {
-            return Err(Error::config(
-                "url",
-                "the MySQL URL names no database (mysql://user@host/<database>)",
-            ));
-        };
-        // Lock names are server-wide and at most 64 characters: the database and the table,
-        // hashed.
-        let lock = format!("{database}/{}", self.table);
-        let got: Option<i64> =
-            sqlx::query_scalar("SELECT GET_LOCK(CONCAT('watukuy-consumer:', SHA1(?)), ?)")
-                .bind(&lock)
-                .bind(MIGRATE_LOCK_TIMEOUT_SECS)
-                .fetch_one(&mut *conn)
-                .await
-                .store(&doing)?;
-        match got {
-            Some(1) => {}
-            Some(_) => {
-                return Err(Error::store(
-                    StoreErrorKind::Busy,
-                    true,
-                    format!(
-                        "{doing}: another process held the migration lock of {lock} for more \
-                         than {MIGRATE_LOCK_TIMEOUT_SECS} s"
-                    ),
-                ));
-            }
-            None => {
-                return Err(Error::store(
-                    StoreErrorKind::Other,
-                    false,
-                    format!("{doing}: GET_LOCK failed for the migration lock of {lock}"),
-                ));
-            }
-        }
+        let lock = take_named_lock(
+            &mut conn,
+            "watukuy-consumer",
+            &self.table,
+            MIGRATE_LOCK_TIMEOUT_SECS,
+            &doing,
+        )
+        .await?;
         let outcome = self.migrate_locked(&mut conn, &doing).await;
-        let released = sqlx::query("SELECT RELEASE_LOCK(CONCAT('watukuy-consumer:', SHA1(?)))")
-            .bind(&lock)
-            .execute(&mut *conn)
-            .await
-            .store(&doing);
+        let released = release_named_lock(&mut conn, &lock, &doing).await;
         outcome?;
-        released.map(|_| ())
+        released
     }
 
     async fn migrate_locked(&self, conn: &mut MySqlConnection, doing: &str) -> Result<()> {

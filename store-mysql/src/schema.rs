@@ -113,53 +113,95 @@ pub(crate) async fn migrate(
     t: &Tables,
     lock_timeout_secs: u32,
 ) -> Result<()> {
+    let lock = take_named_lock(
+        conn,
+        "watukuy-migrate",
+        &t.prefix,
+        lock_timeout_secs,
+        "migrate",
+    )
+    .await?;
+    let outcome = apply(conn, t).await;
+    let released = release_named_lock(conn, &lock, "migrate").await;
+    outcome?;
+    released
+}
+
+/// A server-wide named lock (`GET_LOCK`), as [`take_named_lock`] took it.
+/// Its name is `<family>:<SHA1(database/name)>`: lock names are server-wide and at most 64
+/// characters.
+pub(crate) struct NamedLock {
+    family: String,
+    /// `database/name`.
+    shown: String,
+}
+
+/// Takes the named lock of `name` in `conn`'s database under `family` (waiting up to
+/// `timeout_secs`); `doing` starts every error message. A `Config` error when the pool's URL
+/// names no database, a transient `Busy` store error when another process held the lock too
+/// long.
+pub(crate) async fn take_named_lock(
+    conn: &mut MySqlConnection,
+    family: &str,
+    name: &str,
+    timeout_secs: u32,
+    doing: &str,
+) -> Result<NamedLock> {
     let database: Option<String> = sqlx::query_scalar("SELECT DATABASE()")
         .fetch_one(&mut *conn)
         .await
-        .store("migrate: read the current database")?;
+        .store(&format!("{doing}: read the current database"))?;
     let Some(database) = database else {
         return Err(Error::config(
             "url",
             "the MySQL URL names no database (mysql://user@host/<database>)",
         ));
     };
-    // Lock names are server-wide and at most 64 characters: the database and the prefix, hashed.
-    let lock = format!("{database}/{}", t.prefix);
-    let got: Option<i64> =
-        sqlx::query_scalar("SELECT GET_LOCK(CONCAT('watukuy-migrate:', SHA1(?)), ?)")
-            .bind(&lock)
-            .bind(lock_timeout_secs)
-            .fetch_one(&mut *conn)
-            .await
-            .store("migrate: take the migration lock")?;
+    let shown = format!("{database}/{name}");
+    let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(CONCAT(?, ':', SHA1(?)), ?)")
+        .bind(family)
+        .bind(&shown)
+        .bind(timeout_secs)
+        .fetch_one(&mut *conn)
+        .await
+        .store(&format!("{doing}: take the migration lock"))?;
     match got {
-        Some(1) => {}
-        Some(_) => {
-            return Err(Error::store(
-                StoreErrorKind::Busy,
-                true,
-                format!(
-                    "migrate: another process held the migration lock of {lock} for more than \
-                     {lock_timeout_secs} s"
-                ),
-            ));
-        }
-        None => {
-            return Err(Error::store(
-                StoreErrorKind::Other,
-                false,
-                format!("migrate: GET_LOCK failed for the migration lock of {lock}"),
-            ));
-        }
+        Some(1) => Ok(NamedLock {
+            family: family.to_owned(),
+            shown,
+        }),
+        Some(_) => Err(Error::store(
+            StoreErrorKind::Busy,
+            true,
+            format!(
+                "{doing}: another process held the migration lock of {shown} for more than \
+                 {timeout_secs} s"
+            ),
+        )),
+        None => Err(Error::store(
+            StoreErrorKind::Other,
+            false,
+            format!("{doing}: GET_LOCK failed for the migration lock of {shown}"),
+        )),
     }
-    let outcome = apply(conn, t).await;
-    let released = sqlx::query("SELECT RELEASE_LOCK(CONCAT('watukuy-migrate:', SHA1(?)))")
-        .bind(&lock)
+}
+
+/// Releases a lock [`take_named_lock`] took on `conn`.
+pub(crate) async fn release_named_lock(
+    conn: &mut MySqlConnection,
+    lock: &NamedLock,
+    doing: &str,
+) -> Result<()> {
+    sqlx::query("SELECT RELEASE_LOCK(CONCAT(?, ':', SHA1(?)))")
+        .bind(&lock.family)
+        .bind(&lock.shown)
         .execute(&mut *conn)
         .await
-        .store("migrate: release the migration lock");
-    outcome?;
-    released.map(|_| ())
+        .store(&format!(
+            "{doing}: release the migration lock of {}",
+            lock.shown
+        ))
+        .map(|_| ())
 }
 
 async fn apply(conn: &mut MySqlConnection, t: &Tables) -> Result<()> {
