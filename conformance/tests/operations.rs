@@ -1886,31 +1886,46 @@ fn counted_tenants(
         .unwrap()
 }
 
+/// A daemon on tokio's paused clock running 12 [`counted_tenants`] (each fetch in flight for
+/// `hold`), `max` keys at once, started: the engine, its clock, the most fetches seen in flight
+/// at once, and the fetches per partition.
+#[allow(clippy::type_complexity)]
+async fn tenant_daemon(
+    store: Arc<dyn Store>,
+    hold: Duration,
+    max: usize,
+) -> (
+    Engine,
+    TokioClock,
+    Arc<std::sync::atomic::AtomicUsize>,
+    Arc<Mutex<HashMap<String, usize>>>,
+) {
+    use std::sync::atomic::AtomicUsize;
+    let clock = TokioClock::starting_at(T0);
+    let (in_flight, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let fetched = Arc::new(Mutex::new(HashMap::new()));
+    let engine = Engine::builder(store)
+        .poller(counted_tenants(
+            12, hold, &clock, &in_flight, &most, &fetched,
+        ))
+        .clock(Arc::new(clock.clone()))
+        .rng(Arc::new(SeededRng::new(5)))
+        .max_concurrent_keys(max)
+        .build()
+        .unwrap();
+    engine.start().await.unwrap();
+    (engine, clock, most, fetched)
+}
+
 /// The daemon runs at most `max_concurrent_keys` keys at once, and every partition gets its
 /// turn; a trigger of one tenant wakes that tenant alone: it is polled at once, and the daemon
 /// reads no other key's state for it.
 #[tokio::test(start_paused = true)]
 async fn the_daemon_runs_a_bounded_number_of_keys_and_a_trigger_wakes_one() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let clock = TokioClock::starting_at(T0);
-    let (in_flight, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let fetched = Arc::new(Mutex::new(HashMap::new()));
+    use std::sync::atomic::Ordering;
     let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new())));
-    let engine = Engine::builder(store.clone())
-        .poller(counted_tenants(
-            12,
-            Duration::from_secs(1),
-            &clock,
-            &in_flight,
-            &most,
-            &fetched,
-        ))
-        .clock(Arc::new(clock.clone()))
-        .rng(Arc::new(SeededRng::new(5)))
-        .max_concurrent_keys(3)
-        .build()
-        .unwrap();
-    engine.start().await.unwrap();
+    let (engine, clock, most, fetched) =
+        tenant_daemon(store.clone(), Duration::from_secs(1), 3).await;
     assert!(run_until(&clock, 60, || lock(&fetched).len() == 12).await);
     assert_eq!(most.load(Ordering::SeqCst), 3, "keys in flight at once");
     // Idle until every key's first run is over and none is due (min interval 60 s).
@@ -1948,25 +1963,7 @@ async fn the_daemon_runs_a_bounded_number_of_keys_and_a_trigger_wakes_one() {
 /// otherwise due behind every other one, is polled as soon as the poll in flight ends.
 #[tokio::test(start_paused = true)]
 async fn a_trigger_goes_before_the_backlog() {
-    use std::sync::atomic::AtomicUsize;
-    let clock = TokioClock::starting_at(T0);
-    let (in_flight, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let fetched: Arc<Mutex<HashMap<String, usize>>> = Arc::new(Mutex::new(HashMap::new()));
-    let engine = Engine::builder(memory())
-        .poller(counted_tenants(
-            12,
-            Duration::from_secs(10),
-            &clock,
-            &in_flight,
-            &most,
-            &fetched,
-        ))
-        .clock(Arc::new(clock.clone()))
-        .rng(Arc::new(SeededRng::new(5)))
-        .max_concurrent_keys(1)
-        .build()
-        .unwrap();
-    engine.start().await.unwrap();
+    let (engine, clock, _, fetched) = tenant_daemon(memory(), Duration::from_secs(10), 1).await;
     // Two minutes in, every tenant ran once and the daemon works through an overdue backlog
     // (the last one's poll started; 15 s later it ended and the next one is in flight).
     assert!(run_until(&clock, 200, || lock(&fetched).len() == 12).await);
