@@ -28,9 +28,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use watukuy_core::{
-    Capabilities, CommitBatch, Error, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent, OutboxRow,
-    PKey, ParkedAction, ParkedQuery, ParkedRow, PollerState, Result, SerializedError, StatePatch,
-    Store, StoreErrorKind, Validator,
+    Capabilities, Claim, CommitBatch, Error, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent,
+    OutboxRow, PKey, ParkedAction, ParkedQuery, ParkedRow, PollerState, Result, SerializedError,
+    StatePatch, Store, StoreErrorKind, Validator,
 };
 
 /// A store operation that can fail on purpose.
@@ -63,6 +63,11 @@ pub enum Op {
     Counts,
     /// `load_versions`.
     LoadVersions,
+    /// `claim`.
+    Claim,
+    /// `stream_identities`: counted once per batch it yields (each one is a read of the
+    /// store); never failed on purpose.
+    StreamIdentities,
 }
 
 /// Whether an injected failure happens before the call reaches the store (nothing written) or
@@ -78,10 +83,10 @@ pub enum Timing {
 /// The kill points K1–K7: where a process dies (`docs/guarantees.md` lists them under G9).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum KillPoint {
-    /// K1 `before-acquire`: `acquire_lease` fails before touching the store (nothing happened).
+    /// K1 `before-acquire`: a run's `claim` fails before touching the store (nothing happened).
     BeforeAcquire,
-    /// K2 `after-fetch`: `commit_poll` fails before delegating (the page is fetched again; no
-    /// cursor move, no events).
+    /// K2 `after-fetch`: a page was fetched and its first store read (`load_versions` of its
+    /// items) fails, before its commit (the page is fetched again; no cursor move, no events).
     AfterFetch,
     /// K3 `after-commit`: `commit_poll` succeeds, then fails (the next run drains the outbox
     /// first, with the same ids).
@@ -149,8 +154,8 @@ impl KillPoint {
     /// The store call and timing where the kill fires (`None` for `handler`).
     pub fn site(self) -> Option<(Op, Timing)> {
         match self {
-            KillPoint::BeforeAcquire => Some((Op::AcquireLease, Timing::Before)),
-            KillPoint::AfterFetch => Some((Op::CommitPoll, Timing::Before)),
+            KillPoint::BeforeAcquire => Some((Op::Claim, Timing::Before)),
+            KillPoint::AfterFetch => Some((Op::LoadVersions, Timing::Before)),
             KillPoint::AfterCommit => Some((Op::CommitPoll, Timing::After)),
             KillPoint::MidDispatch => Some((Op::AckEvents, Timing::After)),
             KillPoint::BeforeAck => Some((Op::AckEvents, Timing::Before)),
@@ -642,15 +647,20 @@ impl<S: Store + ?Sized> FaultyStore<S> {
 
     /// Counts the call, fails it if the instance is dead, and applies a `Before` fault or kill.
     fn before(&self, op: Op) -> Result<()> {
+        self.count(op);
+        self.alive()?;
+        self.take(op, Timing::Before)?;
+        self.fire(op, Timing::Before)
+    }
+
+    /// Counts one call of `op`.
+    fn count(&self, op: Op) {
         *self
             .calls
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .entry(op)
             .or_default() += 1;
-        self.alive()?;
-        self.take(op, Timing::Before)?;
-        self.fire(op, Timing::Before)
     }
 
     /// Applies an `After` fault or kill to a successful result.
@@ -710,6 +720,23 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
             self.probe(audit, key, &superseded, "a superseded").await;
         }
         self.after(Op::AcquireLease, result)
+    }
+
+    async fn claim(
+        &self,
+        key: &PKey,
+        owner: &str,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<Option<Claim>> {
+        self.before(Op::Claim)?;
+        let result = self.inner.claim(key, owner, ttl_ms, now_ms).await;
+        if let (Some(audit), Ok(Some(claim))) = (&self.audit, &result)
+            && let Some(superseded) = audit.acquired(key, &claim.lease, now_ms)
+        {
+            self.probe(audit, key, &superseded, "a superseded").await;
+        }
+        self.after(Op::Claim, result)
     }
 
     async fn renew_lease(
@@ -802,6 +829,7 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
                     return Some((Err(error), None));
                 }
                 let batch = futures::StreamExt::next(&mut inner).await?;
+                self.count(Op::StreamIdentities);
                 Some((batch, Some(inner)))
             },
         ))

@@ -53,6 +53,11 @@ macro_rules! for_each_case {
                 get_lease_is_none_then_holder,
                 epochs_survive_delete_key,
             }
+            claims {
+                claim_takes_the_lease_and_reads_state_and_outbox,
+                claim_is_refused_while_another_owner_holds_the_lease,
+                claim_sees_the_superseded_holders_last_write,
+            }
             fencing {
                 save_state_rejects_stale_lease,
                 commit_poll_rejects_stale_lease,

@@ -43,8 +43,8 @@ pub use hooks::{HookContext, Hooks};
 pub use json::Json;
 pub use model::FailureDetails;
 pub use model::{
-    Capabilities, Circuit, CommitBatch, EventCounts, ItemRow, KeyCounts, Lane, LaneCursor, Lanes,
-    Lease, LogQuery, LoggedEvent, OutboxRow, OutboxStatus, PKey, ParkedAction, ParkedError,
+    Capabilities, Circuit, Claim, CommitBatch, EventCounts, ItemRow, KeyCounts, Lane, LaneCursor,
+    Lanes, Lease, LogQuery, LoggedEvent, OutboxRow, OutboxStatus, PKey, ParkedAction, ParkedError,
     ParkedKind, ParkedQuery, ParkedRow, PollSummary, PollerState, RateLimitInfo, RateLimitSource,
     ScheduleState, SerializedError, StatePatch, UrlValidator, ValidationIssue, Validator,
 };

@@ -23,8 +23,9 @@ use futures::stream::BoxStream;
 
 use crate::error::Result;
 use crate::model::{
-    Capabilities, CommitBatch, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent, OutboxRow, PKey,
-    ParkedAction, ParkedQuery, ParkedRow, PollerState, SerializedError, StatePatch, Validator,
+    Capabilities, Claim, CommitBatch, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent, OutboxRow,
+    PKey, ParkedAction, ParkedQuery, ParkedRow, PollerState, SerializedError, StatePatch,
+    Validator,
 };
 
 /// The default batch size of [`Store::stream_identities`].
@@ -89,6 +90,36 @@ pub trait Store: Send + Sync + 'static {
         ttl_ms: i64,
         now_ms: i64,
     ) -> Result<Option<Lease>>;
+
+    /// Takes the lease like [`acquire_lease`](Self::acquire_lease) and then reads what a run
+    /// needs to begin: the key's state and whether its outbox holds a pending row. Every run of
+    /// the engine starts here. Provided: `acquire_lease`, then `load_state` and
+    /// `load_pending(key, 1)`, three calls; a store overrides it to do the same in one round
+    /// trip where it can.
+    ///
+    /// **Contract**
+    /// 1. Takes the lease exactly as `acquire_lease` would (the same epoch counter), and returns
+    ///    the state and pending flag `load_state` and `load_pending` give right after it
+    ///    (`claims::claim_takes_the_lease_and_reads_state_and_outbox`).
+    /// 2. Returns `None`, changing nothing, while another owner's lease is unexpired
+    ///    (`claims::claim_is_refused_while_another_owner_holds_the_lease`).
+    /// 3. The reads happen after the acquisition: they see every write committed before the
+    ///    lease was taken, in particular the last fenced write of the holder it superseded
+    ///    (`claims::claim_sees_the_superseded_holders_last_write`).
+    async fn claim(
+        &self,
+        key: &PKey,
+        owner: &str,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<Option<Claim>> {
+        let Some(lease) = self.acquire_lease(key, owner, ttl_ms, now_ms).await? else {
+            return Ok(None);
+        };
+        let state = self.load_state(key).await?;
+        let pending = !self.load_pending(key, 1).await?.is_empty();
+        Ok(Some(Claim::new(lease, state, pending)))
+    }
 
     /// Extends the caller's lease to `now_ms + ttl_ms` if it is still the current one.
     ///

@@ -4,6 +4,7 @@
 pub mod fixtures;
 
 pub mod chaos;
+pub mod claims;
 pub mod commit_poll;
 pub mod engine;
 pub mod fencing;

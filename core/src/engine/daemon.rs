@@ -10,21 +10,26 @@ use std::collections::BinaryHeap;
 use super::*;
 
 impl Inner {
-    /// When a key should next run, from its state and a run's outcome.
-    pub(super) async fn next_due(&self, rt: &Runtime, key: &PKey, retry_at: Option<i64>) -> i64 {
-        let now = self.now();
-        let state = match self.shared.store.load_state(key).await {
-            Ok(state) => state,
+    /// When a key should next run, from its stored state.
+    pub(super) async fn next_due(&self, rt: &Runtime, key: &PKey) -> i64 {
+        match self.shared.store.load_state(key).await {
+            Ok(state) => self.due_from(rt, state.as_ref(), None),
             Err(error) => {
                 tracing::warn!(%key, %error, "loading state failed; retrying after schedule.min");
-                return now.saturating_add(duration_ms(rt.def.schedule.min));
+                self.now().saturating_add(duration_ms(rt.def.schedule.min))
             }
-        };
+        }
+    }
+
+    /// When a key should next run, from its state (`None`: never saved, due now) and the retry
+    /// time of its earliest waiting event.
+    fn due_from(&self, rt: &Runtime, state: Option<&PollerState>, retry_at: Option<i64>) -> i64 {
+        let now = self.now();
         let Some(state) = state else { return now };
         if state.paused {
             return now.saturating_add(duration_ms(MAX_SLEEP));
         }
-        let due = schedule::key_due_at(&rt.def, &state, now);
+        let due = schedule::key_due_at(&rt.def, state, now);
         let retry = if rt.dispatcher.has_consumer() {
             retry_at
         } else {
@@ -302,7 +307,7 @@ async fn reread(inner: &Inner, id: &KeyId) -> i64 {
         return i64::MAX;
     };
     inner
-        .next_due(rt, &PKey::new(id.0.as_str(), id.1.as_str()), None)
+        .next_due(rt, &PKey::new(id.0.as_str(), id.1.as_str()))
         .await
 }
 
@@ -319,6 +324,8 @@ async fn run_one(
     let key = PKey::new(name, partition.key.clone());
     let options = RunOptions {
         force: false,
+        // The schedule says the key is due: the run starts with its claim.
+        precheck: false,
         deadline_ms: None,
         cancel,
     };
@@ -327,10 +334,15 @@ async fn run_one(
     match outcome {
         Ok(KeyOutcome::Leased) => now.saturating_add((inner.shared.lease_ttl_ms / 2).max(1_000)),
         Ok(KeyOutcome::Paused) => now.saturating_add(duration_ms(MAX_SLEEP)),
-        Ok(KeyOutcome::Ran(report)) => inner.next_due(rt, &key, report.next_retry_at).await,
-        Ok(KeyOutcome::NotDue | KeyOutcome::LeaseLost | KeyOutcome::Aborted) => {
-            inner.next_due(rt, &key, None).await
-        }
+        // The run's own state says when: no read.
+        Ok(KeyOutcome::Ran(runner::RunReport {
+            state: Some(state),
+            next_retry_at,
+            ..
+        })) => inner.due_from(rt, Some(&state), next_retry_at),
+        Ok(
+            KeyOutcome::Ran(_) | KeyOutcome::NotDue | KeyOutcome::LeaseLost | KeyOutcome::Aborted,
+        ) => inner.next_due(rt, &key).await,
         Err(error) => {
             tracing::warn!(%key, %error, "run failed; retrying after schedule.min");
             now.saturating_add(duration_ms(rt.def.schedule.min))

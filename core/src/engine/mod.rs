@@ -338,6 +338,7 @@ impl Engine {
                     let key = partition.key.clone();
                     let options = RunOptions {
                         force: false,
+                        precheck: true,
                         deadline_ms: deadline,
                         cancel,
                     };

@@ -39,6 +39,30 @@ pub struct Lease {
     pub expires_at: i64,
 }
 
+/// What [`Store::claim`](crate::Store::claim) returns: the lease taken, and what a run needs to
+/// begin, read after the lease was taken.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Claim {
+    /// The lease taken.
+    pub lease: Lease,
+    /// The key's state, `None` if it was never saved.
+    pub state: Option<PollerState>,
+    /// Whether the key's outbox holds at least one pending row.
+    pub pending: bool,
+}
+
+impl Claim {
+    /// A claim of `lease` that read `state` and `pending`.
+    pub fn new(lease: Lease, state: Option<PollerState>, pending: bool) -> Self {
+        Self {
+            lease,
+            state,
+            pending,
+        }
+    }
+}
+
 /// The lane an event was produced on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -188,20 +188,33 @@ impl Run<'_> {
         self.save_bookkeeping(cycle, &patch).await
     }
 
-    /// Saves a cycle's bookkeeping (fenced); a failure other than a lost lease is reported and
-    /// the previous value stays.
+    /// Saves a cycle's bookkeeping (fenced), with the lanes a skipped commit left unsaved; a
+    /// failure other than a lost lease is reported and the previous value stays.
     pub(super) async fn save_bookkeeping(
         &self,
-        cycle: &Cycle,
+        cycle: &mut Cycle,
         patch: &StatePatch,
     ) -> Result<(), CycleError> {
+        let carried;
+        let patch = if cycle.unsaved_lanes && patch.lanes.is_none() {
+            carried = StatePatch {
+                lanes: Some(cycle.state.lanes.clone()),
+                ..patch.clone()
+            };
+            &carried
+        } else {
+            patch
+        };
         match self
             .shared
             .store
             .save_state(&self.key, &self.lease, patch)
             .await
         {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                cycle.unsaved_lanes = false;
+                Ok(())
+            }
             Err(Error::LeaseLost { epoch, .. }) => Err(CycleError::LeaseLost(epoch)),
             Err(error) => {
                 tracing::warn!(key = %self.key, %error, "saving the cycle's bookkeeping failed; the previous state stays");

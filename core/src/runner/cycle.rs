@@ -301,6 +301,18 @@ pub(super) struct Processed {
     pub(super) suspects: Option<Vec<String>>,
 }
 
+impl Processed {
+    /// Nothing for the store: no row, event, parked item, validator or suspect change.
+    pub(super) fn writes_nothing(&self) -> bool {
+        self.upserts.is_empty()
+            && self.deletes.is_empty()
+            && self.events.is_empty()
+            && self.quarantined.is_empty()
+            && self.validators.is_empty()
+            && self.suspects.is_none()
+    }
+}
+
 /// How one page step of a cycle ended.
 pub(super) enum PageStep {
     /// No page was fetched: the cycle was truncated, or the stream of pages ended.
@@ -330,6 +342,9 @@ pub(super) struct Cycle {
     /// The W3C traceparent stamped on this cycle's events.
     pub(super) traceparent: Option<String>,
     pub(super) state: PollerState,
+    /// `state.lanes` moved past what the store holds (a page that changed nothing skipped its
+    /// commit): the next state write carries them.
+    pub(super) unsaved_lanes: bool,
     pub(super) schedule: ScheduleState,
     pub(super) sequence: i64,
     pub(super) cursor: Option<Cursor>,
@@ -359,6 +374,7 @@ impl Cycle {
             traceparent: None,
             sequence: state.sequence,
             state,
+            unsaved_lanes: false,
             schedule,
             cursor: None,
             pages: 0,

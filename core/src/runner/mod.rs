@@ -22,9 +22,9 @@ use crate::full_scan::FullScan;
 use crate::hooks::{CommitInfo, FetchInfo, HookContext, Hooks, Phase};
 use crate::json::Json;
 use crate::model::{
-    CommitBatch, EventCounts, ItemRow, Lane, LaneCursor, Lease, OutboxRow, PKey, ParkedError,
-    ParkedKind, ParkedRow, PollSummary, PollerState, RateLimitInfo, ScheduleState, SerializedError,
-    StatePatch,
+    Claim, CommitBatch, EventCounts, ItemRow, Lane, LaneCursor, Lease, OutboxRow, PKey,
+    ParkedError, ParkedKind, ParkedRow, PollSummary, PollerState, RateLimitInfo, ScheduleState,
+    SerializedError, StatePatch,
 };
 use crate::poller::{DeleteConfirmation, FetchSource, OnInvalid, PollerDef, Prepared, Retain};
 use crate::rng::Rng;
@@ -112,12 +112,18 @@ pub(crate) struct RunReport {
     pub(crate) polled: Vec<PollResult>,
     pub(crate) delivered: u64,
     pub(crate) next_retry_at: Option<i64>,
+    /// The key's state after the run, as this run left it.
+    pub(crate) state: Option<PollerState>,
 }
 
 /// Options of one run.
 pub(crate) struct RunOptions {
     /// Run the live lane even if not due (`trigger`).
     pub(crate) force: bool,
+    /// Read the state (and, when no poll is due, whether the outbox holds rows) before taking
+    /// the lease, and skip a key with nothing to do; `false` where the caller knows the key is
+    /// due (the daemon's schedule), so the run starts with its claim.
+    pub(crate) precheck: bool,
     /// Stop fetching new pages at this time (tick deadline); a running page finishes.
     pub(crate) deadline_ms: Option<i64>,
     /// Fires on stop without drain.
@@ -170,26 +176,35 @@ pub(crate) async fn run_key(
 ) -> Result<KeyOutcome> {
     let key = PKey::new(rt.def.name.clone(), partition.key.clone());
     let now = shared.clock.now_ms();
-    let state = shared.store.load_state(&key).await?;
-    if state.as_ref().is_some_and(|s| s.paused) {
-        return Ok(KeyOutcome::Paused);
+    if options.precheck {
+        // Read-only: a key with nothing to do costs no lease write.
+        let state = shared.store.load_state(&key).await?;
+        if state.as_ref().is_some_and(|s| s.paused) {
+            return Ok(KeyOutcome::Paused);
+        }
+        let live_due = options.force
+            || state
+                .as_ref()
+                .is_none_or(|s| schedule::key_due(&rt.def, s, now));
+        let drain_due = !live_due
+            && rt.dispatcher.has_consumer()
+            && !shared.store.load_pending(&key, 1).await?.is_empty();
+        if !live_due && !drain_due {
+            return Ok(KeyOutcome::NotDue);
+        }
     }
-    let live_due = options.force
-        || state
-            .as_ref()
-            .is_none_or(|s| schedule::key_due(&rt.def, s, now));
-    let has_consumer = rt.dispatcher.has_consumer();
-    let drain_due = has_consumer && !shared.store.load_pending(&key, 1).await?.is_empty();
-    if !live_due && !drain_due {
-        return Ok(KeyOutcome::NotDue);
-    }
-    let Some(lease) = shared
+    let Some(claim) = shared
         .store
-        .acquire_lease(&key, &shared.instance_id, shared.lease_ttl_ms, now)
+        .claim(&key, &shared.instance_id, shared.lease_ttl_ms, now)
         .await?
     else {
         return Ok(KeyOutcome::Leased);
     };
+    let Claim {
+        lease,
+        state,
+        pending,
+    } = claim;
     let hook = HookContext {
         poller: SmolStr::new(&key.poller),
         partition: SmolStr::new(&key.partition),
@@ -213,7 +228,7 @@ pub(crate) async fn run_key(
         hook,
         deadline_ms: options.deadline_ms,
     };
-    let outcome = run.execute(options.force).await;
+    let outcome = run.execute(options.force, state, pending).await;
     let Run {
         key,
         lease,
@@ -246,9 +261,15 @@ impl Run<'_> {
         self.keeper.lost.is_cancelled()
     }
 
-    async fn execute(&self, force: bool) -> Result<KeyOutcome> {
-        // Re-read under the lease: this read is authoritative.
-        let state = match self.shared.store.load_state(&self.key).await? {
+    /// The run proper, from the state and pending flag its claim read under the lease (that
+    /// read is authoritative).
+    async fn execute(
+        &self,
+        force: bool,
+        state: Option<PollerState>,
+        pending: bool,
+    ) -> Result<KeyOutcome> {
+        let state = match state {
             Some(state) if state.paused => return Ok(KeyOutcome::Paused),
             Some(state) => state,
             None => {
@@ -261,23 +282,27 @@ impl Run<'_> {
         let mut report = RunReport::default();
         let mut schedule = state.schedule.clone();
         // Drain the outbox first: events committed by a crashed run go out before new ones.
-        match self.drain().await {
-            Ok(drained) => {
-                report.delivered += drained.delivered;
-                report.next_retry_at = drained.next_retry_at;
-                if drained.halted {
-                    schedule = self.halt(&schedule).await?;
+        if pending {
+            match self.drain().await {
+                Ok(drained) => {
+                    report.delivered += drained.delivered;
+                    report.next_retry_at = drained.next_retry_at;
+                    if drained.halted {
+                        schedule = self.halt(&schedule).await?;
+                    }
+                    if drained.aborted && self.cancel.is_cancelled() {
+                        return Ok(if self.lease_lost() {
+                            KeyOutcome::LeaseLost
+                        } else {
+                            KeyOutcome::Aborted
+                        });
+                    }
                 }
-                if drained.aborted && self.cancel.is_cancelled() {
-                    return Ok(if self.lease_lost() {
-                        KeyOutcome::LeaseLost
-                    } else {
-                        KeyOutcome::Aborted
-                    });
+                Err(Error::LeaseLost { epoch, .. }) => {
+                    return Ok(self.on_lease_lost(epoch).await);
                 }
+                Err(error) => return Err(error),
             }
-            Err(Error::LeaseLost { epoch, .. }) => return Ok(self.on_lease_lost(epoch).await),
-            Err(error) => return Err(error),
         }
         let mut state = PollerState { schedule, ..state };
         let def = &self.rt.def;
@@ -348,7 +373,7 @@ impl Run<'_> {
                 Err(outcome) => return Ok(outcome),
             };
         }
-        let _ = state;
+        report.state = Some(state);
         // Log retention is enforced once per run, while holding the key.
         if let Some(retention) = def.log_retention {
             let cutoff = self

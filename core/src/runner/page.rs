@@ -153,6 +153,7 @@ impl Run<'_> {
             .save_state(&self.key, &self.lease, &patch)
             .await?;
         cycle.state.lanes = lanes;
+        cycle.unsaved_lanes = false;
         cycle.cursor = Some(complete);
         Ok(())
     }
@@ -165,6 +166,8 @@ impl Run<'_> {
         processed: Processed,
     ) -> Result<usize, CycleError> {
         let now = self.now();
+        let quiet = processed.writes_nothing()
+            && cycle.state.schema_version == Some(self.rt.def.schema_version);
         let mut lanes = cycle.state.lanes.clone();
         let slot = lanes
             .slot(cycle.spec.lane)
@@ -176,6 +179,14 @@ impl Run<'_> {
             slot.suspects = Some(suspects).filter(|s| !s.is_empty());
         }
         let events = processed.events.len();
+        if quiet {
+            // A page that changed nothing (the idle poll) costs no commit: its cursor rides
+            // with the cycle's next write, at the latest its bookkeeping. A crash before that
+            // fetches the page again, which changes nothing again.
+            cycle.state.lanes = lanes;
+            cycle.unsaved_lanes = true;
+            return Ok(0);
+        }
         let batch = CommitBatch {
             state_patch: StatePatch {
                 lanes: Some(lanes.clone()),
@@ -223,6 +234,7 @@ impl Run<'_> {
             }
         }
         cycle.state.lanes = lanes;
+        cycle.unsaved_lanes = false;
         // Counted only now: a failed commit leaves the cycle's counts describing nothing of it.
         for row in &batch.events {
             match row.event.event_type {

@@ -363,11 +363,14 @@ impl Run<'_> {
             scan.list(prepared.listed).await?;
         }
         let identities: Vec<String> = prepared.valid.iter().map(|(id, _)| id.clone()).collect();
-        let stored = self
-            .shared
-            .store
-            .load_versions(&self.key, &identities)
-            .await?;
+        let stored = if identities.is_empty() {
+            Default::default()
+        } else {
+            self.shared
+                .store
+                .load_versions(&self.key, &identities)
+                .await?
+        };
         let advance = prepared.advance;
         let cursor_json = Json::parse(&strategy.serialize(&advance.cursor)).ok();
         let mut sequence = cycle.sequence;
