@@ -91,8 +91,12 @@ pub async fn inspect_key(
     initial: PollerState,
     lag: impl Fn(&str, i64) -> Option<i64>,
 ) -> Result<KeyInspect> {
-    let state = state_or(store, key, initial).await?;
-    let counts = store.counts(key).await?;
+    // Three independent reads, in flight together.
+    let (state, counts, lease) = futures::try_join!(
+        state_or(store, key, initial),
+        store.counts(key),
+        store.get_lease(key)
+    )?;
     let text = |lane: Option<&LaneCursor>| lane.and_then(|l| l.cursor.clone());
     let live = text(state.lanes.live.as_ref());
     let lag_ms = live.as_deref().and_then(|text| lag(text, now));
@@ -100,7 +104,7 @@ pub async fn inspect_key(
         poller: key.poller.clone(),
         partition: key.partition.clone(),
         paused: state.paused,
-        lease: store.get_lease(key).await?,
+        lease,
         cursors: LaneCursors {
             live: parsed(live),
             reconcile: parsed(text(state.lanes.reconcile.as_ref())),

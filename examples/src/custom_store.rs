@@ -22,9 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use watukuy_core::{
-    Capabilities, CommitBatch, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent, OutboxRow, PKey,
-    ParkedAction, ParkedQuery, ParkedRow, PollerState, Result, SerializedError, StatePatch, Store,
-    Validator,
+    Capabilities, Claim, CommitBatch, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent, OutboxRow,
+    PKey, ParkedAction, ParkedQuery, ParkedRow, PollerState, Result, SerializedError, StatePatch,
+    Store, Validator,
 };
 
 /// A store that forwards every call to `inner` and counts them.
@@ -83,6 +83,16 @@ impl Store for CountingStore {
         now_ms: i64,
     ) -> Result<Option<Lease>> {
         self.count().acquire_lease(key, owner, ttl_ms, now_ms).await
+    }
+
+    async fn claim(
+        &self,
+        key: &PKey,
+        owner: &str,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<Option<Claim>> {
+        self.count().claim(key, owner, ttl_ms, now_ms).await
     }
 
     async fn renew_lease(

@@ -6,9 +6,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use async_trait::async_trait;
 use futures::stream::{self, BoxStream, StreamExt};
 use watukuy_core::{
-    Capabilities, CommitBatch, Error, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent, OutboxRow,
-    OutboxStatus, PKey, ParkedAction, ParkedKind, ParkedQuery, ParkedRow, PollerState, Result,
-    SerializedError, SmolStr, StatePatch, Store, Validator,
+    Capabilities, Claim, CommitBatch, Error, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent,
+    OutboxRow, OutboxStatus, PKey, ParkedAction, ParkedKind, ParkedQuery, ParkedRow, PollerState,
+    Result, SerializedError, SmolStr, StatePatch, Store, Validator,
 };
 
 /// Everything stored for one key.
@@ -126,6 +126,37 @@ impl MemoryStore {
         self.lock().records.get(key).map_or(default, f)
     }
 
+    /// Takes the lease of `key` for `owner` unless another owner holds an unexpired one, and
+    /// reads `f` of the record under the same lock.
+    fn take_lease<T>(
+        &self,
+        key: &PKey,
+        owner: &str,
+        ttl_ms: i64,
+        now_ms: i64,
+        f: impl FnOnce(&Record) -> T,
+    ) -> Option<(Lease, T)> {
+        let mut inner = self.lock();
+        let Inner { records, epochs } = &mut *inner;
+        let record = records.entry(key.clone()).or_default();
+        let free = match &record.lease {
+            None => true,
+            Some(held) => held.owner == owner || held.expires_at <= now_ms,
+        };
+        if !free {
+            return None;
+        }
+        let epoch = epochs.entry(key.clone()).or_insert(0);
+        *epoch += 1;
+        let lease = Lease {
+            owner: owner.to_owned(),
+            epoch: *epoch,
+            expires_at: now_ms.saturating_add(ttl_ms),
+        };
+        record.lease = Some(lease.clone());
+        Some((lease, f(record)))
+    }
+
     /// Checks the fence and, only if it passes, applies `f` to the record.
     fn fenced<T>(&self, key: &PKey, lease: &Lease, f: impl FnOnce(&mut Record) -> T) -> Result<T> {
         let mut inner = self.lock();
@@ -156,25 +187,22 @@ impl Store for MemoryStore {
         ttl_ms: i64,
         now_ms: i64,
     ) -> Result<Option<Lease>> {
-        let mut inner = self.lock();
-        let Inner { records, epochs } = &mut *inner;
-        let record = records.entry(key.clone()).or_default();
-        let free = match &record.lease {
-            None => true,
-            Some(held) => held.owner == owner || held.expires_at <= now_ms,
-        };
-        if !free {
-            return Ok(None);
-        }
-        let epoch = epochs.entry(key.clone()).or_insert(0);
-        *epoch += 1;
-        let lease = Lease {
-            owner: owner.to_owned(),
-            epoch: *epoch,
-            expires_at: now_ms.saturating_add(ttl_ms),
-        };
-        record.lease = Some(lease.clone());
-        Ok(Some(lease))
+        Ok(self
+            .take_lease(key, owner, ttl_ms, now_ms, |_| ())
+            .map(|(lease, ())| lease))
+    }
+
+    async fn claim(
+        &self,
+        key: &PKey,
+        owner: &str,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<Option<Claim>> {
+        let claimed = self.take_lease(key, owner, ttl_ms, now_ms, |record| {
+            (record.state.clone(), !record.pending(1).is_empty())
+        });
+        Ok(claimed.map(|(lease, (state, pending))| Claim::new(lease, state, pending)))
     }
 
     async fn renew_lease(

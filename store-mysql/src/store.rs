@@ -8,9 +8,10 @@ use futures::stream::BoxStream;
 use sqlx::mysql::MySql;
 use sqlx::{Executor, MySqlConnection, MySqlPool, Transaction};
 use watukuy_core::{
-    Capabilities, CommitBatch, Error, Event, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent,
-    OutboxRow, OutboxStatus, PKey, ParkedAction, ParkedKind, ParkedQuery, ParkedRow, PollerState,
-    Result, SerializedError, StatePatch, Store, StoreErrorKind, UrlValidator, Validator,
+    Capabilities, Claim, CommitBatch, Error, Event, ItemRow, KeyCounts, Lease, LogQuery,
+    LoggedEvent, OutboxRow, OutboxStatus, PKey, ParkedAction, ParkedKind, ParkedQuery, ParkedRow,
+    PollerState, Result, SerializedError, StatePatch, Store, StoreErrorKind, UrlValidator,
+    Validator,
 };
 
 use crate::MySqlStore;
@@ -46,6 +47,10 @@ pub(crate) async fn begin(pool: &MySqlPool, doing: &str) -> Result<Tx> {
         )),
     }
 }
+
+/// A lease taken, with what `claim` reads under it (the stored state, whether an event is
+/// pending) when asked for.
+type TakenLease = (Lease, Option<(Option<Vec<u8>>, bool)>);
 
 /// A key's row as the fence reads it.
 struct KeyRow {
@@ -98,6 +103,81 @@ impl MySqlStore {
     /// Opens a transaction on a pooled connection (see [`begin`]).
     async fn begin(&self, doing: &str) -> Result<Tx> {
         begin(&self.pool, doing).await
+    }
+
+    /// Takes the lease of `key` for `owner` in one transaction; with `read`, also reads the
+    /// key's stored state and whether its outbox holds a pending row, under the row lock (so
+    /// after any fenced write in flight committed: `READ COMMITTED` reads see it).
+    async fn take_lease(
+        &self,
+        key: &PKey,
+        owner: &str,
+        ttl_ms: i64,
+        now_ms: i64,
+        read: bool,
+    ) -> Result<Option<TakenLease>> {
+        let doing = format!("{} on {key}", if read { "claim" } else { "acquire_lease" });
+        check_len("lease owner", owner, limit::NAME)?;
+        let mut tx = self.begin(&doing).await?;
+        self.ensure_key(&mut tx, key, &doing).await?;
+        let Some(row) = self.lock_key(&mut tx, key, read, &doing).await? else {
+            return Err(Error::store(
+                StoreErrorKind::Other,
+                true,
+                format!("{doing}: the key's row vanished under its lock"),
+            ));
+        };
+        let held_by_other = row
+            .holder
+            .as_deref()
+            .is_some_and(|holder| holder != owner.as_bytes());
+        if held_by_other && row.expires_at > now_ms {
+            tx.rollback().await.store(&doing)?;
+            return Ok(None);
+        }
+        let epoch = row.epoch;
+        let epoch = epoch.checked_add(1).ok_or_else(|| {
+            Error::store(
+                StoreErrorKind::Corrupt,
+                false,
+                format!("{doing}: the epoch counter is at its maximum"),
+            )
+        })?;
+        let extra = if read {
+            let pending: bool = sqlx::query_scalar(&format!(
+                "SELECT EXISTS (SELECT 1 FROM {} WHERE poller = ? AND part = ? AND delivered = 0)",
+                self.tables.outbox
+            ))
+            .bind(key.poller.as_bytes())
+            .bind(key.partition.as_bytes())
+            .fetch_one(&mut *tx)
+            .await
+            .store(&doing)?;
+            Some((row.state, pending))
+        } else {
+            None
+        };
+        let expires_at = now_ms.saturating_add(ttl_ms);
+        sqlx::query(&format!(
+            "UPDATE {} SET holder = ?, epoch = ?, expires_at = ?, listed = 1 \
+             WHERE poller = ? AND part = ?",
+            self.tables.keys
+        ))
+        .bind(owner.as_bytes())
+        .bind(epoch)
+        .bind(expires_at)
+        .bind(key.poller.as_bytes())
+        .bind(key.partition.as_bytes())
+        .execute(&mut *tx)
+        .await
+        .store(&doing)?;
+        tx.commit().await.store(&doing)?;
+        let lease = Lease {
+            owner: owner.to_owned(),
+            epoch,
+            expires_at,
+        };
+        Ok(Some((lease, extra)))
     }
 
     /// Locks the key's row and reads its lease (and its state when `with_state`); `None` when
@@ -486,53 +566,24 @@ impl Store for MySqlStore {
         ttl_ms: i64,
         now_ms: i64,
     ) -> Result<Option<Lease>> {
-        let doing = format!("acquire_lease on {key}");
-        check_len("lease owner", owner, limit::NAME)?;
-        let mut tx = self.begin(&doing).await?;
-        self.ensure_key(&mut tx, key, &doing).await?;
-        let Some(row) = self.lock_key(&mut tx, key, false, &doing).await? else {
-            return Err(Error::store(
-                StoreErrorKind::Other,
-                true,
-                format!("{doing}: the key's row vanished under its lock"),
-            ));
-        };
-        let held_by_other = row
-            .holder
-            .as_deref()
-            .is_some_and(|holder| holder != owner.as_bytes());
-        if held_by_other && row.expires_at > now_ms {
-            tx.rollback().await.store(&doing)?;
-            return Ok(None);
-        }
-        let epoch = row.epoch;
-        let epoch = epoch.checked_add(1).ok_or_else(|| {
-            Error::store(
-                StoreErrorKind::Corrupt,
-                false,
-                format!("{doing}: the epoch counter is at its maximum"),
-            )
-        })?;
-        let expires_at = now_ms.saturating_add(ttl_ms);
-        sqlx::query(&format!(
-            "UPDATE {} SET holder = ?, epoch = ?, expires_at = ?, listed = 1 \
-             WHERE poller = ? AND part = ?",
-            self.tables.keys
-        ))
-        .bind(owner.as_bytes())
-        .bind(epoch)
-        .bind(expires_at)
-        .bind(key.poller.as_bytes())
-        .bind(key.partition.as_bytes())
-        .execute(&mut *tx)
-        .await
-        .store(&doing)?;
-        tx.commit().await.store(&doing)?;
-        Ok(Some(Lease {
-            owner: owner.to_owned(),
-            epoch,
-            expires_at,
-        }))
+        let taken = self.take_lease(key, owner, ttl_ms, now_ms, false).await?;
+        Ok(taken.map(|(lease, _)| lease))
+    }
+
+    async fn claim(
+        &self,
+        key: &PKey,
+        owner: &str,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<Option<Claim>> {
+        let taken = self.take_lease(key, owner, ttl_ms, now_ms, true).await?;
+        taken
+            .map(|(lease, read)| {
+                let (state, pending) = read.unwrap_or_default();
+                Ok(Claim::new(lease, Self::state_of(key, state)?, pending))
+            })
+            .transpose()
     }
 
     async fn renew_lease(

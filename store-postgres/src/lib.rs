@@ -15,9 +15,9 @@ use futures::stream::{self, BoxStream, StreamExt};
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgQueryResult, PgRow};
 use sqlx::{Connection, Executor, PgConnection, Postgres, Row};
 use watukuy_core::{
-    Capabilities, CommitBatch, Error, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent, OutboxRow,
-    OutboxStatus, PKey, ParkedAction, ParkedQuery, ParkedRow, PollerState, Result, SerializedError,
-    StatePatch, Store, Validator,
+    Capabilities, Claim, CommitBatch, Error, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent,
+    OutboxRow, OutboxStatus, PKey, ParkedAction, ParkedQuery, ParkedRow, PollerState, Result,
+    SerializedError, StatePatch, Store, Validator,
 };
 
 use crate::codec::{
@@ -430,6 +430,41 @@ impl Store for PostgresStore {
             })
         })
         .transpose()
+    }
+
+    async fn claim(
+        &self,
+        key: &PKey,
+        owner: &str,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<Option<Claim>> {
+        // Two statements, not one: see sql/queries/claim.sql.
+        let Some(row) = self
+            .key_query(&self.sql.claim, key)
+            .bind(owner)
+            .bind(now_ms)
+            .bind(now_ms.saturating_add(ttl_ms))
+            .optional_on(self)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let lease = Lease {
+            owner: owner.to_owned(),
+            epoch: row.try_get("lease_epoch").map_err(classify)?,
+            expires_at: codec::required(&row, "lease_expires_at")?,
+        };
+        let has_state: bool = codec::required(&row, "has_state")?;
+        let state = has_state.then(|| codec::decode_state(&row)).transpose()?;
+        let pending: bool = codec::required(
+            &self
+                .key_query(&self.sql.has_pending, key)
+                .one_on(self)
+                .await?,
+            "pending",
+        )?;
+        Ok(Some(Claim::new(lease, state, pending)))
     }
 
     async fn renew_lease(

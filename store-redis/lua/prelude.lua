@@ -26,6 +26,20 @@ local function cmp_int(a, b)
   if a < b then return -sign else return sign end
 end
 
+-- Takes the lease in the `meta` hash when it is free, expired (expires_at <= now) or already
+-- this owner's, bumping the key's epoch counter (never reset, not even by delete_key). Returns
+-- the new epoch as text, or false when another owner's lease is still valid.
+local function take_lease(meta, owner, now, expires)
+  local held = redis.call('HMGET', meta, 'owner', 'expires_at')
+  if held[1] and held[1] ~= owner and cmp_int(held[2], now) > 0 then
+    return false
+  end
+  redis.call('HINCRBY', meta, 'epoch_counter', 1)
+  local epoch = redis.call('HGET', meta, 'epoch_counter')
+  redis.call('HSET', meta, 'owner', owner, 'epoch', epoch, 'expires_at', expires)
+  return epoch
+end
+
 -- Writes a state patch. From ARGV[first]: 7 field/value pairs of the complete state a first save
 -- creates (zero state plus the patch), then the number of patch pairs and the pairs. An existing
 -- state gets only the patch (top-level replace, created_at kept); an empty patch writes nothing.

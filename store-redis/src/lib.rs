@@ -18,9 +18,9 @@ use redis::aio::{ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::{AsyncConnectionConfig, Client, Value};
 use watukuy_core::{
-    Capabilities, CommitBatch, Error, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent, OutboxRow,
-    OutboxStatus, PKey, ParkedAction, ParkedKind, ParkedQuery, ParkedRow, PollerState, Result,
-    SerializedError, StatePatch, Store, StoreErrorKind, Validator,
+    Capabilities, Claim, CommitBatch, Error, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent,
+    OutboxRow, OutboxStatus, PKey, ParkedAction, ParkedKind, ParkedQuery, ParkedRow, PollerState,
+    Result, SerializedError, StatePatch, Store, StoreErrorKind, Validator,
 };
 
 pub use crate::budget::RedisBudgetStore;
@@ -521,6 +521,58 @@ impl Store for RedisStore {
                 })
             })
             .transpose()
+    }
+
+    async fn claim(
+        &self,
+        key: &PKey,
+        owner: &str,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<Option<Claim>> {
+        let keys = self.of(key);
+        let expires_at = now_ms.saturating_add(ttl_ms);
+        let claim = SCRIPTS
+            .claim
+            .call(&[&keys.meta, &keys.state, &keys.outbox, &keys.rows])
+            .arg(owner)
+            .arg(now_ms.to_string())
+            .arg(expires_at.to_string());
+        // Listed, then claimed, as acquire_lease does.
+        let (mut replies, waited) = run_many_waited(
+            &self.conn,
+            vec![self.register(key), claim],
+            self.options.wait,
+        )
+        .await?;
+        let claimed: Option<Vec<String>> = match replies.pop() {
+            Some(value) => reply(&SCRIPTS.claim, value)?,
+            None => None,
+        };
+        let Some(claimed) = claimed else {
+            return Ok(None);
+        };
+        // A new epoch a failover could lose would be handed out again.
+        waited?;
+        let mut values = claimed.into_iter();
+        let (Some(epoch), Some(pending)) = (values.next(), values.next()) else {
+            return Err(Error::store(
+                StoreErrorKind::Corrupt,
+                false,
+                format!("script claim on {key} answered without an epoch"),
+            ));
+        };
+        let mut fields = Vec::new();
+        while let (Some(name), Some(value)) = (values.next(), values.next()) {
+            fields.push((name, value));
+        }
+        let lease = Lease {
+            owner: owner.to_owned(),
+            epoch: int("a lease epoch", &epoch)?,
+            expires_at,
+        };
+        let state = codec::state_from_fields(fields)?;
+        Ok(Some(Claim::new(lease, state, pending == "1")))
     }
 
     async fn renew_lease(

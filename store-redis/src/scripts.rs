@@ -63,6 +63,7 @@ pub(crate) struct Scripts {
     pub(crate) register_key: Lua,
     pub(crate) unregister_key: Lua,
     pub(crate) acquire_lease: Lua,
+    pub(crate) claim: Lua,
     pub(crate) renew_lease: Lua,
     pub(crate) release_lease: Lua,
     pub(crate) save_state: Lua,
@@ -82,11 +83,12 @@ pub(crate) struct Scripts {
 }
 
 impl Scripts {
-    pub(crate) fn all(&'static self) -> [&'static Lua; 19] {
+    pub(crate) fn all(&'static self) -> [&'static Lua; 20] {
         [
             &self.register_key,
             &self.unregister_key,
             &self.acquire_lease,
+            &self.claim,
             &self.renew_lease,
             &self.release_lease,
             &self.save_state,
@@ -112,6 +114,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     register_key: lua!("register_key"),
     unregister_key: lua!("unregister_key"),
     acquire_lease: lua!("acquire_lease"),
+    claim: lua!("claim"),
     renew_lease: lua!("renew_lease"),
     release_lease: lua!("release_lease"),
     save_state: lua!("save_state"),

@@ -9,9 +9,9 @@ use rusqlite::types::ToSql;
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::Mutex as AsyncMutex;
 use watukuy_core::{
-    Capabilities, CommitBatch, Error, Event, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent,
-    OutboxRow, PKey, ParkedAction, ParkedQuery, ParkedRow, PollerState, Result, SerializedError,
-    StatePatch, Store, StoreErrorKind, UrlValidator, Validator,
+    Capabilities, Claim, CommitBatch, Error, Event, ItemRow, KeyCounts, Lease, LogQuery,
+    LoggedEvent, OutboxRow, PKey, ParkedAction, ParkedQuery, ParkedRow, PollerState, Result,
+    SerializedError, StatePatch, Store, StoreErrorKind, UrlValidator, Validator,
 };
 
 use crate::codec::{
@@ -220,6 +220,31 @@ impl SqliteStore {
         self.write_in_transaction(move |tx, ctx| f(tx, ctx, &key))
             .await
     }
+}
+
+/// Takes the lease of `key` for `owner` (the `lease_acquire` upsert); `None` while another
+/// owner holds an unexpired one.
+fn take_lease(
+    conn: &Connection,
+    ctx: &Ctx,
+    key: &PKey,
+    owner: &str,
+    expires_at: i64,
+    now_ms: i64,
+) -> DbResult<Option<Lease>> {
+    Ok(conn
+        .prepare_cached(&ctx.sql.lease_acquire)?
+        .query_row(
+            params![key.poller, key.partition, owner, expires_at, now_ms],
+            |r| {
+                Ok(Lease {
+                    owner: r.get(0)?,
+                    epoch: r.get(1)?,
+                    expires_at: r.get(2)?,
+                })
+            },
+        )
+        .optional()?)
 }
 
 /// Up to `limit` (at least 1) pending rows of `key` in sequence order. Blocking.
@@ -495,20 +520,38 @@ impl Store for SqliteStore {
         let owner = owner.to_owned();
         let expires_at = now_ms.saturating_add(ttl_ms);
         self.write_in_transaction(move |conn, ctx| {
-            let lease = conn
-                .prepare_cached(&ctx.sql.lease_acquire)?
-                .query_row(
-                    params![key.poller, key.partition, owner, expires_at, now_ms],
-                    |r| {
-                        Ok(Lease {
-                            owner: r.get(0)?,
-                            epoch: r.get(1)?,
-                            expires_at: r.get(2)?,
-                        })
-                    },
-                )
-                .optional()?;
-            Ok(lease)
+            take_lease(conn, ctx, &key, &owner, expires_at, now_ms)
+        })
+        .await
+    }
+
+    async fn claim(
+        &self,
+        key: &PKey,
+        owner: &str,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<Option<Claim>> {
+        // One closure on the writer: the reads run in the acquiring transaction, after the
+        // lease row was written, so they see every write committed before it.
+        let key = key.clone();
+        let owner = owner.to_owned();
+        let expires_at = now_ms.saturating_add(ttl_ms);
+        self.write_in_transaction(move |conn, ctx| {
+            let Some(lease) = take_lease(conn, ctx, &key, &owner, expires_at, now_ms)? else {
+                return Ok(None);
+            };
+            let state = conn
+                .prepare_cached(&ctx.sql.state_get)?
+                .query_row(params![key.poller, key.partition], |r| {
+                    r.get::<_, Option<String>>(0)
+                })
+                .optional()?
+                .flatten()
+                .map(|text| decode(format_args!("the state of {key}"), &text))
+                .transpose()?;
+            let pending = !pending_rows(conn, ctx, &key, 1)?.is_empty();
+            Ok(Some(Claim::new(lease, state, pending)))
         })
         .await
     }

@@ -335,11 +335,9 @@ async fn run_one(
         Ok(KeyOutcome::Leased) => now.saturating_add((inner.shared.lease_ttl_ms / 2).max(1_000)),
         Ok(KeyOutcome::Paused) => now.saturating_add(duration_ms(MAX_SLEEP)),
         // The run's own state says when: no read.
-        Ok(KeyOutcome::Ran(runner::RunReport {
-            state: Some(state),
-            next_retry_at,
-            ..
-        })) => inner.due_from(rt, Some(&state), next_retry_at),
+        Ok(KeyOutcome::Ran(report)) if report.state.is_some() => {
+            inner.due_from(rt, report.state.as_ref(), report.next_retry_at)
+        }
         Ok(
             KeyOutcome::Ran(_) | KeyOutcome::NotDue | KeyOutcome::LeaseLost | KeyOutcome::Aborted,
         ) => inner.next_due(rt, &key).await,

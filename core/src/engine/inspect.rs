@@ -1,5 +1,7 @@
 //! What `inspect()` reports.
 
+use futures::TryStreamExt;
+
 use super::*;
 
 /// What `inspect()` reports.
@@ -43,31 +45,44 @@ impl std::ops::Deref for PollerInspect {
 
 impl Engine {
     /// A plain, serializable report of every active `(poller, partition)`.
+    ///
+    /// Reads each key's state, lease and counts at once, and up to
+    /// [`max_concurrent_keys`](crate::EngineBuilder::max_concurrent_keys) keys at a time: one
+    /// store latency per that many keys, not three per key.
     pub async fn inspect(&self) -> Result<InspectReport> {
         let inner = &self.inner;
         let store = &inner.shared.store;
         let now = inner.now();
-        let mut pollers = Vec::new();
+        let mut keys = Vec::new();
         for (name, rt) in &inner.pollers {
             if let Err(error) = inner.refresh_partitions(rt, false).await {
                 tracing::warn!(poller = %name, %error, "partition refresh failed; keeping the previous list");
             }
-            for partition in inner.partition_list(name) {
-                let key = PKey::new(name.clone(), partition.key.clone());
+            let initial = self.initial_state(rt);
+            keys.extend(
+                inner
+                    .partition_list(name)
+                    .into_iter()
+                    .map(|partition| (rt, initial.clone(), partition)),
+            );
+        }
+        let pollers = futures::stream::iter(keys)
+            .map(|(rt, initial, partition)| async move {
+                let key = PKey::new(rt.def.name.clone(), partition.key.clone());
                 let strategy = &rt.def.strategy;
                 let lag = |text: &str, now: i64| {
                     let cursor = strategy.deserialize(text).ok()?;
                     strategy.lag_ms(&cursor, now)
                 };
-                let key_report =
-                    crate::ops::inspect_key(&**store, &key, now, self.initial_state(rt), lag)
-                        .await?;
-                pollers.push(PollerInspect {
+                let key_report = crate::ops::inspect_key(&**store, &key, now, initial, lag).await?;
+                Ok::<_, Error>(PollerInspect {
                     key: key_report,
                     delivery: rt.dispatcher.counters(&partition.key),
-                });
-            }
-        }
+                })
+            })
+            .buffered(inner.max_concurrent_keys)
+            .try_collect::<Vec<_>>()
+            .await?;
         Ok(InspectReport {
             instance_id: inner.shared.instance_id.clone(),
             status: self.status(),

@@ -99,7 +99,7 @@ pub(crate) enum KeyOutcome {
     /// Another instance holds the lease.
     Leased,
     /// The run happened.
-    Ran(RunReport),
+    Ran(Box<RunReport>),
     /// The lease was lost midway; the run's remaining work was dropped.
     LeaseLost,
     /// Stopped without draining.
@@ -387,7 +387,7 @@ impl Run<'_> {
                 }
             }
         }
-        Ok(KeyOutcome::Ran(report))
+        Ok(KeyOutcome::Ran(Box::new(report)))
     }
 
     /// Runs one lane with its span; a lost lease or a stop ends the whole run.
