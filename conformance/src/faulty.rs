@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
@@ -493,6 +493,8 @@ pub struct FaultyStore<S: Store + ?Sized = dyn Store> {
     defect: Arc<dyn Defect<S>>,
     armed: Mutex<HashMap<(Op, Timing), u32>>,
     calls: Mutex<HashMap<Op, u64>>,
+    /// Every call of a store method (see `total_calls`).
+    total_calls: AtomicU64,
     max_pending_limit: AtomicUsize,
     max_pending_rows: AtomicUsize,
     kills: Option<Arc<KillSwitch>>,
@@ -517,6 +519,7 @@ impl<S: Store + ?Sized> FaultyStore<S> {
             defect: Arc::new(Honest),
             armed: Mutex::default(),
             calls: Mutex::default(),
+            total_calls: AtomicU64::new(0),
             max_pending_limit: AtomicUsize::new(0),
             max_pending_rows: AtomicUsize::new(0),
             kills: None,
@@ -560,6 +563,13 @@ impl<S: Store + ?Sized> FaultyStore<S> {
             .unwrap_or_else(PoisonError::into_inner)
             .entry((op, timing))
             .or_default() += times;
+    }
+
+    /// How many store methods were called in all, counted or not by [`calls`](Self::calls)
+    /// (failed calls included; `stream_identities` once per call, however many batches it
+    /// yields).
+    pub fn total_calls(&self) -> u64 {
+        self.total_calls.load(Ordering::Relaxed)
     }
 
     /// How many times `op` was called (failed calls included).
@@ -609,6 +619,12 @@ impl<S: Store + ?Sized> FaultyStore<S> {
 
     /// Fails every call of a dead instance without reaching the store.
     fn alive(&self) -> Result<()> {
+        self.total_calls.fetch_add(1, Ordering::Relaxed);
+        self.check_alive()
+    }
+
+    /// [`alive`](Self::alive) without counting a call.
+    fn check_alive(&self) -> Result<()> {
         if self.is_dead() {
             Err(simulated_crash("dead-instance"))
         } else {
@@ -820,12 +836,13 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
     ) -> BoxStream<'a, Result<Vec<String>>> {
         // A full scan holds the stream open across its pages: an instance killed meanwhile
         // must not reach the store for the next batch either, so the check is per batch.
+        self.total_calls.fetch_add(1, Ordering::Relaxed);
         let inner = self.defect.stream_identities(&*self.inner, key, batch_size);
         Box::pin(futures::stream::unfold(
             Some(inner),
             move |inner| async move {
                 let mut inner = inner?;
-                if let Err(error) = self.alive() {
+                if let Err(error) = self.check_alive() {
                     return Some((Err(error), None));
                 }
                 let batch = futures::StreamExt::next(&mut inner).await?;

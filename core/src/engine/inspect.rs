@@ -51,7 +51,6 @@ impl Engine {
     /// store latency per that many keys, not three per key.
     pub async fn inspect(&self) -> Result<InspectReport> {
         let inner = &self.inner;
-        let store = &inner.shared.store;
         let now = inner.now();
         let mut keys = Vec::new();
         for (name, rt) in &inner.pollers {
@@ -66,20 +65,13 @@ impl Engine {
                     .map(|partition| (rt, initial.clone(), partition)),
             );
         }
-        let pollers = futures::stream::iter(keys)
-            .map(|(rt, initial, partition)| async move {
-                let key = PKey::new(rt.def.name.clone(), partition.key.clone());
-                let strategy = &rt.def.strategy;
-                let lag = |text: &str, now: i64| {
-                    let cursor = strategy.deserialize(text).ok()?;
-                    strategy.lag_ms(&cursor, now)
-                };
-                let key_report = crate::ops::inspect_key(&**store, &key, now, initial, lag).await?;
-                Ok::<_, Error>(PollerInspect {
-                    key: key_report,
-                    delivery: rt.dispatcher.counters(&partition.key),
-                })
-            })
+        // The futures are built first: a stream `map` closure over borrowed keys makes the
+        // engine's futures fail `Send` for every lifetime (a known limit of the compiler).
+        let reads: Vec<_> = keys
+            .into_iter()
+            .map(|(rt, initial, partition)| self.inspect_one(rt, initial, partition, now))
+            .collect();
+        let pollers = futures::stream::iter(reads)
             .buffered(inner.max_concurrent_keys)
             .try_collect::<Vec<_>>()
             .await?;
@@ -88,6 +80,27 @@ impl Engine {
             status: self.status(),
             generated_at: now,
             pollers,
+        })
+    }
+
+    /// One key's entry of [`inspect`](Self::inspect).
+    async fn inspect_one(
+        &self,
+        rt: &runner::Runtime,
+        initial: PollerState,
+        partition: crate::Partition,
+        now: i64,
+    ) -> Result<PollerInspect> {
+        let key = PKey::new(rt.def.name.clone(), partition.key.clone());
+        let strategy = &rt.def.strategy;
+        let lag = |text: &str, now: i64| {
+            let cursor = strategy.deserialize(text).ok()?;
+            strategy.lag_ms(&cursor, now)
+        };
+        let store = &*self.inner.shared.store;
+        Ok(PollerInspect {
+            key: crate::ops::inspect_key(store, &key, now, initial, lag).await?,
+            delivery: rt.dispatcher.counters(&partition.key),
         })
     }
 
