@@ -61,6 +61,8 @@ enum Mode {
     Memory,
     /// One poller with many partitions under `tick` and the daemon.
     Tenants,
+    /// Several engines on one PostgreSQL sharing the tenants mode's partitions.
+    TenantsShared,
 }
 
 /// The command line.
@@ -126,6 +128,9 @@ struct Args {
     /// Partition counts of the tenants mode (30,000 works too, at length).
     #[arg(long, value_delimiter = ',', default_value = "10,100,1000,10000")]
     tenants: Vec<u64>,
+    /// Engines of the tenants-shared mode (it uses the largest `--tenants`).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    instances: u64,
     /// The tenants mode's idle window under the daemon, in seconds.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     tenants_seconds: u64,
@@ -581,6 +586,16 @@ async fn main() -> Result<(), BoxError> {
                 &backends,
                 &args.targets(64),
                 &args.tenants,
+                std::time::Duration::from_secs(args.tenants_seconds),
+            )
+            .await
+        }
+        Mode::TenantsShared => {
+            // Each engine has a pool of its own: 3 x 22 connections stay under Postgres's 100.
+            tenants::shared_report(
+                &args.targets(20),
+                args.tenants.iter().copied().max().unwrap_or(10_000),
+                usize::try_from(args.instances)?,
                 std::time::Duration::from_secs(args.tenants_seconds),
             )
             .await

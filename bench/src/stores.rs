@@ -79,6 +79,20 @@ pub(crate) fn remove_sqlite(path: &std::path::Path) {
     }
 }
 
+/// A store on the benchmark's Postgres schema as it is (migrated if new), as one more process
+/// would open it.
+pub(crate) async fn postgres(t: &Targets) -> Result<Arc<dyn Store>, BoxError> {
+    // One connection per in-flight key plus the dispatcher's own reads, as a user would size
+    // it; bounded so the shared server keeps connections for others.
+    let pool = u32::try_from(t.concurrency.saturating_add(2).clamp(10, 40)).unwrap_or(10);
+    let options = PostgresOptions::default()
+        .schema(PG_SCHEMA)
+        .max_connections(pool);
+    Ok(Arc::new(
+        PostgresStore::connect(&t.postgres, options).await?,
+    ))
+}
+
 /// An empty, migrated store of `backend`.
 pub(crate) async fn fresh(backend: Backend, t: &Targets) -> Result<Arc<dyn Store>, BoxError> {
     let store: Arc<dyn Store> = match backend {
@@ -101,13 +115,7 @@ pub(crate) async fn fresh(backend: Backend, t: &Targets) -> Result<Arc<dyn Store
                     .await?;
                 pool.close().await;
             }
-            // One connection per in-flight key plus the dispatcher's own reads, as a user
-            // would size it; bounded so the shared server keeps connections for others.
-            let pool = u32::try_from(t.concurrency.saturating_add(2).clamp(10, 40)).unwrap_or(10);
-            let options = PostgresOptions::default()
-                .schema(PG_SCHEMA)
-                .max_connections(pool);
-            Arc::new(PostgresStore::connect(&t.postgres, options).await?)
+            postgres(t).await?
         }
         Backend::MySql => {
             // As many connections as Postgres gets, for the same reason.

@@ -140,6 +140,7 @@ macro_rules! for_each_case {
                 g8_nothing_runs_after_stop,
                 hooks_fire_in_lifecycle_order,
                 g6_shared_budget_is_never_exceeded,
+                an_idle_relisting_commits_nothing_and_keeps_its_cursor,
             }
             lanes {
                 aimd_sequence,

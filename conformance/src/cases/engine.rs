@@ -540,3 +540,91 @@ pub async fn hooks_fire_in_lifecycle_order(env: Env) -> CaseResult {
     check_eq!(seen, expected);
     Ok(())
 }
+
+/// An idle poll: a re-listing from the beginning that finds nothing new (the cursor reset,
+/// the snapshot kept) moves the cursor over its quiet pages without committing any of them,
+/// and the run's last state save keeps where it got to. The poll costs `tick`'s read-only
+/// pre-check (`load_state`), the claim, at most one `load_versions` per page, one `save_state`
+/// and the release: nothing else.
+pub async fn an_idle_relisting_commits_nothing_and_keeps_its_cursor(env: Env) -> CaseResult {
+    let w = world(9)?;
+    let faulty = Arc::new(FaultyStore::new(Arc::clone(&env.store)));
+    let store: Arc<dyn Store> = faulty.clone();
+    let (engine, recorder) = recorded(&w, &store, "node-a")?;
+    tick(&w, &engine).await?;
+    check_eq!(
+        recorder.ids().len(),
+        9,
+        "the first poll delivers every item"
+    );
+    let live_cursor = |state: Option<watukuy_core::PollerState>| {
+        state
+            .and_then(|s| s.lanes.live)
+            .and_then(|lane| lane.cursor)
+    };
+    let reached = live_cursor(env.store.load_state(&key()).await?);
+    check!(reached.is_some(), "the first poll saved a cursor");
+
+    engine
+        .reset_cursor(POLLER, None, None, false)
+        .await
+        .map_err(|e| CaseError::failed(format!("reset_cursor failed: {e}")))?;
+    let before = |op| faulty.calls(op);
+    let (commits, claims, releases, saves, reads) = (
+        before(Op::CommitPoll),
+        before(Op::Claim),
+        before(Op::ReleaseLease),
+        before(Op::SaveState),
+        before(Op::LoadState),
+    );
+    let (versions_before, pending_before) = (before(Op::LoadVersions), before(Op::LoadPending));
+    let total = faulty.total_calls();
+    let fetches = w.api.calls();
+    let result = tick(&w, &engine).await?;
+    let pages = w.api.calls() - fetches;
+    check!(
+        pages >= 3,
+        "the re-listing fetched every page of 4: {pages}"
+    );
+    check!(
+        result.polled.iter().all(|p| p.events == 0),
+        "nothing new: {result:?}"
+    );
+    check_eq!(recorder.ids().len(), 9, "no event delivered again");
+    check_eq!(
+        faulty.calls(Op::CommitPoll) - commits,
+        0,
+        "quiet pages are not committed"
+    );
+    check_eq!(faulty.calls(Op::Claim) - claims, 1, "one claim");
+    check_eq!(faulty.calls(Op::ReleaseLease) - releases, 1, "one release");
+    check_eq!(faulty.calls(Op::SaveState) - saves, 1, "one state save");
+    check_eq!(
+        faulty.calls(Op::LoadState) - reads,
+        1,
+        "tick's pre-check alone reads the state"
+    );
+    let versions = faulty.calls(Op::LoadVersions) - versions_before;
+    check!(
+        versions <= pages,
+        "at most one load_versions per page: {versions} for {pages} pages"
+    );
+    check_eq!(
+        faulty.calls(Op::LoadPending) - pending_before,
+        0,
+        "an empty outbox is not read"
+    );
+    // Left: the fetch's own reads (this world's fetch asks for its ETag, one per page).
+    let fetch_reads = faulty.total_calls() - total - 4 - versions;
+    check!(
+        fetch_reads <= pages,
+        "nothing else but one validator read per page: {fetch_reads} for {pages} pages"
+    );
+    check_eq!(
+        live_cursor(env.store.load_state(&key()).await?),
+        reached,
+        "the state save kept the cursor the quiet pages reached"
+    );
+    check_eq!(env.store.counts(&key()).await.map(|c| c.pending)?, 0);
+    Ok(())
+}
