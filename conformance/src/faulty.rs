@@ -270,6 +270,10 @@ pub const PROBE_EVENT_ID: &str = "watukuy-chaos-lease-probe";
 /// Audits G5 over every instance sharing one store: never two unexpired leases held by
 /// different owners, epochs strictly increasing per key, and writes with a superseded or
 /// released lease rejected by the inner store. Also records the largest accepted ack batch.
+///
+/// Seen from outside the store, a lease counts as released once its release is sent (another
+/// instance may take the key as soon as the store executes it, before the call returns), and
+/// as held again if the release fails.
 #[derive(Debug, Default)]
 pub struct LeaseAudit {
     state: Mutex<AuditState>,
@@ -377,6 +381,8 @@ impl LeaseAudit {
         }
     }
 
+    /// Marks `lease` released, as its release is sent; `false` when it is not the current,
+    /// unreleased lease (nothing to probe then).
     fn released(&self, key: &PKey, lease: &Lease) -> bool {
         let mut state = self.lock();
         let audit = state.keys.entry(key.clone()).or_default();
@@ -386,6 +392,18 @@ impl LeaseAudit {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// Undoes [`released`](Self::released) for a release that failed: the lease may still
+    /// be held.
+    fn unreleased(&self, key: &PKey, lease: &Lease) {
+        let mut state = self.lock();
+        if let Some(audit) = state.keys.get_mut(key)
+            && let Some((current, released)) = &mut audit.current
+            && current.epoch == lease.epoch
+        {
+            *released = false;
         }
     }
 
@@ -772,11 +790,19 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
 
     async fn release_lease(&self, key: &PKey, lease: &Lease) -> Result<()> {
         self.before(Op::ReleaseLease)?;
+        // Released for the audit as the release is sent: another instance may take the key
+        // as soon as the store executes it, before this call returns. A failed release is
+        // held again.
+        let sent = self
+            .audit
+            .as_ref()
+            .is_some_and(|audit| audit.released(key, lease));
         let result = self.inner.release_lease(key, lease).await;
-        if let (Some(audit), Ok(())) = (&self.audit, &result)
-            && audit.released(key, lease)
-        {
-            self.probe(audit, key, lease, "a released").await;
+        if let Some(audit) = self.audit.as_ref().filter(|_| sent) {
+            match &result {
+                Ok(()) => self.probe(audit, key, lease, "a released").await,
+                Err(_) => audit.unreleased(key, lease),
+            }
         }
         self.after(Op::ReleaseLease, result)
     }
