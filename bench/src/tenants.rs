@@ -146,6 +146,8 @@ pub(crate) struct TenantRun {
     pub(crate) rss_kb_per_partition: f64,
     /// Wall time from `trigger` to that partition's fetch, ms (`None`: not seen in 30 s).
     pub(crate) trigger_ms: Option<f64>,
+    /// Wall time of one `inspect()` of every partition (the daemon still running), ms.
+    pub(crate) inspect_ms: f64,
 }
 
 /// The process's CPU time (user + system) in clock ticks, from `/proc/self/stat` (0 if unknown).
@@ -265,6 +267,12 @@ pub(crate) async fn run(
         }
         SystemClock.sleep(Duration::from_millis(1)).await;
     }
+    let watch = Stopwatch::start();
+    let inspected = engine.inspect().await?;
+    let inspect_ms = watch.elapsed().as_secs_f64() * 1000.0;
+    if inspected.pollers.len() != n {
+        return Err(format!("inspect saw {} partitions of {n}", inspected.pollers.len()).into());
+    }
     engine.stop(StopOptions::default()).await?;
     drop(engine);
     store.close().await?;
@@ -282,6 +290,7 @@ pub(crate) async fn run(
         peak_rss_kb: peak,
         rss_kb_per_partition: (as_f64(rss_after_kb) - as_f64(rss_before_kb)) / as_f64(tenants),
         trigger_ms,
+        inspect_ms,
     })
 }
 
@@ -342,12 +351,13 @@ pub(crate) async fn report(
             eprintln!("[{}] {n} tenants, idle window {window:?}", backend.name());
             let r = run(*backend, t, n, window).await?;
             eprintln!(
-                "  tick {} achieved {} cpu {:.3} ms/poll calls {:.2}/poll trigger {:?} ms",
+                "  tick {} achieved {} cpu {:.3} ms/poll calls {:.2}/poll trigger {:?} ms inspect {:.1} ms",
                 fmt_rate(r.tick_rate),
                 fmt_rate(r.achieved),
                 r.cpu_ms_per_poll,
                 r.calls_per_poll,
-                r.trigger_ms
+                r.trigger_ms,
+                r.inspect_ms
             );
             runs.push(r);
         }
@@ -358,9 +368,9 @@ pub(crate) async fn report(
         window.as_secs()
     );
     println!(
-        "| store | N | polls/s asked (N) | polls/s achieved | achieved / tick | achieved / min(N, tick) | s between polls | CPU ms per poll | store calls per idle poll | peak RSS MB | RSS KB per partition | trigger latency ms | tick polls/s |"
+        "| store | N | polls/s asked (N) | polls/s achieved | achieved / tick | achieved / min(N, tick) | s between polls | CPU ms per poll | store calls per idle poll | peak RSS MB | RSS KB per partition | trigger latency ms | inspect ms | tick polls/s |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (label, runs) in &rows {
         for r in runs {
             let asked = as_f64(r.tenants);
@@ -370,7 +380,7 @@ pub(crate) async fn report(
                 "—".to_owned()
             };
             println!(
-                "| {label} | {} | {} | {} | {} | {} | {between} | {:.3} | {:.2} | {:.1} | {:.2} | {} | {} |",
+                "| {label} | {} | {} | {} | {} | {} | {between} | {:.3} | {:.2} | {:.1} | {:.2} | {} | {:.1} | {} |",
                 r.tenants,
                 fmt_rate(asked),
                 fmt_rate(r.achieved),
@@ -382,6 +392,7 @@ pub(crate) async fn report(
                 r.rss_kb_per_partition,
                 r.trigger_ms
                     .map_or_else(|| "not seen".to_owned(), |ms| format!("{ms:.1}")),
+                r.inspect_ms,
                 fmt_rate(r.tick_rate),
             );
         }
