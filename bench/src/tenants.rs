@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use watukuy_conformance::{FaultyStore, LeaseAudit, Op};
 use watukuy_core::cursor;
+use watukuy_core::delivery::Unsubscribe;
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
     BoxError, Clock, Engine, Event, FetchContext, HandlerContext, HandlerError, Page, Partition,
@@ -150,6 +151,23 @@ pub(crate) struct TenantRun {
     pub(crate) inspect_ms: f64,
 }
 
+/// An engine on `store` as `instance` with the tenants poller and a no-op handler (kept
+/// attached while the returned handle lives).
+fn tenant_engine(
+    store: &Arc<FaultyStore>,
+    poller: Poller,
+    instance: &str,
+) -> Result<(Engine, Unsubscribe), BoxError> {
+    let engine = Engine::builder(Arc::clone(store) as Arc<dyn Store>)
+        .poller(poller)
+        .instance_id(instance)
+        .build()?;
+    let handler = engine.on(POLLER, |_event: Event, _ctx: HandlerContext| {
+        futures::future::ready(Ok::<(), HandlerError>(()))
+    })?;
+    Ok((engine, handler))
+}
+
 /// The process's CPU time (user + system) in clock ticks, from `/proc/self/stat` (0 if unknown).
 fn cpu_ticks() -> u64 {
     let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
@@ -205,13 +223,7 @@ pub(crate) async fn run(
     // The peak covers this run only (where the kernel supports the reset).
     reset_peak_rss();
     let poller = tenant_poller(n, &items, &fetches, &tally)?;
-    let engine = Engine::builder(Arc::clone(&store) as Arc<dyn Store>)
-        .poller(poller)
-        .instance_id("bench-tenants")
-        .build()?;
-    let _handler = engine.on(POLLER, |_event: Event, _ctx: HandlerContext| {
-        futures::future::ready(Ok::<(), HandlerError>(()))
-    })?;
+    let (engine, _handler) = tenant_engine(&store, poller, "bench-tenants")?;
 
     // The first round: every key is due; it creates the snapshots.
     let watch = Stopwatch::start();
@@ -471,13 +483,8 @@ pub(crate) async fn shared(
         };
         let store = Arc::new(FaultyStore::new(inner).with_audit(Arc::clone(&audit)));
         let fetches = Arc::new(AtomicU64::new(0));
-        let engine = Engine::builder(Arc::clone(&store) as Arc<dyn Store>)
-            .poller(tenant_poller(n, &items, &fetches, &tally)?)
-            .instance_id(format!("bench-shared-{i}"))
-            .build()?;
-        let handler = engine.on(POLLER, |_event: Event, _ctx: HandlerContext| {
-            futures::future::ready(Ok::<(), HandlerError>(()))
-        })?;
+        let poller = tenant_poller(n, &items, &fetches, &tally)?;
+        let (engine, handler) = tenant_engine(&store, poller, &format!("bench-shared-{i}"))?;
         members.push((engine, store, fetches, handler));
     }
 

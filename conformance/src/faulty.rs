@@ -635,6 +635,15 @@ impl<S: Store + ?Sized> FaultyStore<S> {
             .clone()
     }
 
+    /// Tells the audit (if any) that `lease` was granted, and probes the lease it superseded.
+    async fn audit_acquired(&self, key: &PKey, lease: &Lease, now_ms: i64) {
+        if let Some(audit) = &self.audit
+            && let Some(superseded) = audit.acquired(key, lease, now_ms)
+        {
+            self.probe(audit, key, &superseded, "a superseded").await;
+        }
+    }
+
     /// Fails every call of a dead instance without reaching the store.
     fn alive(&self) -> Result<()> {
         self.total_calls.fetch_add(1, Ordering::Relaxed);
@@ -748,10 +757,8 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
     ) -> Result<Option<Lease>> {
         self.before(Op::AcquireLease)?;
         let result = self.inner.acquire_lease(key, owner, ttl_ms, now_ms).await;
-        if let (Some(audit), Ok(Some(lease))) = (&self.audit, &result)
-            && let Some(superseded) = audit.acquired(key, lease, now_ms)
-        {
-            self.probe(audit, key, &superseded, "a superseded").await;
+        if let Ok(Some(lease)) = &result {
+            self.audit_acquired(key, lease, now_ms).await;
         }
         self.after(Op::AcquireLease, result)
     }
@@ -765,10 +772,8 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
     ) -> Result<Option<Claim>> {
         self.before(Op::Claim)?;
         let result = self.inner.claim(key, owner, ttl_ms, now_ms).await;
-        if let (Some(audit), Ok(Some(claim))) = (&self.audit, &result)
-            && let Some(superseded) = audit.acquired(key, &claim.lease, now_ms)
-        {
-            self.probe(audit, key, &superseded, "a superseded").await;
+        if let Ok(Some(claim)) = &result {
+            self.audit_acquired(key, &claim.lease, now_ms).await;
         }
         self.after(Op::Claim, result)
     }

@@ -223,6 +223,23 @@ impl PostgresStore {
         self.query(sql).bind(&key.poller).bind(&key.partition)
     }
 
+    /// The lease upsert (sql/queries/acquire_lease.sql): the row it wrote, `None` while another
+    /// owner's lease is valid.
+    async fn take_lease(
+        &self,
+        key: &PKey,
+        owner: &str,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<Option<PgRow>> {
+        self.key_query(&self.sql.acquire_lease, key)
+            .bind(owner)
+            .bind(now_ms)
+            .bind(now_ms.saturating_add(ttl_ms))
+            .optional_on(self)
+            .await
+    }
+
     fn fence_query<'q>(&'q self, sql: &'q str, key: &'q PKey, lease: &'q Lease) -> PgQuery<'q> {
         self.key_query(sql, key)
             .bind(&lease.owner)
@@ -384,6 +401,15 @@ async fn migrate_in(conn: &mut PgConnection, options: &PostgresOptions) -> Resul
     Ok(())
 }
 
+/// The lease in a row of the lease upsert.
+fn lease_of(row: &PgRow, owner: &str) -> Result<Lease> {
+    Ok(Lease {
+        owner: owner.to_owned(),
+        epoch: row.try_get("lease_epoch").map_err(classify)?,
+        expires_at: codec::required(row, "lease_expires_at")?,
+    })
+}
+
 #[async_trait]
 impl Store for PostgresStore {
     fn capabilities(&self) -> Capabilities {
@@ -414,22 +440,8 @@ impl Store for PostgresStore {
         ttl_ms: i64,
         now_ms: i64,
     ) -> Result<Option<Lease>> {
-        let expires_at = now_ms.saturating_add(ttl_ms);
-        let row = self
-            .key_query(&self.sql.acquire_lease, key)
-            .bind(owner)
-            .bind(now_ms)
-            .bind(expires_at)
-            .optional_on(self)
-            .await?;
-        row.map(|row| {
-            Ok(Lease {
-                owner: owner.to_owned(),
-                epoch: row.try_get("lease_epoch").map_err(classify)?,
-                expires_at: codec::required(&row, "lease_expires_at")?,
-            })
-        })
-        .transpose()
+        let taken = self.take_lease(key, owner, ttl_ms, now_ms).await?;
+        taken.map(|row| lease_of(&row, owner)).transpose()
     }
 
     async fn claim(
@@ -439,21 +451,9 @@ impl Store for PostgresStore {
         ttl_ms: i64,
         now_ms: i64,
     ) -> Result<Option<Claim>> {
-        // Two statements, not one: see sql/queries/claim.sql.
-        let Some(row) = self
-            .key_query(&self.sql.claim, key)
-            .bind(owner)
-            .bind(now_ms)
-            .bind(now_ms.saturating_add(ttl_ms))
-            .optional_on(self)
-            .await?
-        else {
+        // Two statements, not one: see sql/queries/acquire_lease.sql.
+        let Some(row) = self.take_lease(key, owner, ttl_ms, now_ms).await? else {
             return Ok(None);
-        };
-        let lease = Lease {
-            owner: owner.to_owned(),
-            epoch: row.try_get("lease_epoch").map_err(classify)?,
-            expires_at: codec::required(&row, "lease_expires_at")?,
         };
         let has_state: bool = codec::required(&row, "has_state")?;
         let state = has_state.then(|| codec::decode_state(&row)).transpose()?;
@@ -464,7 +464,7 @@ impl Store for PostgresStore {
                 .await?,
             "pending",
         )?;
-        Ok(Some(Claim::new(lease, state, pending)))
+        Ok(Some(Claim::new(lease_of(&row, owner)?, state, pending)))
     }
 
     async fn renew_lease(

@@ -53,7 +53,6 @@ macro_rules! query_file {
 #[derive(Debug)]
 pub(crate) struct Statements {
     pub(crate) acquire_lease: String,
-    pub(crate) claim: String,
     pub(crate) has_pending: String,
     pub(crate) renew_lease: String,
     pub(crate) release_lease: String,
@@ -107,7 +106,6 @@ impl Statements {
         };
         Self {
             acquire_lease: build(query_file!("acquire_lease")),
-            claim: build(query_file!("claim")),
             has_pending: build(query_file!("has_pending")),
             renew_lease: build(query_file!("renew_lease")),
             release_lease: build(query_file!("release_lease")),

@@ -30,7 +30,7 @@ use crate::error::classify;
 use crate::keys::{KeyKeys, KeySpace};
 pub use crate::options::RedisOptions;
 use crate::options::TlsOptions;
-use crate::scripts::{Call, SCRIPTS, reply, run, run_many, run_many_waited, run_waited};
+use crate::scripts::{Call, Lua, SCRIPTS, reply, run, run_many, run_many_waited, run_waited};
 
 /// The redis connection type [`RedisStore::from_manager`] takes, re-exported so callers can name
 /// it without matching this crate's redis version by hand.
@@ -402,6 +402,40 @@ impl RedisStore {
         self.keys.of(key)
     }
 
+    /// Runs a lease-taking `script` (`acquire_lease.lua`, `claim.lua`) on `keys` for `owner`:
+    /// the key is listed first, then leased, both in one round trip (two on a cluster: the list
+    /// has a slot of its own). `None` when another owner's lease is still valid.
+    async fn take_lease<T: redis::FromRedisValue>(
+        &self,
+        key: &PKey,
+        script: &'static Lua,
+        keys: &[&String],
+        owner: &str,
+        now_ms: i64,
+        expires_at: i64,
+    ) -> Result<Option<T>> {
+        let take = script
+            .call(keys)
+            .arg(owner)
+            .arg(now_ms.to_string())
+            .arg(expires_at.to_string());
+        let (mut replies, waited) = run_many_waited(
+            &self.conn,
+            vec![self.register(key), take],
+            self.options.wait,
+        )
+        .await?;
+        let taken: Option<T> = match replies.pop() {
+            Some(value) => reply(script, value)?,
+            None => None,
+        };
+        if taken.is_some() {
+            // A new epoch a failover could lose would be handed out again.
+            waited?;
+        }
+        Ok(taken)
+    }
+
     /// `register_key.lua` for `key`.
     fn register(&self, key: &PKey) -> Call {
         SCRIPTS
@@ -490,28 +524,16 @@ impl Store for RedisStore {
     ) -> Result<Option<Lease>> {
         let keys = self.of(key);
         let expires_at = now_ms.saturating_add(ttl_ms);
-        let acquire = SCRIPTS
-            .acquire_lease
-            .call(&[&keys.meta])
-            .arg(owner)
-            .arg(now_ms.to_string())
-            .arg(expires_at.to_string());
-        // The key is listed first, then leased; both in one round trip (two on a cluster:
-        // the list has a slot of its own).
-        let (mut replies, waited) = run_many_waited(
-            &self.conn,
-            vec![self.register(key), acquire],
-            self.options.wait,
-        )
-        .await?;
-        let epoch: Option<String> = match replies.pop() {
-            Some(value) => reply(&SCRIPTS.acquire_lease, value)?,
-            None => None,
-        };
-        if epoch.is_some() {
-            // A new epoch a failover could lose would be handed out again.
-            waited?;
-        }
+        let epoch: Option<String> = self
+            .take_lease(
+                key,
+                &SCRIPTS.acquire_lease,
+                &[&keys.meta],
+                owner,
+                now_ms,
+                expires_at,
+            )
+            .await?;
         epoch
             .map(|epoch| {
                 Ok(Lease {
@@ -530,30 +552,21 @@ impl Store for RedisStore {
         ttl_ms: i64,
         now_ms: i64,
     ) -> Result<Option<Claim>> {
-        let keys = self.of(key);
+        let k = self.of(key);
         let expires_at = now_ms.saturating_add(ttl_ms);
-        let claim = SCRIPTS
-            .claim
-            .call(&[&keys.meta, &keys.state, &keys.outbox, &keys.rows])
-            .arg(owner)
-            .arg(now_ms.to_string())
-            .arg(expires_at.to_string());
-        // Listed, then claimed, as acquire_lease does.
-        let (mut replies, waited) = run_many_waited(
-            &self.conn,
-            vec![self.register(key), claim],
-            self.options.wait,
-        )
-        .await?;
-        let claimed: Option<Vec<String>> = match replies.pop() {
-            Some(value) => reply(&SCRIPTS.claim, value)?,
-            None => None,
-        };
+        let claimed: Option<Vec<String>> = self
+            .take_lease(
+                key,
+                &SCRIPTS.claim,
+                &[&k.meta, &k.state, &k.outbox, &k.rows],
+                owner,
+                now_ms,
+                expires_at,
+            )
+            .await?;
         let Some(claimed) = claimed else {
             return Ok(None);
         };
-        // A new epoch a failover could lose would be handed out again.
-        waited?;
         let mut values = claimed.into_iter();
         let (Some(epoch), Some(pending)) = (values.next(), values.next()) else {
             return Err(Error::store(
