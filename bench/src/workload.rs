@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use watukuy_core::diff::{EventIdParts, event_id};
 use watukuy_core::schedule::ScheduleOptions;
-use watukuy_core::{Event, EventType, Json, Lane, SmolStr};
+use watukuy_core::{Event, EventType, Json};
 
 /// The parameters of one measurement.
 #[derive(Clone, Copy, Debug)]
@@ -78,22 +78,11 @@ pub(crate) fn event(poller: &str, i: u64, sequence: i64, payload: usize, time: &
         schema_version: 1,
         event_type: EventType::Created,
     });
-    Event {
-        id: id.into(),
-        event_type: EventType::Created,
-        source: source.into(),
-        subject: subject.into(),
-        time: time.into(),
-        poller: poller.into(),
-        partition: SmolStr::default(),
-        lane: Lane::Live,
-        sequence,
-        cursor: None,
-        data: Some(Json::from_value(&item(i, payload))),
-        previous: None,
-        attempt: 0,
-        traceparent: None,
-    }
+    let mut event = Event::new(id, EventType::Created, poller, subject);
+    event.time = time.into();
+    event.sequence = sequence;
+    event.data = Some(Json::from_value(&item(i, payload)));
+    event
 }
 
 #[cfg(test)]

@@ -51,9 +51,7 @@ impl Broken {
 #[async_trait::async_trait]
 impl Defect for Broken {
     fn capabilities(&self, inner: &dyn Store) -> Capabilities {
-        Capabilities {
-            log: inner.capabilities().log && self.0 != Flaw::NoLog,
-        }
+        Capabilities::default().with_log(inner.capabilities().log && self.0 != Flaw::NoLog)
     }
 
     fn stream_identities<'a>(

@@ -13,7 +13,7 @@ use watukuy_conformance::{
 use watukuy_core::clock::format_rfc3339_ms;
 use watukuy_core::cursor::Cursor;
 use watukuy_core::{
-    BoxError, CommitBatch, Error, FetchContext, Lane, ManualClock, PKey, Page, Partition,
+    BoxError, CommitBatch, Error, FetchContext, ManualClock, PKey, Page, Partition,
     RateLimitSource, Store, ValidatorAccess,
 };
 use watukuy_store_memory::MemoryStore;
@@ -48,17 +48,9 @@ fn http_status(err: &BoxError) -> Option<u16> {
 }
 
 fn ctx(cursor: Cursor, page: u32) -> FetchContext {
-    FetchContext {
-        cursor,
-        page,
-        partition: Partition::new(""),
-        lane: Lane::Live,
-        attempt: 1,
-        cancel: CancellationToken::new(),
-        budget: None,
-        validators: None,
-        clock: None,
-    }
+    let mut ctx = FetchContext::new(cursor, Partition::new(""));
+    ctx.page = page;
+    ctx
 }
 
 // ----- dataset -----
@@ -754,15 +746,13 @@ fn ctx_with_validators(
     partition: &str,
 ) -> FetchContext {
     let key = PKey::new("fake", partition);
-    FetchContext {
-        partition: Partition::new(partition),
-        validators: Some(ValidatorAccess::new(
-            Arc::clone(store) as Arc<dyn Store>,
-            key,
-            Arc::new(clock.clone()),
-        )),
-        ..ctx(cursor, 1)
-    }
+    let mut ctx = FetchContext::new(cursor, Partition::new(partition));
+    ctx.validators = Some(ValidatorAccess::new(
+        Arc::clone(store) as Arc<dyn Store>,
+        key,
+        Arc::new(clock.clone()),
+    ));
+    ctx
 }
 
 /// Commits what a context's fetch staged, as the engine does with the page.

@@ -43,6 +43,7 @@ impl fmt::Display for EventType {
 /// implementation read the same.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct Event {
     /// Deterministic id: 64 hex characters, identical across restarts, instances and replays.
     pub id: SmolStr,
@@ -141,6 +142,44 @@ pub struct CloudEvent {
 }
 
 impl Event {
+    /// An event with the given id, type, poller and subject; the rest as an unpartitioned live
+    /// event in storage: source `urn:watukuy:<poller>`, time `1970-01-01T00:00:00.000Z`, sequence
+    /// 0, attempt 0, no cursor, data, previous payload or trace. For tests of handlers and sinks
+    /// (the engine builds the events it delivers): the fields are public, set the ones a test
+    /// needs.
+    ///
+    /// ```
+    /// use watukuy_core::{Event, EventType, Json};
+    ///
+    /// let mut event = Event::new("evt-1", EventType::Created, "orders", "o-1");
+    /// event.data = Some(Json::parse(r#"{"id":"o-1","total":42}"#).expect("valid JSON"));
+    /// assert_eq!(event.source, "urn:watukuy:orders");
+    /// ```
+    pub fn new(
+        id: impl Into<SmolStr>,
+        event_type: EventType,
+        poller: impl Into<SmolStr>,
+        subject: impl Into<SmolStr>,
+    ) -> Self {
+        let poller = poller.into();
+        Event {
+            id: id.into(),
+            event_type,
+            source: SmolStr::from(format!("urn:watukuy:{poller}")),
+            subject: subject.into(),
+            time: SmolStr::new_static("1970-01-01T00:00:00.000Z"),
+            poller,
+            partition: SmolStr::default(),
+            lane: Lane::Live,
+            sequence: 0,
+            cursor: None,
+            data: None,
+            previous: None,
+            attempt: 0,
+            traceparent: None,
+        }
+    }
+
     /// The CloudEvents 1.0 structured form of this event.
     pub fn to_cloud_event(&self) -> CloudEvent {
         CloudEvent {

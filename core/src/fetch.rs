@@ -16,6 +16,7 @@ use crate::store::Store;
 
 /// The context of one fetch call.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct FetchContext {
     /// Where to read from (see [`Cursor`]); already adjusted for overlap on a cycle's first
     /// request.
@@ -61,6 +62,31 @@ impl std::fmt::Debug for FetchContext {
 }
 
 impl FetchContext {
+    /// The context of a first request on the live lane: page 1, attempt 1, a fresh cancellation
+    /// token, no budget, validators or clock. For calling a `fetch` outside an engine (tests,
+    /// tools); the fields are public, set the ones the call needs.
+    ///
+    /// ```
+    /// use watukuy_core::cursor::Cursor;
+    /// use watukuy_core::{FetchContext, Partition};
+    ///
+    /// let ctx = FetchContext::new(Cursor::Page { page: 3 }, Partition::new("tenant-a"));
+    /// assert_eq!((ctx.page, ctx.attempt, ctx.partition.key.as_str()), (1, 1, "tenant-a"));
+    /// ```
+    pub fn new(cursor: Cursor, partition: Partition) -> Self {
+        FetchContext {
+            cursor,
+            page: 1,
+            partition,
+            lane: Lane::Live,
+            attempt: 1,
+            cancel: CancellationToken::new(),
+            budget: None,
+            validators: None,
+            clock: None,
+        }
+    }
+
     /// Takes the poller's `budget_cost` tokens from its rate budget before a request, waiting
     /// (behind higher lanes, fairly among pollers) until the budget allows it. Call it once per
     /// HTTP request. A poller without a budget returns at once.

@@ -42,6 +42,7 @@ pub struct CircuitOptions {
 
 /// Why the schedule changed, as reported to the schedule-change hook.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ScheduleReason {
     /// Events were found: the interval halves (down to `min`).
     EventsSpeedUp,

@@ -177,7 +177,7 @@ fn holds(record: &Record, lease: &Lease) -> bool {
 #[async_trait]
 impl Store for MemoryStore {
     fn capabilities(&self) -> Capabilities {
-        Capabilities { log: true }
+        Capabilities::default().with_log(true)
     }
 
     async fn acquire_lease(

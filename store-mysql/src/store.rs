@@ -546,7 +546,7 @@ fn parked_row(key: &PKey, row: ParkedTuple) -> Result<ParkedRow> {
 #[async_trait]
 impl Store for MySqlStore {
     fn capabilities(&self) -> Capabilities {
-        Capabilities { log: true }
+        Capabilities::default().with_log(true)
     }
 
     async fn migrate(&self) -> Result<()> {

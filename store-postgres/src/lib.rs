@@ -413,7 +413,7 @@ fn lease_of(row: &PgRow, owner: &str) -> Result<Lease> {
 #[async_trait]
 impl Store for PostgresStore {
     fn capabilities(&self) -> Capabilities {
-        Capabilities { log: true }
+        Capabilities::default().with_log(true)
     }
 
     /// Creates the schema when missing and applies every pending migration, in one transaction

@@ -17,7 +17,7 @@ use serde_json::Value;
 use sqlx::{Connection, PgConnection, Row};
 use watukuy_conformance::CaseError;
 use watukuy_core::{
-    CommitBatch, Event, EventType, ItemRow, Json, Lane, Lease, OutboxRow, PKey, StatePatch, Store,
+    CommitBatch, Event, EventType, ItemRow, Json, Lease, OutboxRow, PKey, StatePatch, Store,
 };
 use watukuy_store_postgres::PostgresOptions;
 
@@ -45,22 +45,11 @@ fn identity(i: usize) -> String {
 fn event(i: usize) -> Result<Event, CaseError> {
     let sequence = i64::try_from(i + 1).or_fail()?;
     let data = format!(r#"{{"id":"{}","total":12.5,"status":"paid"}}"#, identity(i));
-    Ok(Event {
-        id: event_id(i).into(),
-        event_type: EventType::Created,
-        source: "urn:watukuy:orders".into(),
-        subject: identity(i).into(),
-        time: "2026-01-01T00:00:00.000Z".into(),
-        poller: "orders".into(),
-        partition: "".into(),
-        lane: Lane::Live,
-        sequence,
-        cursor: None,
-        data: Some(Json::parse(&data).or_fail()?),
-        previous: None,
-        attempt: 0,
-        traceparent: None,
-    })
+    let mut event = Event::new(event_id(i), EventType::Created, "orders", identity(i));
+    event.time = "2026-01-01T00:00:00.000Z".into();
+    event.sequence = sequence;
+    event.data = Some(Json::parse(&data).or_fail()?);
+    Ok(event)
 }
 
 /// Commits `ROWS` new items and their pending events in pages of 500, as the engine does.

@@ -20,11 +20,10 @@ use watukuy_store_postgres::{PostgresOptions, PostgresStore};
 
 /// A created event of `o<sequence>` on [`key`] carrying `data`, without a cursor.
 fn event(id: &str, sequence: i64, data: &str) -> Result<Event, CaseError> {
-    Ok(Event {
-        cursor: None,
-        data: Some(Json::parse(data).or_fail()?),
-        ..fixtures::event(&key(), id, sequence, &format!("o{sequence}"))
-    })
+    let mut event = fixtures::event(&key(), id, sequence, &format!("o{sequence}"));
+    event.cursor = None;
+    event.data = Some(Json::parse(data).or_fail()?);
+    Ok(event)
 }
 
 /// A test `$name` running `$body` on a schema of its own named after it, with a pool of

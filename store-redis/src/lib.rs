@@ -500,7 +500,7 @@ fn unique(ids: &[String]) -> Vec<&String> {
 #[async_trait]
 impl Store for RedisStore {
     fn capabilities(&self) -> Capabilities {
-        Capabilities { log: true }
+        Capabilities::default().with_log(true)
     }
 
     async fn migrate(&self) -> Result<()> {

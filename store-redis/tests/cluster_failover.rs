@@ -32,11 +32,10 @@ const PAGES_AFTER: usize = 20;
 /// A created event `id` (its own subject) on `key`, carrying its sequence, without a cursor.
 fn event(key: &PKey, id: &str, sequence: i64) -> Result<Event, String> {
     let data = Json::parse(&format!(r#"{{"sequence":{sequence}}}"#)).map_err(|e| e.to_string())?;
-    Ok(Event {
-        cursor: None,
-        data: Some(data),
-        ..fixtures::event(key, id, sequence, id)
-    })
+    let mut event = fixtures::event(key, id, sequence, id);
+    event.cursor = None;
+    event.data = Some(data);
+    Ok(event)
 }
 
 /// Page `page` (from 0): events `evt-<page>-<i>` at sequences `page * 5 + i + 1`.

@@ -44,11 +44,10 @@ fn json(text: &str) -> Result<Json, CaseError> {
 
 /// A created event of `s<sequence>` on `key` carrying `data`, without a cursor.
 fn event(key: &PKey, id: &str, sequence: i64, data: Json) -> Event {
-    Event {
-        cursor: None,
-        data: Some(data),
-        ..fixtures::event(key, id, sequence, &format!("s{sequence}"))
-    }
+    let mut event = fixtures::event(key, id, sequence, &format!("s{sequence}"));
+    event.cursor = None;
+    event.data = Some(data);
+    event
 }
 
 fn item(identity: &str, payload: Option<Json>) -> ItemRow {

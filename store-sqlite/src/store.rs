@@ -477,7 +477,7 @@ impl EncodedBatch {
 #[async_trait]
 impl Store for SqliteStore {
     fn capabilities(&self) -> Capabilities {
-        Capabilities { log: true }
+        Capabilities::default().with_log(true)
     }
 
     async fn migrate(&self) -> Result<()> {

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use watukuy_core::{
     CommitBatch, DeliveryOptions, Dispatcher, DrainContext, DrainReport, Error, Event, EventType,
-    HandlerError, ItemRow, Json, KeyCounts, Lane, Lease, ManualClock, OutboxRow, PKey, ParkedError,
+    HandlerError, ItemRow, Json, KeyCounts, Lease, ManualClock, OutboxRow, PKey, ParkedError,
     ParkedKind, ParkedRow, SeededRng, SerializedError, StatePatch, Store, ValidationIssue,
 };
 
@@ -92,22 +92,13 @@ pub fn key_other() -> PKey {
 
 /// A `created` event on `key` with a small payload.
 pub fn event(key: &PKey, id: &str, sequence: i64, subject: &str) -> Event {
-    Event {
-        id: id.into(),
-        event_type: EventType::Created,
-        source: format!("urn:watukuy:{}", key.poller).into(),
-        subject: subject.into(),
-        time: "2026-01-01T00:00:00.000Z".into(),
-        poller: key.poller.as_str().into(),
-        partition: key.partition.as_str().into(),
-        lane: Lane::Live,
-        sequence,
-        cursor: Some(json(r#"{"value":"2026-01-01T00:00:00Z","tieBreak":null}"#)),
-        data: Some(json(&format!(r#"{{"id":"{subject}","seq":{sequence}}}"#))),
-        previous: None,
-        attempt: 0,
-        traceparent: None,
-    }
+    let mut event = Event::new(id, EventType::Created, key.poller.as_str(), subject);
+    event.time = "2026-01-01T00:00:00.000Z".into();
+    event.partition = key.partition.as_str().into();
+    event.sequence = sequence;
+    event.cursor = Some(json(r#"{"value":"2026-01-01T00:00:00Z","tieBreak":null}"#));
+    event.data = Some(json(&format!(r#"{{"id":"{subject}","seq":{sequence}}}"#)));
+    event
 }
 
 /// A pending outbox row for [`event`], created at `T0`.

@@ -22,6 +22,7 @@ use super::idempotent::Fence;
 
 /// How a handler failure should be treated.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HandlerErrorKind {
     /// Worth retrying with backoff (the default for any error).
     Transient,

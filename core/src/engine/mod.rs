@@ -46,6 +46,7 @@ pub const DEFAULT_SOURCE_PREFIX: &str = "urn:watukuy:";
 /// Where the engine is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Status {
     /// Built, not running a daemon.
     Idle,

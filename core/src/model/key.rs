@@ -66,6 +66,7 @@ impl Claim {
 /// The lane an event was produced on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Lane {
     /// Incremental polling driven by the schedule.
     Live,

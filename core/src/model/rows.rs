@@ -144,6 +144,7 @@ impl OutboxRow {
 /// Why a row is parked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum ParkedKind {
     /// An event whose handler failed every attempt.
     Poison,

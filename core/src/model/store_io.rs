@@ -92,11 +92,27 @@ pub struct UrlValidator {
 }
 
 /// What a store supports, as far as the engine acts on it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Capabilities {
     /// The replay log is implemented (`commit_poll` appends when asked, `read_log` and
     /// `prune_log` work). An engine refuses a poller with `log_retention` on a store without it.
     pub log: bool,
+}
+
+impl Capabilities {
+    /// Says whether the replay log is implemented (`Capabilities::default()` says it is not).
+    ///
+    /// ```
+    /// use watukuy_core::Capabilities;
+    ///
+    /// assert!(Capabilities::default().with_log(true).log);
+    /// ```
+    #[must_use]
+    pub fn with_log(mut self, log: bool) -> Self {
+        self.log = log;
+        self
+    }
 }
 
 /// Filters for [`crate::Store::read_log`]: `LogQuery::default()` (everything), then the setters.

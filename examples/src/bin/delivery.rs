@@ -9,29 +9,18 @@ use std::time::Duration;
 
 use watukuy_core::{
     Backoff, Clock, CommitBatch, DeliveryOptions, Dispatcher, DrainContext, Event, EventType,
-    HandlerContext, HandlerError, Json, Lane, OutboxRow, PKey, ParkedQuery, StatePatch, Store,
+    HandlerContext, HandlerError, Json, OutboxRow, PKey, ParkedQuery, StatePatch, Store,
     SystemClock, SystemRng, clock::format_rfc3339_ms,
 };
 use watukuy_store_memory::MemoryStore;
 
 fn order_event(seq: i64, order: &str, kind: EventType, total: u32, now: i64) -> Event {
-    Event {
-        // Real events get deterministic ids from the poll cycle; here any unique id will do.
-        id: format!("{seq:064x}").into(),
-        event_type: kind,
-        source: "urn:watukuy:orders".into(),
-        subject: order.into(),
-        time: format_rfc3339_ms(now).into(),
-        poller: "orders".into(),
-        partition: "".into(),
-        lane: Lane::Live,
-        sequence: seq,
-        cursor: None,
-        data: Some(order_json(order, total)),
-        previous: None,
-        attempt: 0,
-        traceparent: None,
-    }
+    // Real events get deterministic ids from the poll cycle; here any unique id will do.
+    let mut event = Event::new(format!("{seq:064x}"), kind, "orders", order);
+    event.time = format_rfc3339_ms(now).into();
+    event.sequence = seq;
+    event.data = Some(order_json(order, total));
+    event
 }
 
 fn order_json(order: &str, total: u32) -> Json {

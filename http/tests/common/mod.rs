@@ -13,11 +13,10 @@ use axum::http::{HeaderMap, Method, Uri};
 use axum::response::Response;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 use watukuy_core::hooks::{FetchInfo, HookContext, Hooks};
 use watukuy_core::schedule::{ScheduleOptions, ScheduleReason};
 use watukuy_core::{
-    Backoff, Engine, Error, Event, EventType, FetchContext, HandlerContext, HandlerError, Lane,
+    Backoff, Engine, Error, Event, EventType, FetchContext, HandlerContext, HandlerError,
     ManualClock, PKey, Partition, PollResult, Poller, SeededRng, Store, TickOptions,
     ValidatorAccess, cursor,
 };
@@ -344,17 +343,10 @@ pub(crate) fn client() -> HttpClient {
 
 /// A fetch context outside an engine run, optionally with validators.
 pub(crate) fn context(validators: Option<ValidatorAccess>) -> FetchContext {
-    FetchContext {
-        cursor: cursor::Cursor::Snapshot,
-        page: 1,
-        partition: Partition::new(""),
-        lane: Lane::Live,
-        attempt: 1,
-        cancel: CancellationToken::new(),
-        budget: None,
-        clock: validators.as_ref().map(|v| Arc::clone(v.clock())),
-        validators,
-    }
+    let mut ctx = FetchContext::new(cursor::Cursor::Snapshot, Partition::new(""));
+    ctx.clock = validators.as_ref().map(|v| Arc::clone(v.clock()));
+    ctx.validators = validators;
+    ctx
 }
 
 pub(crate) fn items() -> Value {

@@ -2,26 +2,16 @@
 #![allow(dead_code, unreachable_pub)]
 
 use tokio_util::sync::CancellationToken;
-use watukuy_core::{Event, EventType, HandlerContext, Json, Lane, Partition};
+use watukuy_core::{Event, EventType, HandlerContext, Json, Partition};
 
 /// An event of poller `poller` with the given id suffix (ids are 64 hex characters).
 pub fn event(poller: &str, n: u32, event_type: EventType) -> Event {
-    Event {
-        id: format!("{n:064x}").into(),
-        event_type,
-        source: format!("urn:watukuy:{poller}").into(),
-        subject: format!("item-{n}").into(),
-        time: "2026-01-01T00:00:00.000Z".into(),
-        poller: poller.into(),
-        partition: "".into(),
-        lane: Lane::Live,
-        sequence: i64::from(n),
-        cursor: None,
-        data: Some(Json::parse(&format!(r#"{{"id":"item-{n}","total":{n}}}"#)).unwrap()),
-        previous: None,
-        attempt: 1,
-        traceparent: None,
-    }
+    let mut event = Event::new(format!("{n:064x}"), event_type, poller, format!("item-{n}"));
+    event.time = "2026-01-01T00:00:00.000Z".into();
+    event.sequence = i64::from(n);
+    event.data = Some(Json::parse(&format!(r#"{{"id":"item-{n}","total":{n}}}"#)).unwrap());
+    event.attempt = 1;
+    event
 }
 
 /// A fresh context for attempt 1 (not cancelled).

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use watukuy_core::delivery::{self, ApplyError, ApplyOutcome};
-use watukuy_core::{BoxError, EventType, Lane, ManualClock, PKey, Store};
+use watukuy_core::{BoxError, EventType, ManualClock, PKey, Store};
 
 use super::*;
 use crate::SqliteStore;
@@ -42,22 +42,11 @@ fn shared(conn: Connection) -> Arc<Mutex<Connection>> {
 
 /// A `created` event of `subject` on `orders/""`.
 fn event(id: &str, sequence: i64, subject: &str) -> Event {
-    Event {
-        id: id.into(),
-        event_type: EventType::Created,
-        source: "urn:watukuy:orders".into(),
-        subject: subject.into(),
-        time: "2026-01-01T00:00:00.000Z".into(),
-        poller: "orders".into(),
-        partition: "".into(),
-        lane: Lane::Live,
-        sequence,
-        cursor: None,
-        data: None,
-        previous: None,
-        attempt: 1,
-        traceparent: None,
-    }
+    let mut event = Event::new(id, EventType::Created, "orders", subject);
+    event.time = "2026-01-01T00:00:00.000Z".into();
+    event.sequence = sequence;
+    event.attempt = 1;
+    event
 }
 
 /// The number of rows of `table`, as `conn` sees it.
