@@ -9,7 +9,10 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
-use watukuy_core::{Clock, Engine, PKey, ParkedKind, ParkedQuery, PollerState, Store, SystemClock};
+use watukuy_core::{
+    Clock, Engine, SystemClock, store::PKey, store::ParkedKind, store::ParkedQuery,
+    store::PollerState, store::Store,
+};
 
 /// The page: plain HTML with a small inline script, served as is (no build step).
 pub const PAGE_HTML: &str = include_str!("page.html");
@@ -399,13 +402,13 @@ async fn operate(
         (None, Operation::Retry) => {
             state
                 .store
-                .resolve_parked(&key, &body.ids, watukuy_core::ParkedAction::Retry)
+                .resolve_parked(&key, &body.ids, watukuy_core::store::ParkedAction::Retry)
                 .await?
         }
         (None, Operation::Discard) => {
             state
                 .store
-                .resolve_parked(&key, &body.ids, watukuy_core::ParkedAction::Discard)
+                .resolve_parked(&key, &body.ids, watukuy_core::store::ParkedAction::Discard)
                 .await?
         }
     };

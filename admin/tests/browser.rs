@@ -20,7 +20,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use watukuy_admin::{AdminState, Mode, router};
 use watukuy_conformance::world::{Consumer, key};
-use watukuy_core::Store;
+use watukuy_core::store::Store;
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
 
 /// Chromium and chromedriver as found when this test was compiled (`Err`: why not).
@@ -363,7 +363,7 @@ async fn run() -> Result<(), String> {
     world.tick(&engine).await.map_err(|e| e.to_string())?;
     let key = key();
     let parked = store
-        .list_parked(&key, watukuy_core::ParkedQuery::default())
+        .list_parked(&key, watukuy_core::store::ParkedQuery::default())
         .await
         .map_err(|e| e.to_string())?;
     assert_eq!(parked.len(), 1, "item-002 is parked");

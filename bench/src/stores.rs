@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use watukuy_core::{BoxError, Store};
+use watukuy_core::{BoxError, store::Store};
 use watukuy_store_memory::MemoryStore;
 use watukuy_store_mysql::{MySqlOptions, MySqlStore};
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};

@@ -15,7 +15,7 @@ use watukuy_core::delivery::Unsubscribe;
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
     BoxError, Clock, Engine, Event, FetchContext, HandlerContext, HandlerError, Page, Partition,
-    Poller, StopOptions, Store, SystemClock, TickOptions,
+    Poller, StopOptions, SystemClock, TickOptions, store::Store,
 };
 
 use crate::measure::{

@@ -104,11 +104,11 @@ pub enum KindArg {
     Invalid,
 }
 
-impl From<KindArg> for watukuy_core::ParkedKind {
+impl From<KindArg> for watukuy_core::store::ParkedKind {
     fn from(kind: KindArg) -> Self {
         match kind {
-            KindArg::Poison => watukuy_core::ParkedKind::Poison,
-            KindArg::Invalid => watukuy_core::ParkedKind::Invalid,
+            KindArg::Poison => watukuy_core::store::ParkedKind::Poison,
+            KindArg::Invalid => watukuy_core::store::ParkedKind::Invalid,
         }
     }
 }

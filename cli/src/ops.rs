@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 use watukuy_core::{
-    Clock, PKey, ParkedKind, ParkedQuery, ParkedRow, PollerState, Store, SystemClock, ops,
+    Clock, SystemClock, ops, store::PKey, store::ParkedKind, store::ParkedQuery, store::ParkedRow,
+    store::PollerState, store::Store,
 };
 
 use crate::CliError;
@@ -237,7 +238,7 @@ impl Session {
             return Ok(ids);
         }
         self.store
-            .resolve_parked(key, &ids, watukuy_core::ParkedAction::Retry)
+            .resolve_parked(key, &ids, watukuy_core::store::ParkedAction::Retry)
             .await?;
         Ok(ids)
     }
@@ -257,7 +258,7 @@ impl Session {
             return Ok(ids);
         }
         self.store
-            .resolve_parked(key, &ids, watukuy_core::ParkedAction::Discard)
+            .resolve_parked(key, &ids, watukuy_core::store::ParkedAction::Discard)
             .await?;
         Ok(ids)
     }

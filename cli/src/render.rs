@@ -1,6 +1,6 @@
 //! Text output: tables, times and durations a person reads.
 
-use watukuy_core::{Circuit, ParkedRow, SerializedError};
+use watukuy_core::{store::Circuit, store::ParkedRow, store::SerializedError};
 
 use crate::ops::{KeyInspect as PollerInspect, Report};
 

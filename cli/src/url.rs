@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use watukuy_core::Store;
+use watukuy_core::store::Store;
 use watukuy_store_mysql::{MySqlOptions, MySqlStore};
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};
 use watukuy_store_redis::{RedisOptions, RedisStore};

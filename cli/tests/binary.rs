@@ -68,7 +68,7 @@ async fn inspect_points_at_a_cycle_that_quarantined_its_items() {
         let poller = world
             .poller(watukuy_conformance::world::StrategyKind::Timestamp)
             .check(|_: &serde_json::Value| {
-                Err(vec![watukuy_core::ValidationIssue {
+                Err(vec![watukuy_core::store::ValidationIssue {
                     message: "a number where a string was expected".into(),
                     path: None,
                 }])

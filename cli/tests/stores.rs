@@ -13,7 +13,9 @@ use std::time::Duration;
 use common::{Backend, Kind, engine, failing, on};
 use serde_json::{Value, json};
 use watukuy_conformance::world::{Consumer, POLLER, World, key};
-use watukuy_core::{Lane, LogQuery, PKey, ParkedKind, ParkedQuery, StatePatch};
+use watukuy_core::{
+    Lane, store::LogQuery, store::PKey, store::ParkedKind, store::ParkedQuery, store::StatePatch,
+};
 
 /// The whole tour on one backend: inspect shows what the engine wrote; parked ls, retry and
 /// discard change the store (and the engine then delivers); pause, resume, trigger and
@@ -399,7 +401,7 @@ async fn parked_kinds(b: Arc<Backend>) {
         .poller(watukuy_conformance::world::StrategyKind::Timestamp)
         .check(|item: &Value| {
             if item["id"] == "item-004" {
-                Err(vec![watukuy_core::ValidationIssue {
+                Err(vec![watukuy_core::store::ValidationIssue {
                     message: "value too large".into(),
                     path: Some(vec!["value".into()]),
                 }])

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use watukuy_core::cursor;
 use watukuy_core::{
     Backoff, DeliveryOptions, Engine, Event, EventType, HandlerContext, HandlerError,
-    HandlerResult, Lane, PKey, Retain, SeededRng, Store, TickOptions, TickResult,
+    HandlerResult, Lane, Retain, SeededRng, TickOptions, TickResult, store::PKey, store::Store,
 };
 
 use crate::faulty::{FaultyStore, KillPoint, KillSwitch, LeaseAudit};

@@ -45,7 +45,9 @@ use tokio_util::sync::CancellationToken;
 use watukuy_core::clock::format_rfc3339_ms;
 use watukuy_core::cursor::Cursor;
 use watukuy_core::diff::sha256_hex;
-use watukuy_core::{BoxError, Clock, Error, FetchContext, Page, RateLimitInfo, RateLimitSource};
+use watukuy_core::{
+    BoxError, Clock, Error, FetchContext, Page, store::RateLimitInfo, store::RateLimitSource,
+};
 
 /// The default base URL of a fake API, used in error messages and as the validator key.
 pub const DEFAULT_BASE_URL: &str = "https://fake.api";

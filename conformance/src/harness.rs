@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use watukuy_core::Store;
+use watukuy_core::store::Store;
 
 /// Why a case did not pass.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -8,8 +8,8 @@ use watukuy_core::cursor::{self, Cursor, CursorConfig, CustomAdvance, FnCustomCu
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
     Backoff, BoxError, Clock, DeliveryOptions, Engine, EngineBuilder, Event, FetchContext,
-    HandlerContext, HandlerError, HandlerResult, ManualClock, PKey, Page, Poller, PollerBuilder,
-    Result, SeededRng, Store, TickOptions, TickResult, TokioClock,
+    HandlerContext, HandlerError, HandlerResult, ManualClock, Page, Poller, PollerBuilder, Result,
+    SeededRng, TickOptions, TickResult, TokioClock, store::PKey, store::Store,
 };
 
 use crate::cases::fixtures::T0;

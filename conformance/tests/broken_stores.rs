@@ -8,7 +8,10 @@ use futures::{StreamExt, TryStreamExt};
 use watukuy_conformance::{
     CaseContext, CaseError, Defect, FaultyStore, Fresh, Harness, Outcome, Report, run_all,
 };
-use watukuy_core::{Capabilities, CommitBatch, Lease, OutboxRow, PKey, Result, Store};
+use watukuy_core::{
+    Result, store::Capabilities, store::CommitBatch, store::Lease, store::OutboxRow, store::PKey,
+    store::Store,
+};
 use watukuy_store_memory::MemoryStore;
 
 /// The one thing a broken store gets wrong.
@@ -312,7 +315,7 @@ async fn a_full_scan_over_a_store_streaming_backwards_deletes_nothing_and_warns(
             .map(|e| e.subject.to_string())
             .collect();
         assert_eq!(deleted.len(), deletes, "{defect:?}: {deleted:?}");
-        let key = watukuy_core::PKey::new(POLLER, "");
+        let key = watukuy_core::store::PKey::new(POLLER, "");
         assert_eq!(
             store.counts(&key).await.map(|c| c.items).unwrap(),
             30 - deletes as u64,

@@ -15,7 +15,8 @@ use watukuy_conformance::{
     KillSwitch, Op, assert_chaos_report, run_chaos,
 };
 use watukuy_core::{
-    CommitBatch, Error, EventType, Json, Lease, PKey, Result, StopOptions, Store, TickOptions,
+    Error, EventType, Json, Result, StopOptions, TickOptions, store::CommitBatch, store::Lease,
+    store::PKey, store::Store,
 };
 use watukuy_store_memory::MemoryStore;
 

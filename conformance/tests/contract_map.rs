@@ -1,4 +1,4 @@
-//! Every **Contract** bullet in `watukuy_core::Store`'s docs names a case that exists, and every
+//! Every **Contract** bullet in `watukuy_core::store::Store`'s docs names a case that exists, and every
 //! store-contract case is named by at least one bullet: the docs and the suite cannot drift.
 
 use std::collections::BTreeSet;

@@ -13,8 +13,9 @@ use watukuy_conformance::world::{POLLER, Recorder, StrategyKind, World};
 use watukuy_conformance::{FakeApi, Fault};
 use watukuy_core::cursor;
 use watukuy_core::{
-    Backoff, DeliveryOptions, Engine, Event, EventType, FetchContext, OnInvalid, ParkedKind,
-    ParkedQuery, ParkedRow, Poller, PollerBuilder, SeededRng, Store, TickResult,
+    Backoff, DeliveryOptions, Engine, Event, EventType, FetchContext, OnInvalid, Poller,
+    PollerBuilder, SeededRng, TickResult, store::ParkedKind, store::ParkedQuery, store::ParkedRow,
+    store::Store,
 };
 use watukuy_store_memory::MemoryStore;
 
@@ -867,9 +868,9 @@ async fn a_nan_fingerprint_quarantines_the_item_and_the_page_goes_through() {
             world.advance(Duration::from_secs(120));
         }
         assert!(recorder.events().is_empty(), "{label}");
-        let key = watukuy_core::PKey::new(POLLER, "");
+        let key = watukuy_core::store::PKey::new(POLLER, "");
         let parked = store
-            .list_parked(&key, watukuy_core::ParkedQuery::default())
+            .list_parked(&key, watukuy_core::store::ParkedQuery::default())
             .await
             .unwrap();
         assert_eq!(parked.len(), 4, "{label}: {parked:?}");

@@ -9,8 +9,8 @@ use tokio_util::sync::CancellationToken;
 use watukuy_conformance::cases::fixtures::{NODE_B, T0, TTL, event, key};
 use watukuy_core::{
     AckMode, Backoff, Clock, DeliveryOptions, Dispatcher, DrainContext, Error, ErrorCode, Event,
-    HandlerContext, HandlerError, Lease, ManualClock, PKey, ParkedQuery, PoisonAction, SeededRng,
-    Store,
+    HandlerContext, HandlerError, ManualClock, PoisonAction, SeededRng, store::Lease, store::PKey,
+    store::ParkedQuery, store::Store,
 };
 use watukuy_store_memory::MemoryStore;
 

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use watukuy_conformance::world::{StrategyKind, World};
-use watukuy_core::{EventType, Store};
+use watukuy_core::{EventType, store::Store};
 use watukuy_store_memory::MemoryStore;
 
 #[tokio::test]

@@ -13,8 +13,8 @@ use watukuy_conformance::{
 use watukuy_core::clock::format_rfc3339_ms;
 use watukuy_core::cursor::Cursor;
 use watukuy_core::{
-    BoxError, CommitBatch, Error, FetchContext, ManualClock, PKey, Page, Partition,
-    RateLimitSource, Store, ValidatorAccess,
+    BoxError, Error, FetchContext, ManualClock, Page, Partition, ValidatorAccess,
+    store::CommitBatch, store::PKey, store::RateLimitSource, store::Store,
 };
 use watukuy_store_memory::MemoryStore;
 

@@ -10,7 +10,8 @@ use async_trait::async_trait;
 use watukuy_conformance::world::{POLLER, StrategyKind, World};
 use watukuy_core::hooks::{HookContext, Hooks, Phase};
 use watukuy_core::{
-    BoxError, Error, FetchContext, Page, SerializedError, TickResult, cursor, ops::KeyInspect,
+    BoxError, Error, FetchContext, Page, TickResult, cursor, ops::KeyInspect,
+    store::SerializedError,
 };
 use watukuy_store_memory::MemoryStore;
 

@@ -16,7 +16,7 @@ use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use watukuy_conformance::world::{POLLER, Recorder};
 use watukuy_core::{
     BoxError, DeleteConfirmation, Engine, Event, EventType, FetchContext, ManualClock, OnInvalid,
-    Page, Poller, SeededRng, Store, TickOptions, cursor,
+    Page, Poller, SeededRng, TickOptions, cursor, store::Store,
 };
 use watukuy_store_memory::MemoryStore;
 

@@ -14,10 +14,11 @@ use watukuy_core::delivery::{
     DeliveryCounters, DeliveryOutcome, LiveOnly, Redaction, Timeout, TransientStatuses,
     classify_http_response,
 };
-use watukuy_core::model::{FailureClass, ParkReason};
+use watukuy_core::store::{FailureClass, ParkReason};
 use watukuy_core::{
     Backoff, DeliveryOptions, Dispatcher, DrainContext, DrainReport, Event, HandlerContext,
-    HandlerError, Json, Lane, ParkedError, ParkedQuery, ParkedRow, Store,
+    HandlerError, Json, Lane, store::ParkedError, store::ParkedQuery, store::ParkedRow,
+    store::Store,
 };
 
 mod common;

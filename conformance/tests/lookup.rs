@@ -13,7 +13,7 @@ use watukuy_conformance::world::{Recorder, StrategyKind, World, lock};
 use watukuy_core::budget::{BudgetStore, MemoryBudgetStore};
 use watukuy_core::{
     BoxError, BudgetPolicy, DeleteConfirmation, Engine, Error, EventType, FetchContext, Lane, Page,
-    PollerBuilder, Store, cursor,
+    PollerBuilder, cursor, store::Store,
 };
 use watukuy_store_memory::MemoryStore;
 

@@ -20,9 +20,9 @@ use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state
 use watukuy_conformance::FaultyStore;
 use watukuy_conformance::cases::fixtures::event;
 use watukuy_core::{
-    Backoff, Clock, CommitBatch, DeliveryOptions, Dispatcher, DrainContext, Event, HandlerContext,
-    HandlerError, HandlerResult, Lease, ManualClock, OutboxRow, PKey, ParkedQuery, SeededRng,
-    StatePatch, Store,
+    Backoff, Clock, DeliveryOptions, Dispatcher, DrainContext, Event, HandlerContext, HandlerError,
+    HandlerResult, ManualClock, SeededRng, store::CommitBatch, store::Lease, store::OutboxRow,
+    store::PKey, store::ParkedQuery, store::StatePatch, store::Store,
 };
 use watukuy_store_memory::MemoryStore;
 
@@ -564,7 +564,7 @@ impl Sut {
     }
 
     /// Retries or discards every event parked for `key`, and checks that each one was.
-    fn resolve_parked(&self, key: u8, action: watukuy_core::ParkedAction) {
+    fn resolve_parked(&self, key: u8, action: watukuy_core::store::ParkedAction) {
         let ids = self.parked_ids(key);
         let resolved = self
             .runtime
@@ -610,9 +610,11 @@ impl StateMachineTest for DeliveryTest {
             Step::Crash => sut.faulty.kill("crash"),
             Step::StealLease => sut.steal(),
             Step::Drain => sut.drain(),
-            Step::RetryParked(key) => sut.resolve_parked(key, watukuy_core::ParkedAction::Retry),
+            Step::RetryParked(key) => {
+                sut.resolve_parked(key, watukuy_core::store::ParkedAction::Retry)
+            }
             Step::DiscardParked(key) => {
-                sut.resolve_parked(key, watukuy_core::ParkedAction::Discard);
+                sut.resolve_parked(key, watukuy_core::store::ParkedAction::Discard);
             }
         }
         sut
@@ -694,7 +696,7 @@ impl StateMachineTest for DeliveryTest {
                 .block_on(sut.store.resolve_parked(
                     &sut.key,
                     &ids,
-                    watukuy_core::ParkedAction::Retry,
+                    watukuy_core::store::ParkedAction::Retry,
                 ))
                 .expect("retry_parked");
         }

@@ -19,11 +19,12 @@ use watukuy_core::cursor;
 use watukuy_core::hooks::{CommitInfo, FetchInfo, HookContext, Hooks, Phase};
 use watukuy_core::schedule::{CircuitOptions, ScheduleOptions, ScheduleReason};
 use watukuy_core::{
-    BoxError, Circuit, Clock, Engine, EngineBuilder, Error, ErrorCode, Event, EventType,
-    FetchContext, HandlerContext, HandlerError, Json, Lane, Lease, LogQuery, ManualClock, PKey,
-    Page, ParkedKind, ParkedQuery, ParkedRow, Partition, PollSummary, Poller, PollerBuilder,
-    SeededRng, SerializedError, Status, StopOptions, Store, TickOptions, TickResult, TokioClock,
-    ValidationIssue,
+    BoxError, Clock, Engine, EngineBuilder, Error, ErrorCode, Event, EventType, FetchContext,
+    HandlerContext, HandlerError, Json, Lane, ManualClock, Page, Partition, Poller, PollerBuilder,
+    SeededRng, Status, StopOptions, TickOptions, TickResult, TokioClock, store::Circuit,
+    store::Lease, store::LogQuery, store::PKey, store::ParkedKind, store::ParkedQuery,
+    store::ParkedRow, store::PollSummary, store::SerializedError, store::Store,
+    store::ValidationIssue,
 };
 use watukuy_store_memory::MemoryStore;
 

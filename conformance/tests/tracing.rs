@@ -12,7 +12,7 @@ use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use watukuy_conformance::world::{POLLER, StrategyKind, World};
 use watukuy_core::telemetry::is_traceparent;
-use watukuy_core::{Event, HandlerContext, HandlerError, Store};
+use watukuy_core::{Event, HandlerContext, HandlerError, store::Store};
 use watukuy_store_memory::MemoryStore;
 
 /// A span as the layer saw it: name, parent name and fields.

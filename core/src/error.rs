@@ -233,7 +233,7 @@ impl Error {
     /// use watukuy_core::Error;
     ///
     /// assert_eq!(Error::config("redis.prefix", "must not be empty").config_option(), Some("redis.prefix"));
-    /// assert_eq!(Error::store(watukuy_core::StoreErrorKind::Busy, true, "busy").config_option(), None);
+    /// assert_eq!(Error::store(watukuy_core::store::StoreErrorKind::Busy, true, "busy").config_option(), None);
     /// ```
     pub fn config_option(&self) -> Option<&str> {
         match self {

@@ -3,7 +3,7 @@
 //! A full scan (`snapshot_diff`, a reconcile lane) deletes every stored identity its complete
 //! listing did not name. Keeping a set of everything listed costs O(items) (about 100 MiB for a
 //! million identities), so instead the listing is merged, page by page, against the stored
-//! identities, which [`Store::stream_identities`](crate::Store::stream_identities) yields in
+//! identities, which [`Store::stream_identities`](crate::store::Store::stream_identities) yields in
 //! strictly ascending byte order (its contract point 2). The stream is held open across the
 //! cycle's pages.
 //!
@@ -407,7 +407,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_store_error_is_returned() {
-        let error = crate::Error::store(crate::StoreErrorKind::Other, true, "boom");
+        let error = crate::Error::store(crate::store::StoreErrorKind::Other, true, "boom");
         let stream = stream::iter([Ok(ids(&["a"])), Err(error)]).boxed();
         let mut merge = FullScan::new(&key(), stream);
         assert!(merge.list(ids(&["b"])).await.is_err());

@@ -8,13 +8,13 @@ mod decide;
 pub mod delivery;
 pub mod diff;
 pub mod engine;
-pub mod error;
+mod error;
 pub mod event;
 pub mod fetch;
 mod full_scan;
 pub mod hooks;
 pub mod json;
-pub mod model;
+mod model;
 pub mod ops;
 pub mod poller;
 pub mod rng;
@@ -36,18 +36,12 @@ pub use engine::{
     BackfillOptions, Engine, EngineBuilder, InspectReport, PollerInspect, Status, StopOptions,
     TickOptions, TickResult,
 };
-pub use error::{BoxError, Error, ErrorCode, Result, StoreErrorKind};
+pub use error::{BoxError, Error, ErrorCode, Result};
 pub use event::{CloudEvent, Event, EventType};
 pub use fetch::{BudgetCharge, FetchContext, Page, RejectedItem, ValidatorAccess};
 pub use hooks::{HookContext, Hooks};
 pub use json::Json;
-pub use model::FailureDetails;
-pub use model::{
-    Capabilities, Circuit, Claim, CommitBatch, EventCounts, ItemRow, KeyCounts, Lane, LaneCursor,
-    Lanes, Lease, LogQuery, LoggedEvent, OutboxRow, OutboxStatus, PKey, ParkedAction, ParkedError,
-    ParkedKind, ParkedQuery, ParkedRow, PollSummary, PollerState, RateLimitInfo, RateLimitSource,
-    ScheduleState, SerializedError, StatePatch, UrlValidator, ValidationIssue, Validator,
-};
+pub use model::Lane;
 pub use poller::{
     DeleteConfirmation, MAX_ITEM_DEPTH, OnInvalid, PlannedPage, Poller, PollerBuilder, Retain,
 };
@@ -57,7 +51,6 @@ pub use schedule::{CircuitOptions, ScheduleOptions, ScheduleReason};
 /// The string type of [`Event`]'s fields: a `str` that clones without copying (up to 23 bytes
 /// inline, longer ones shared), compared with `==` against `&str` and `String`.
 pub use smol_str::SmolStr;
-pub use store::Store;
 
 // What users share across tasks must stay shareable: a change that breaks one of these is a
 // breaking change and fails the build here, not in a user's code.
@@ -65,7 +58,7 @@ const _: () = {
     const fn send_sync<T: Send + Sync + ?Sized>() {}
     send_sync::<Engine>();
     send_sync::<Event>();
-    send_sync::<std::sync::Arc<dyn Store>>();
+    send_sync::<std::sync::Arc<dyn store::Store>>();
     send_sync::<Poller>();
     send_sync::<Dispatcher>();
 };

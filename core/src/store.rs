@@ -22,10 +22,13 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 
 use crate::error::Result;
-use crate::model::{
-    Capabilities, Claim, CommitBatch, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent, OutboxRow,
-    PKey, ParkedAction, ParkedQuery, ParkedRow, PollerState, SerializedError, StatePatch,
-    Validator,
+pub use crate::error::StoreErrorKind;
+pub use crate::model::{
+    AttemptRecord, Capabilities, Circuit, Claim, CommitBatch, EventCounts, FailureClass,
+    FailureDetails, ItemRow, KeyCounts, LaneCursor, Lanes, Lease, LogQuery, LoggedEvent, OutboxRow,
+    OutboxStatus, PKey, ParkReason, ParkedAction, ParkedError, ParkedKind, ParkedQuery, ParkedRow,
+    PollSummary, PollerState, RateLimitInfo, RateLimitSource, ScheduleState, SerializedError,
+    StatePatch, UrlValidator, ValidationIssue, Validator,
 };
 
 /// The default batch size of [`Store::stream_identities`].

@@ -1,7 +1,7 @@
 //! Library code shared by the watukuy examples (the programs are in `src/bin/`).
 //!
 //! - [`custom_store`]: the template for writing your own store — a wrapper that delegates every
-//!   [`Store`](watukuy_core::Store) method, tested with `watukuy_conformance::store_tests!` in
+//!   [`Store`](watukuy_core::store::Store) method, tested with `watukuy_conformance::store_tests!` in
 //!   `tests/custom_store.rs`.
 //! - [`reconcile`]: the `reconcile` example's catalog API, poller and scripted scenario (a live
 //!   lane plus a reconcile lane finding deletes), tested by `tests/reconcile.rs`.

@@ -31,7 +31,7 @@ use watukuy_core::cursor::{self, Cursor};
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
     BoxError, Clock, Engine, Event, EventType, FetchContext, HandlerContext, HandlerError, Lane,
-    ManualClock, PKey, Page, Poller, Store, TickOptions,
+    ManualClock, Page, Poller, TickOptions, store::PKey, store::Store,
 };
 use watukuy_http::HttpClient;
 use watukuy_store_memory::MemoryStore;

@@ -20,7 +20,7 @@ impl Harness for CountingHarness {
 
     async fn fresh(&self, _ctx: CaseContext) -> Result<Fresh, CaseError> {
         let store = CountingStore::new(Arc::new(MemoryStore::new()));
-        watukuy_core::Store::migrate(&store)
+        watukuy_core::store::Store::migrate(&store)
             .await
             .map_err(|e| CaseError::failed(format!("migrate: {e}")))?;
         Ok(Fresh::new(Arc::new(store)))

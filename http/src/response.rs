@@ -7,7 +7,7 @@ use reqwest::header::HeaderMap;
 use reqwest::{Method, StatusCode, Url};
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
-use watukuy_core::{Error, Page, RateLimitInfo};
+use watukuy_core::{Error, Page, store::RateLimitInfo};
 
 use crate::items::Items;
 use crate::problem::ProblemDetails;

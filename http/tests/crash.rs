@@ -13,7 +13,8 @@ use serde_json::json;
 use watukuy_conformance::{FaultyStore, KillPoint, KillSwitch, backend_url};
 use watukuy_core::cursor::{self, Cursor};
 use watukuy_core::{
-    Engine, Event, EventType, FetchContext, ManualClock, Poller, SeededRng, Store, TickOptions,
+    Engine, Event, EventType, FetchContext, ManualClock, Poller, SeededRng, TickOptions,
+    store::Store,
 };
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
@@ -97,7 +98,7 @@ async fn crash_between_fetch_and_commit(store: Arc<dyn Store>, label: &str) {
     drop(node_a);
 
     // The 200 was received, its page never committed: no validator may be stored.
-    let key = watukuy_core::PKey::new(POLLER, "");
+    let key = watukuy_core::store::PKey::new(POLLER, "");
     let page_1 = format!("{url}?page=1");
     assert_eq!(
         store

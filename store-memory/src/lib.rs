@@ -6,9 +6,11 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use async_trait::async_trait;
 use futures::stream::{self, BoxStream, StreamExt};
 use watukuy_core::{
-    Capabilities, Claim, CommitBatch, Error, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent,
-    OutboxRow, OutboxStatus, PKey, ParkedAction, ParkedKind, ParkedQuery, ParkedRow, PollerState,
-    Result, SerializedError, SmolStr, StatePatch, Store, Validator,
+    Error, Result, SmolStr, store::Capabilities, store::Claim, store::CommitBatch, store::ItemRow,
+    store::KeyCounts, store::Lease, store::LogQuery, store::LoggedEvent, store::OutboxRow,
+    store::OutboxStatus, store::PKey, store::ParkedAction, store::ParkedKind, store::ParkedQuery,
+    store::ParkedRow, store::PollerState, store::SerializedError, store::StatePatch, store::Store,
+    store::Validator,
 };
 
 /// Everything stored for one key.
@@ -96,7 +98,7 @@ impl MemoryStore {
     /// nothing and always succeeds, so code written for a durable store runs unchanged here.
     ///
     /// ```
-    /// use watukuy_store_memory::MemoryStore; // no `use watukuy_core::Store`
+    /// use watukuy_store_memory::MemoryStore; // no `use watukuy_core::store::Store`
     ///
     /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
     /// let store = MemoryStore::new();

@@ -2,7 +2,7 @@
 //! server's error number (the SQLSTATE of MySQL is too coarse: `HY000` covers half of them).
 
 use sqlx::mysql::MySqlDatabaseError;
-use watukuy_core::{Error, StoreErrorKind};
+use watukuy_core::{Error, store::StoreErrorKind};
 
 /// Server error numbers the store acts on. The numbers are the same on MySQL and MariaDB unless
 /// a comment says otherwise.

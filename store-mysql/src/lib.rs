@@ -1,4 +1,4 @@
-//! The MySQL / MariaDB [`Store`](watukuy_core::Store) for watukuy: fenced leases, one
+//! The MySQL / MariaDB [`Store`](watukuy_core::store::Store) for watukuy: fenced leases, one
 //! transaction per page, many instances on one database.
 //!
 //! Written against the public contract only (`docs/custom-store.md` and the `Store` rustdoc)
@@ -165,7 +165,7 @@ pub struct MySqlStore {
 impl MySqlStore {
     /// Opens a pool on `url` (`mysql://user:password@host:port/database`, with the driver's
     /// parameters such as `ssl-mode=REQUIRED`, `ssl-ca=/path/ca.pem` or `socket=/run/mysqld.sock`)
-    /// and checks that one connection works. Call [`migrate`](watukuy_core::Store::migrate)
+    /// and checks that one connection works. Call [`migrate`](watukuy_core::store::Store::migrate)
     /// before use.
     ///
     /// A URL that does not parse or options that are out of range are `Config` errors; a server
@@ -197,13 +197,13 @@ impl MySqlStore {
     /// Creates or upgrades the tables (the `Store` method, callable without importing the
     /// trait): safe when many instances run it at once.
     pub async fn migrate(&self) -> Result<()> {
-        watukuy_core::Store::migrate(self).await
+        watukuy_core::store::Store::migrate(self).await
     }
 
     /// Closes the pool (the `Store` method, callable without importing the trait); later calls
     /// fail with a permanent store error.
     pub async fn close(&self) -> Result<()> {
-        watukuy_core::Store::close(self).await
+        watukuy_core::store::Store::close(self).await
     }
 
     /// The idempotent DDL `migrate` applies for `options`' table prefix (every version's

@@ -7,7 +7,7 @@
 //! finishes.
 
 use sqlx::MySqlConnection;
-use watukuy_core::{Error, Result, StoreErrorKind};
+use watukuy_core::{Error, Result, store::StoreErrorKind};
 
 use crate::error::OrStore;
 use crate::sql::Tables;

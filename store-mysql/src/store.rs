@@ -8,10 +8,11 @@ use futures::stream::BoxStream;
 use sqlx::mysql::MySql;
 use sqlx::{Executor, MySqlConnection, MySqlPool, Transaction};
 use watukuy_core::{
-    Capabilities, Claim, CommitBatch, Error, Event, ItemRow, KeyCounts, Lease, LogQuery,
-    LoggedEvent, OutboxRow, OutboxStatus, PKey, ParkedAction, ParkedKind, ParkedQuery, ParkedRow,
-    PollerState, Result, SerializedError, StatePatch, Store, StoreErrorKind, UrlValidator,
-    Validator,
+    Error, Event, Result, store::Capabilities, store::Claim, store::CommitBatch, store::ItemRow,
+    store::KeyCounts, store::Lease, store::LogQuery, store::LoggedEvent, store::OutboxRow,
+    store::OutboxStatus, store::PKey, store::ParkedAction, store::ParkedKind, store::ParkedQuery,
+    store::ParkedRow, store::PollerState, store::SerializedError, store::StatePatch, store::Store,
+    store::StoreErrorKind, store::UrlValidator, store::Validator,
 };
 
 use crate::MySqlStore;

@@ -14,8 +14,8 @@ use sqlx::{ConnectOptions, Executor, MySqlConnection};
 use watukuy_conformance::CaseError;
 use watukuy_conformance::cases::fixtures::{NODE_A, T0, TTL, item, json, key, pending};
 use watukuy_core::{
-    CommitBatch, ErrorCode, ItemRow, Lease, PKey, StatePatch, Store, StoreErrorKind, UrlValidator,
-    Validator,
+    ErrorCode, store::CommitBatch, store::ItemRow, store::Lease, store::PKey, store::StatePatch,
+    store::Store, store::StoreErrorKind, store::UrlValidator, store::Validator,
 };
 use watukuy_store_mysql::{MySqlOptions, MySqlStore, SCHEMA_VERSION};
 
@@ -340,7 +340,7 @@ db_test!(
         );
         let err = store
             .acquire_lease(
-                &watukuy_core::PKey::new("p".repeat(300), ""),
+                &watukuy_core::store::PKey::new("p".repeat(300), ""),
                 NODE_A,
                 TTL,
                 T0,

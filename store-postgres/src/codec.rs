@@ -10,8 +10,9 @@ use serde::de::DeserializeOwned;
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 use watukuy_core::{
-    Error, Event, ItemRow, Json, Lanes, LoggedEvent, OutboxRow, OutboxStatus, ParkedKind,
-    ParkedRow, PollerState, Result, ScheduleState, StatePatch, StoreErrorKind, UrlValidator,
+    Error, Event, Json, Result, store::ItemRow, store::Lanes, store::LoggedEvent, store::OutboxRow,
+    store::OutboxStatus, store::ParkedKind, store::ParkedRow, store::PollerState,
+    store::ScheduleState, store::StatePatch, store::StoreErrorKind, store::UrlValidator,
 };
 
 use crate::PgQuery;

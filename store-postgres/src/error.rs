@@ -1,6 +1,6 @@
 //! The one mapping from driver errors to watukuy's [`Error`] (ARCHITECTURE.md, invariant 5).
 
-use watukuy_core::{Error, StoreErrorKind};
+use watukuy_core::{Error, store::StoreErrorKind};
 
 /// Said after errors that mean statements outlived their server connection.
 const POOLER_HINT: &str = " (is the store behind a pooler in transaction mode, such as PgBouncer \

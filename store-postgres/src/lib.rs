@@ -15,9 +15,10 @@ use futures::stream::{self, BoxStream, StreamExt};
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgQueryResult, PgRow};
 use sqlx::{Connection, Executor, PgConnection, Postgres, Row};
 use watukuy_core::{
-    Capabilities, Claim, CommitBatch, Error, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent,
-    OutboxRow, OutboxStatus, PKey, ParkedAction, ParkedQuery, ParkedRow, PollerState, Result,
-    SerializedError, StatePatch, Store, Validator,
+    Error, Result, store::Capabilities, store::Claim, store::CommitBatch, store::ItemRow,
+    store::KeyCounts, store::Lease, store::LogQuery, store::LoggedEvent, store::OutboxRow,
+    store::OutboxStatus, store::PKey, store::ParkedAction, store::ParkedQuery, store::ParkedRow,
+    store::PollerState, store::SerializedError, store::StatePatch, store::Store, store::Validator,
 };
 
 use crate::codec::{
@@ -115,7 +116,7 @@ impl PostgresStore {
             Ok(Err(e)) => return Err(connect_error(&target, classify(e))),
             Err(_) => {
                 return Err(Error::store(
-                    watukuy_core::StoreErrorKind::Connection,
+                    watukuy_core::store::StoreErrorKind::Connection,
                     true,
                     format!(
                         "cannot connect to PostgreSQL at {target}: no answer within {:?}",
@@ -374,7 +375,7 @@ async fn migrate_in(conn: &mut PgConnection, options: &PostgresOptions) -> Resul
     let current = current.unwrap_or(0);
     if current > SCHEMA_VERSION {
         return Err(Error::store(
-            watukuy_core::StoreErrorKind::Schema,
+            watukuy_core::store::StoreErrorKind::Schema,
             false,
             format!(
                 "the tables in schema {:?} with prefix {:?} are at version {current}, newer \

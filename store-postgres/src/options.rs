@@ -124,7 +124,7 @@ impl PostgresOptions {
         self
     }
 
-    /// Whether [`Store::close`](watukuy_core::Store::close) closes the pool (default `false`:
+    /// Whether [`Store::close`](watukuy_core::store::Store::close) closes the pool (default `false`:
     /// a pool handed over with [`from_pool`](crate::PostgresStore::from_pool) usually serves
     /// other code too). A closed pool is not reopened; later calls fail with a permanent
     /// `Connection` store error.

@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 use sqlx::{PgPool, Postgres, Row, Transaction};
 use watukuy_conformance::CaseError;
 use watukuy_conformance::consumer::{ConsumerDb, ConsumerHarness, ModelRow};
-use watukuy_core::{BoxError, Event, EventType, ManualClock, Store};
+use watukuy_core::{BoxError, Event, EventType, ManualClock, store::Store};
 use watukuy_store_postgres::{PostgresStore, ProcessedEvents};
 
 /// A schema with a processed-events table `processed<suffix>` and a read model `rm<suffix>`.
@@ -181,7 +181,7 @@ impl ConsumerHarness for PgConsumers {
         let database = database().await?;
         let schema = Schema::new(&database, &format!("consumer_{name}"), 8).await?;
         let store = PostgresStore::from_pool(schema.pool.clone(), schema.options())?;
-        watukuy_core::Store::migrate(&store).await?;
+        watukuy_core::store::Store::migrate(&store).await?;
         PgConsumerDb::new(schema, "", clock, Arc::new(store)).await
     }
 

@@ -12,9 +12,10 @@ use sqlx::{Connection, PgConnection, Row};
 use watukuy_conformance::CaseError;
 use watukuy_conformance::cases::fixtures::{self, T0, TTL, item, key};
 use watukuy_core::{
-    CommitBatch, Error, ErrorCode, Event, ItemRow, Json, Lease, LogQuery, OutboxRow, PKey,
-    ParkedError, ParkedKind, ParkedQuery, ParkedRow, PollerState, ScheduleState, SerializedError,
-    StatePatch, Store, StoreErrorKind,
+    Error, ErrorCode, Event, Json, store::CommitBatch, store::ItemRow, store::Lease,
+    store::LogQuery, store::OutboxRow, store::PKey, store::ParkedError, store::ParkedKind,
+    store::ParkedQuery, store::ParkedRow, store::PollerState, store::ScheduleState,
+    store::SerializedError, store::StatePatch, store::Store, store::StoreErrorKind,
 };
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};
 
@@ -630,7 +631,11 @@ schema_test!(json_round_trips_verbatim, 2, |schema| async move {
     );
     ensure!(
         store
-            .resolve_parked(&k, &["evt-1".to_owned()], watukuy_core::ParkedAction::Retry)
+            .resolve_parked(
+                &k,
+                &["evt-1".to_owned()],
+                watukuy_core::store::ParkedAction::Retry
+            )
             .await?
             == 1,
         "retry count"

@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 use watukuy_core::budget::{BucketPolicy, BudgetStore, MAX_CAPACITY_TOKEN_MS, Take};
-use watukuy_core::{Error, Result, StoreErrorKind};
+use watukuy_core::{Error, Result, store::StoreErrorKind};
 
 use crate::conn::Conn;
 use crate::keys::KeySpace;

@@ -8,7 +8,8 @@
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use watukuy_core::{
-    Error, OutboxRow, PollerState, Result, SerializedError, StatePatch, StoreErrorKind,
+    Error, Result, store::OutboxRow, store::PollerState, store::SerializedError, store::StatePatch,
+    store::StoreErrorKind,
 };
 
 /// Serializes a value the store writes as JSON text.

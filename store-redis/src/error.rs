@@ -1,7 +1,7 @@
 //! The one mapping from driver errors to watukuy's [`Error`] (ARCHITECTURE.md, invariant 5).
 
 use redis::{ErrorKind, RedisError, ServerErrorKind};
-use watukuy_core::{Error, StoreErrorKind};
+use watukuy_core::{Error, store::StoreErrorKind};
 
 /// Maps a redis error to [`Error::Store`] (or [`Error::Config`] for an unusable URL), deciding
 /// whether retrying may help:

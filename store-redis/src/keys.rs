@@ -9,7 +9,7 @@
 //! The lists behind `list_keys` share the literal tag `{keys}` (one slot of their own): a set of
 //! poller names and, per poller, a set of its partitions.
 
-use watukuy_core::PKey;
+use watukuy_core::store::PKey;
 
 /// Escapes a name for use inside a hash tag: `%`, `{`, `}` and `:` become `%25`, `%7B`, `%7D`
 /// and `%3A`; everything else (unicode included) is kept. Injective, and the result never

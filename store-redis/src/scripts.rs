@@ -6,7 +6,7 @@
 use std::sync::LazyLock;
 
 use redis::{Cmd, ErrorKind, FromRedisValue, ServerErrorKind, Value};
-use watukuy_core::{Error, Result, StoreErrorKind};
+use watukuy_core::{Error, Result, store::StoreErrorKind};
 
 use crate::conn::Conn;
 use crate::keys::slot;

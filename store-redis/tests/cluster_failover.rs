@@ -21,7 +21,9 @@ use std::time::Duration;
 use common::servers::{Cluster, poll};
 use tokio::sync::Mutex;
 use watukuy_conformance::cases::fixtures;
-use watukuy_core::{CommitBatch, Event, Json, OutboxRow, PKey, StatePatch, Store};
+use watukuy_core::{
+    Event, Json, store::CommitBatch, store::OutboxRow, store::PKey, store::StatePatch, store::Store,
+};
 use watukuy_store_redis::{RedisOptions, RedisStore};
 
 const T0: i64 = 1_767_225_600_000;

@@ -17,9 +17,10 @@ use tokio::process::{Child, Command};
 use watukuy_conformance::CaseError;
 use watukuy_conformance::cases::fixtures;
 use watukuy_core::{
-    CommitBatch, Error, ErrorCode, Event, ItemRow, Json, LaneCursor, Lanes, Lease, LogQuery,
-    OutboxRow, PKey, ParkedError, ParkedKind, ParkedQuery, ParkedRow, SerializedError, StatePatch,
-    Store, StoreErrorKind, Validator,
+    Error, ErrorCode, Event, Json, store::CommitBatch, store::ItemRow, store::LaneCursor,
+    store::Lanes, store::Lease, store::LogQuery, store::OutboxRow, store::PKey, store::ParkedError,
+    store::ParkedKind, store::ParkedQuery, store::ParkedRow, store::SerializedError,
+    store::StatePatch, store::Store, store::StoreErrorKind, store::Validator,
 };
 use watukuy_store_redis::{RedisOptions, RedisStore};
 
@@ -270,7 +271,7 @@ server_test!(
                     Some(T0 + 1),
                 )
                 .await?;
-            let validator = watukuy_core::UrlValidator {
+            let validator = watukuy_core::store::UrlValidator {
                 url_hash: "url:{hash}".to_owned(),
                 validator: Validator {
                     etag: Some("\"e\"".to_owned()),

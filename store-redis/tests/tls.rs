@@ -16,7 +16,7 @@ use rcgen::{
     KeyUsagePurpose,
 };
 use watukuy_core::budget::{BucketPolicy, BudgetStore, Take};
-use watukuy_core::{CommitBatch, Error, PKey, Store};
+use watukuy_core::{Error, store::CommitBatch, store::PKey, store::Store};
 use watukuy_store_redis::{RedisBudgetStore, RedisOptions, RedisStore};
 
 const T0: i64 = 1_767_225_600_000;
@@ -140,7 +140,7 @@ async fn exercise(store: &RedisStore) {
         .await
         .expect("acquire over TLS")
         .expect("a free lease");
-    let batch = CommitBatch::default().upserts(vec![watukuy_core::ItemRow {
+    let batch = CommitBatch::default().upserts(vec![watukuy_core::store::ItemRow {
         identity: "o1".to_owned(),
         version: Some("v1".to_owned()),
         hash: "h".to_owned(),

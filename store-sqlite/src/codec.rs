@@ -5,8 +5,9 @@
 
 use serde::de::DeserializeOwned;
 use watukuy_core::{
-    Error, Event, ItemRow, Json, OutboxRow, OutboxStatus, ParkedError, ParkedKind, ParkedRow,
-    Result, SerializedError, StoreErrorKind,
+    Error, Event, Json, Result, store::ItemRow, store::OutboxRow, store::OutboxStatus,
+    store::ParkedError, store::ParkedKind, store::ParkedRow, store::SerializedError,
+    store::StoreErrorKind,
 };
 
 use crate::error::DbResult;

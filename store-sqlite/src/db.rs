@@ -38,7 +38,7 @@ use std::thread::JoinHandle;
 
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use tokio::sync::{Semaphore, oneshot};
-use watukuy_core::{Error, Result, StoreErrorKind};
+use watukuy_core::{Error, Result, store::StoreErrorKind};
 
 use crate::error::{DbResult, Failure};
 use crate::options::{Location, SqliteOptions};

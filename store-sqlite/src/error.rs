@@ -1,7 +1,7 @@
 //! The one mapping of rusqlite errors into watukuy's [`Error`].
 
 use rusqlite::ErrorCode as Code;
-use watukuy_core::{Error, StoreErrorKind as Kind};
+use watukuy_core::{Error, store::StoreErrorKind as Kind};
 
 use crate::options::Location;
 

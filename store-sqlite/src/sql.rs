@@ -40,7 +40,7 @@ pub const SCHEMA_VERSION: i64 = 1;
 
 /// The complete, idempotent DDL of the current schema for `prefix`, for teams that manage
 /// schemas themselves: the tables, their indexes and the schema-version rows, so that
-/// [`Store::migrate`](watukuy_core::Store::migrate) (or the store's first use) then finds the
+/// [`Store::migrate`](watukuy_core::store::Store::migrate) (or the store's first use) then finds the
 /// schema current and changes nothing. Running it twice is harmless.
 ///
 /// Fails with a `Config` error (`sqlite.table_prefix`) when the prefix is not an identifier.

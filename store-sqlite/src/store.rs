@@ -9,9 +9,11 @@ use rusqlite::types::ToSql;
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::Mutex as AsyncMutex;
 use watukuy_core::{
-    Capabilities, Claim, CommitBatch, Error, Event, ItemRow, KeyCounts, Lease, LogQuery,
-    LoggedEvent, OutboxRow, PKey, ParkedAction, ParkedQuery, ParkedRow, PollerState, Result,
-    SerializedError, StatePatch, Store, StoreErrorKind, UrlValidator, Validator,
+    Error, Event, Result, store::Capabilities, store::Claim, store::CommitBatch, store::ItemRow,
+    store::KeyCounts, store::Lease, store::LogQuery, store::LoggedEvent, store::OutboxRow,
+    store::PKey, store::ParkedAction, store::ParkedQuery, store::ParkedRow, store::PollerState,
+    store::SerializedError, store::StatePatch, store::Store, store::StoreErrorKind,
+    store::UrlValidator, store::Validator,
 };
 
 use crate::codec::{
@@ -82,7 +84,7 @@ impl SqliteStore {
     /// that does not exist, a file that is not a database, a schema newer than this version).
     ///
     /// ```
-    /// use watukuy_store_sqlite::{SqliteOptions, SqliteStore}; // no `use watukuy_core::Store`
+    /// use watukuy_store_sqlite::{SqliteOptions, SqliteStore}; // no `use watukuy_core::store::Store`
     ///
     /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
     /// let store = SqliteStore::open(SqliteOptions::in_memory())?;

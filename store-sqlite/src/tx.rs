@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, PoisonError, mpsc};
 
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 use tokio::sync::oneshot;
-use watukuy_core::{Error, Result, StoreErrorKind};
+use watukuy_core::{Error, Result, store::StoreErrorKind};
 
 use crate::error::classify;
 use crate::options::Location;

@@ -15,7 +15,9 @@ use std::process::{Command, Stdio};
 
 use futures::TryStreamExt;
 use watukuy_conformance::cases::fixtures::{T0, item, pending};
-use watukuy_core::{CommitBatch, Json, LogQuery, PKey, StatePatch, Store};
+use watukuy_core::{
+    Json, store::CommitBatch, store::LogQuery, store::PKey, store::StatePatch, store::Store,
+};
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
 
 /// Names the database file of a child process; unset in the parent.

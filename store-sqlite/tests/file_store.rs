@@ -10,8 +10,9 @@ use common::{temp_db, temp_dir};
 
 use watukuy_conformance::cases::fixtures::{NODE_A, NODE_B, T0, TTL, item, key, pending};
 use watukuy_core::{
-    CommitBatch, Error, ErrorCode, Lease, LogQuery, PKey, ParkedAction, ParkedQuery, StatePatch,
-    Store, StoreErrorKind,
+    Error, ErrorCode, store::CommitBatch, store::Lease, store::LogQuery, store::PKey,
+    store::ParkedAction, store::ParkedQuery, store::StatePatch, store::Store,
+    store::StoreErrorKind,
 };
 use watukuy_store_sqlite::{SCHEMA_VERSION, SqliteOptions, SqliteStore, Synchronous, ddl};
 

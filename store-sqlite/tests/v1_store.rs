@@ -33,7 +33,7 @@ async fn a_v1_sqlite_store_is_migrated_read_and_delivered() {
         .expect("a temporary directory");
     let store = Arc::new(v1_copy_in(dir.path()));
     v1_checks::upgrade_and_check(store.clone(), "sqlite", EXPECTED).await;
-    watukuy_core::Store::close(&*store)
+    watukuy_core::store::Store::close(&*store)
         .await
         .expect("close the store");
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use watukuy_conformance::world::Consumer;
 use watukuy_conformance::world::World;
-use watukuy_core::{Engine, Store};
+use watukuy_core::{Engine, store::Store};
 
 /// The admin tests' consumer: it fails the given subjects with "downstream rejected".
 pub fn failing(subjects: &[&str]) -> Consumer {

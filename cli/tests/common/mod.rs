@@ -11,7 +11,7 @@ use watukuy_cli::{CliError, Output, RunOptions, StoreOptions, StoreUrl};
 use watukuy_conformance::world::Consumer;
 use watukuy_conformance::world::World;
 use watukuy_conformance::{CaseError, backend_url};
-use watukuy_core::{Engine, Store};
+use watukuy_core::{Engine, store::Store};
 
 /// Which backend a test runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! Conformance cases: `claims`: a run's first call, the lease with the key's state and whether
 //! its outbox holds a pending row.
 
-use watukuy_core::{Claim, Lease, StatePatch, Store};
+use watukuy_core::{store::Claim, store::Lease, store::StatePatch, store::Store};
 
 use super::fixtures::{
     NODE_A, NODE_B, T0, TTL, acquire, commit_events, expect_lease_lost, key, key_b, pending,
@@ -13,7 +13,7 @@ use crate::{check, check_eq};
 /// Claims `key` for `owner` at `now` or fails the case.
 async fn claim(
     store: &dyn Store,
-    key: &watukuy_core::PKey,
+    key: &watukuy_core::store::PKey,
     owner: &str,
     now: i64,
 ) -> Result<Claim, CaseError> {

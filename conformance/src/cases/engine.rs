@@ -11,7 +11,8 @@ use tokio::sync::Notify;
 use watukuy_core::hooks::{CommitInfo, FetchInfo, HookContext, Hooks};
 use watukuy_core::schedule::ScheduleReason;
 use watukuy_core::{
-    Engine, Event, FetchContext, Lease, PollSummary, Poller, Status, StopOptions, Store, TickResult,
+    Engine, Event, FetchContext, Poller, Status, StopOptions, TickResult, store::Lease,
+    store::PollSummary, store::Store,
 };
 
 use crate::faulty::{FaultyStore, Op, Timing};
@@ -177,7 +178,7 @@ pub async fn g4_failed_commit_persists_nothing(env: Env) -> CaseResult {
     );
     check_eq!(
         trace.ends(),
-        vec![watukuy_core::EventCounts::default()],
+        vec![watukuy_core::store::EventCounts::default()],
         "the cycle's summary counts no event"
     );
     let seen = trace.seen();
@@ -460,7 +461,7 @@ pub async fn g6_shared_budget_is_never_exceeded(env: Env) -> CaseResult {
 #[derive(Default)]
 struct Trace {
     seen: Mutex<Vec<String>>,
-    ends: Mutex<Vec<watukuy_core::EventCounts>>,
+    ends: Mutex<Vec<watukuy_core::store::EventCounts>>,
 }
 
 impl Trace {
@@ -472,7 +473,7 @@ impl Trace {
         lock(&self.seen).clone()
     }
 
-    fn ends(&self) -> Vec<watukuy_core::EventCounts> {
+    fn ends(&self) -> Vec<watukuy_core::store::EventCounts> {
         lock(&self.ends).clone()
     }
 }
@@ -557,7 +558,7 @@ pub async fn an_idle_relisting_commits_nothing_and_keeps_its_cursor(env: Env) ->
         9,
         "the first poll delivers every item"
     );
-    let live_cursor = |state: Option<watukuy_core::PollerState>| {
+    let live_cursor = |state: Option<watukuy_core::store::PollerState>| {
         state
             .and_then(|s| s.lanes.live)
             .and_then(|lane| lane.cursor)

@@ -17,8 +17,9 @@
 //! succeeds and shows its effect, so each rejection demonstrably prevented a visible change.
 
 use watukuy_core::{
-    CommitBatch, ErrorCode, Lease, LoggedEvent, OutboxStatus, PKey, PollerState, SerializedError,
-    StatePatch, Store, Validator,
+    ErrorCode, store::CommitBatch, store::Lease, store::LoggedEvent, store::OutboxStatus,
+    store::PKey, store::PollerState, store::SerializedError, store::StatePatch, store::Store,
+    store::Validator,
 };
 
 use super::fixtures::{
@@ -176,9 +177,9 @@ pub async fn commit_poll_rejects_stale_lease(env: Env) -> CaseResult {
             r#"{"id":"bad","total":"x"}"#,
             T0 + TTL,
         )])
-        .validators(vec![watukuy_core::UrlValidator {
+        .validators(vec![watukuy_core::store::UrlValidator {
             url_hash: URL.to_owned(),
-            validator: watukuy_core::Validator {
+            validator: watukuy_core::store::Validator {
                 etag: Some("\"v2\"".to_owned()),
                 last_modified: None,
                 stored_at: T0 + TTL,
@@ -334,7 +335,7 @@ pub async fn fenced_writes_without_lease_are_rejected(env: Env) -> CaseResult {
         .upserts(vec![item("i1", "h1")])
         .events(vec![pending(&key, "e1", 1, "i1")])
         .log(log)
-        .validators(vec![watukuy_core::UrlValidator {
+        .validators(vec![watukuy_core::store::UrlValidator {
             url_hash: URL.to_owned(),
             validator: Validator {
                 etag: Some("\"v1\"".to_owned()),

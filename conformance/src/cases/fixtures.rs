@@ -3,9 +3,11 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use watukuy_core::{
-    CommitBatch, DeliveryOptions, Dispatcher, DrainContext, DrainReport, Error, Event, EventType,
-    HandlerError, ItemRow, Json, KeyCounts, Lease, ManualClock, OutboxRow, PKey, ParkedError,
-    ParkedKind, ParkedRow, SeededRng, SerializedError, StatePatch, Store, ValidationIssue,
+    DeliveryOptions, Dispatcher, DrainContext, DrainReport, Error, Event, EventType, HandlerError,
+    Json, ManualClock, SeededRng, store::CommitBatch, store::ItemRow, store::KeyCounts,
+    store::Lease, store::OutboxRow, store::PKey, store::ParkedError, store::ParkedKind,
+    store::ParkedRow, store::SerializedError, store::StatePatch, store::Store,
+    store::ValidationIssue,
 };
 
 use crate::harness::{CaseError, CaseResult, Env};
@@ -233,7 +235,7 @@ pub const OBSERVE_LIMIT: usize = 10_000;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observation {
     /// `load_state`.
-    pub state: Option<watukuy_core::PollerState>,
+    pub state: Option<watukuy_core::store::PollerState>,
     /// `get_lease`.
     pub lease: Option<Lease>,
     /// Every identity of `stream_identities`, sorted.
@@ -253,9 +255,9 @@ pub struct Observation {
     /// `held_keys`, sorted.
     pub held_keys: Vec<String>,
     /// `get_validator` of each URL hash asked for.
-    pub validators: Vec<(String, Option<watukuy_core::Validator>)>,
+    pub validators: Vec<(String, Option<watukuy_core::store::Validator>)>,
     /// `read_log` without filters (up to [`OBSERVE_LIMIT`]); `None` when the store has no log.
-    pub log: Option<Vec<watukuy_core::LoggedEvent>>,
+    pub log: Option<Vec<watukuy_core::store::LoggedEvent>>,
 }
 
 impl Observation {
@@ -305,7 +307,7 @@ pub async fn observe(
     let log = if store.capabilities().log {
         Some(
             store
-                .read_log(key, watukuy_core::LogQuery::default(), OBSERVE_LIMIT)
+                .read_log(key, watukuy_core::store::LogQuery::default(), OBSERVE_LIMIT)
                 .await?,
         )
     } else {
@@ -322,7 +324,7 @@ pub async fn observe(
         parked: store
             .list_parked(
                 key,
-                watukuy_core::ParkedQuery::default().limit(OBSERVE_LIMIT),
+                watukuy_core::store::ParkedQuery::default().limit(OBSERVE_LIMIT),
             )
             .await?,
         parked_count: store.counts(key).await.map(|c| c.parked)?,
@@ -347,11 +349,11 @@ pub async fn commit_events(
     log: bool,
 ) -> CaseResult {
     let sequence = events.iter().map(|row| row.sequence).max();
-    let batch = watukuy_core::CommitBatch::default()
-        .state_patch(watukuy_core::StatePatch {
+    let batch = watukuy_core::store::CommitBatch::default()
+        .state_patch(watukuy_core::store::StatePatch {
             sequence,
             updated_at: Some(T0),
-            ..watukuy_core::StatePatch::default()
+            ..watukuy_core::store::StatePatch::default()
         })
         .events(events)
         .log(log);
@@ -376,12 +378,14 @@ pub async fn write_validator(
     key: &PKey,
     lease: &Lease,
     url_hash: &str,
-    validator: &watukuy_core::Validator,
+    validator: &watukuy_core::store::Validator,
 ) -> watukuy_core::Result<()> {
-    let batch = watukuy_core::CommitBatch::default().validators(vec![watukuy_core::UrlValidator {
-        url_hash: url_hash.to_owned(),
-        validator: validator.clone(),
-    }]);
+    let batch = watukuy_core::store::CommitBatch::default().validators(vec![
+        watukuy_core::store::UrlValidator {
+            url_hash: url_hash.to_owned(),
+            validator: validator.clone(),
+        },
+    ]);
     store.commit_poll(key, lease, &batch).await
 }
 

@@ -15,7 +15,7 @@ use serde_json::json;
 use watukuy_core::cursor::{self, Cursor};
 use watukuy_core::{
     BoxError, DeleteConfirmation, Engine, Event, EventType, FetchContext, Lane, Page, Poller,
-    SeededRng, Store,
+    SeededRng, store::Store,
 };
 
 use crate::fake_api::FakeApi;
@@ -423,7 +423,7 @@ pub async fn a_shifting_listing_never_deletes_a_live_item(env: Env) -> CaseResul
             .collect();
         created.sort_unstable();
         check_eq!(created, ["item-009a", "item-011a"], "{scan:?}: the inserts");
-        let key = watukuy_core::PKey::new(name.as_str(), "");
+        let key = watukuy_core::store::PKey::new(name.as_str(), "");
         check_eq!(
             env.store.counts(&key).await.map(|c| c.items)?,
             out.api_ids.len() as u64,
@@ -514,7 +514,7 @@ pub async fn an_interrupted_listing_never_deletes_a_live_item(env: Env) -> CaseR
                     deleted.is_empty(),
                     "{name}: live items reported deleted after an interrupted listing: {deleted:?}"
                 );
-                let key = watukuy_core::PKey::new(name.as_str(), "");
+                let key = watukuy_core::store::PKey::new(name.as_str(), "");
                 check_eq!(
                     env.store.counts(&key).await.map(|c| c.items)?,
                     ITEMS as u64,
@@ -528,7 +528,7 @@ pub async fn an_interrupted_listing_never_deletes_a_live_item(env: Env) -> CaseR
 
 /// The suspects of `name`'s key on the lane of `scan`, as its store holds them.
 async fn suspects(env: &Env, name: &str, scan: Scan) -> Result<Option<Vec<String>>, CaseError> {
-    let key = watukuy_core::PKey::new(name, "");
+    let key = watukuy_core::store::PKey::new(name, "");
     Ok(env
         .store
         .load_state(&key)
@@ -747,7 +747,7 @@ pub async fn lookups_never_delete_a_live_item_of_a_listing_that_always_shifts(
             Some(json!(55)),
             "{name}"
         );
-        let key = watukuy_core::PKey::new(name.as_str(), "");
+        let key = watukuy_core::store::PKey::new(name.as_str(), "");
         check_eq!(
             env.store.counts(&key).await.map(|c| c.items)?,
             out.api_ids.len() as u64,
@@ -821,7 +821,7 @@ pub async fn a_failing_lookup_deletes_nothing(env: Env) -> CaseResult {
             deleted(&recorder.events()).is_empty(),
             "{name}: a failed lookup deleted something"
         );
-        let key = watukuy_core::PKey::new(name.as_str(), "");
+        let key = watukuy_core::store::PKey::new(name.as_str(), "");
         check_eq!(
             env.store.counts(&key).await.map(|c| c.items)?,
             ITEMS as u64,

@@ -10,9 +10,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use watukuy_core::{
-    Backoff, CommitBatch, DeliveryOptions, Dispatcher, DrainContext, DrainReport, Event,
-    HandlerContext, HandlerError, HandlerResult, Lease, ManualClock, OutboxRow, PKey, ParkedKind,
-    ParkedQuery, Partition, SeededRng, StatePatch, Store,
+    Backoff, DeliveryOptions, Dispatcher, DrainContext, DrainReport, Event, HandlerContext,
+    HandlerError, HandlerResult, ManualClock, Partition, SeededRng, store::CommitBatch,
+    store::Lease, store::OutboxRow, store::PKey, store::ParkedKind, store::ParkedQuery,
+    store::StatePatch, store::Store,
 };
 
 use super::fixtures::{NODE_A, T0, acquire, event, key, poison};

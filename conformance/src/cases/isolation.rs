@@ -2,7 +2,8 @@
 //! poller nor two pollers with the same partition.
 
 use watukuy_core::{
-    CommitBatch, ItemRow, Lease, OutboxRow, PKey, SerializedError, StatePatch, Store, Validator,
+    store::CommitBatch, store::ItemRow, store::Lease, store::OutboxRow, store::PKey,
+    store::SerializedError, store::StatePatch, store::Store, store::Validator,
 };
 
 use super::fixtures::{
@@ -250,7 +251,7 @@ async fn check_isolated(store: &dyn Store, other: &PKey) -> CaseResult {
             .resolve_parked(
                 other,
                 &owned_ids(&["evt-3"]),
-                watukuy_core::ParkedAction::Retry
+                watukuy_core::store::ParkedAction::Retry
             )
             .await?,
         0,
@@ -261,7 +262,7 @@ async fn check_isolated(store: &dyn Store, other: &PKey) -> CaseResult {
             .resolve_parked(
                 other,
                 &owned_ids(&["evt-3", "invalid:a"]),
-                watukuy_core::ParkedAction::Discard
+                watukuy_core::store::ParkedAction::Discard
             )
             .await?,
         1,

@@ -4,7 +4,10 @@
 use std::collections::{HashMap, HashSet};
 
 use watukuy_core::store::DEFAULT_IDENTITY_BATCH;
-use watukuy_core::{CommitBatch, ItemRow, Json, Lease, PKey, StatePatch, Store};
+use watukuy_core::{
+    Json, store::CommitBatch, store::ItemRow, store::Lease, store::PKey, store::StatePatch,
+    store::Store,
+};
 
 use super::fixtures::{
     NODE_A, T0, acquire, identity_batches, item, json, key, key_b, key_other, leased,

@@ -18,8 +18,8 @@ use watukuy_core::engine::BackfillOptions;
 use watukuy_core::hooks::{HookContext, Hooks};
 use watukuy_core::schedule::{CircuitOptions, ScheduleOptions, ScheduleReason};
 use watukuy_core::{
-    BoxError, Circuit, Clock, Engine, Event, EventType, FetchContext, Lane, LaneCursor, Lanes,
-    LogQuery, LoggedEvent, Page, Poller, TickResult,
+    BoxError, Clock, Engine, Event, EventType, FetchContext, Lane, Page, Poller, TickResult,
+    store::Circuit, store::LaneCursor, store::Lanes, store::LogQuery, store::LoggedEvent,
 };
 
 use crate::fake_api::{FakeApiError, Fault};

@@ -1,7 +1,7 @@
 //! Conformance cases: `leases`: acquisition, renewal, release and the
 //! per-key epoch counter.
 
-use watukuy_core::{Lease, StatePatch, Store};
+use watukuy_core::{store::Lease, store::StatePatch, store::Store};
 
 use super::fixtures::{
     NODE_A, NODE_B, T0, TTL, acquire, expect_lease_lost, key_b, key_other, leased, unleased,
@@ -28,7 +28,7 @@ fn with_epoch(lease: &Lease, epoch: i64) -> Lease {
 /// Fails unless `get_lease(key)` is exactly `expected`.
 async fn expect_holder(
     store: &dyn Store,
-    key: &watukuy_core::PKey,
+    key: &watukuy_core::store::PKey,
     expected: Option<&Lease>,
     when: &str,
 ) -> CaseResult {

@@ -1,9 +1,10 @@
 //! Conformance cases: `parked` — poison events and quarantined items, holds, retry and discard.
 
-use watukuy_core::model::{AttemptRecord, FailureClass, FailureDetails, ParkReason};
+use watukuy_core::store::{AttemptRecord, FailureClass, FailureDetails, ParkReason};
 use watukuy_core::{
-    CommitBatch, Lease, OutboxRow, OutboxStatus, PKey, ParkedError, ParkedKind, ParkedQuery,
-    ParkedRow, SerializedError, StatePatch, Store, ValidationIssue,
+    store::CommitBatch, store::Lease, store::OutboxRow, store::OutboxStatus, store::PKey,
+    store::ParkedError, store::ParkedKind, store::ParkedQuery, store::ParkedRow,
+    store::SerializedError, store::StatePatch, store::Store, store::ValidationIssue,
 };
 
 use super::fixtures::{
@@ -424,7 +425,7 @@ pub async fn retry_parked_moves_poison_back(env: Env) -> CaseResult {
         .resolve_parked(
             &k,
             &owned_ids(&["evt-1", "invalid:x", "unknown"]),
-            watukuy_core::ParkedAction::Retry,
+            watukuy_core::store::ParkedAction::Retry,
         )
         .await?;
     check_eq!(
@@ -463,7 +464,7 @@ pub async fn retry_parked_moves_poison_back(env: Env) -> CaseResult {
             .resolve_parked(
                 &k,
                 &owned_ids(&["evt-1"]),
-                watukuy_core::ParkedAction::Retry
+                watukuy_core::store::ParkedAction::Retry
             )
             .await?,
         0,
@@ -471,7 +472,7 @@ pub async fn retry_parked_moves_poison_back(env: Env) -> CaseResult {
     );
     check_eq!(
         store
-            .resolve_parked(&k, &[], watukuy_core::ParkedAction::Retry)
+            .resolve_parked(&k, &[], watukuy_core::store::ParkedAction::Retry)
             .await?,
         0,
         "an empty id list moves nothing"
@@ -487,7 +488,7 @@ pub async fn retry_parked_moves_poison_back(env: Env) -> CaseResult {
             .resolve_parked(
                 &k,
                 &owned_ids(&["evt-2"]),
-                watukuy_core::ParkedAction::Retry
+                watukuy_core::store::ParkedAction::Retry
             )
             .await?,
         1
@@ -512,7 +513,7 @@ pub async fn retry_parked_moves_poison_back(env: Env) -> CaseResult {
             .resolve_parked(
                 &key_b(),
                 &owned_ids(&["evt-1", "evt-2"]),
-                watukuy_core::ParkedAction::Retry
+                watukuy_core::store::ParkedAction::Retry
             )
             .await?,
         0,
@@ -567,7 +568,7 @@ pub async fn discard_parked_returns_count(env: Env) -> CaseResult {
             .resolve_parked(
                 &k,
                 &owned_ids(&["evt-2", "evt-2", "unknown"]),
-                watukuy_core::ParkedAction::Discard
+                watukuy_core::store::ParkedAction::Discard
             )
             .await?,
         1,
@@ -585,7 +586,7 @@ pub async fn discard_parked_returns_count(env: Env) -> CaseResult {
             .resolve_parked(
                 &k,
                 &owned_ids(&["evt-3", "invalid:1"]),
-                watukuy_core::ParkedAction::Discard
+                watukuy_core::store::ParkedAction::Discard
             )
             .await?,
         2,
@@ -602,7 +603,7 @@ pub async fn discard_parked_returns_count(env: Env) -> CaseResult {
             .resolve_parked(
                 &k,
                 &owned_ids(&["evt-3"]),
-                watukuy_core::ParkedAction::Discard
+                watukuy_core::store::ParkedAction::Discard
             )
             .await?,
         0,
@@ -610,7 +611,7 @@ pub async fn discard_parked_returns_count(env: Env) -> CaseResult {
     );
     check_eq!(
         store
-            .resolve_parked(&k, &[], watukuy_core::ParkedAction::Discard)
+            .resolve_parked(&k, &[], watukuy_core::store::ParkedAction::Discard)
             .await?,
         0,
         "an empty id list removes nothing"
@@ -621,7 +622,7 @@ pub async fn discard_parked_returns_count(env: Env) -> CaseResult {
             .resolve_parked(
                 &k,
                 &owned_ids(&["evt-1", "evt-1"]),
-                watukuy_core::ParkedAction::Discard
+                watukuy_core::store::ParkedAction::Discard
             )
             .await?,
         1
@@ -638,7 +639,7 @@ pub async fn discard_parked_returns_count(env: Env) -> CaseResult {
             .resolve_parked(
                 &key_other(),
                 &owned_ids(&["evt-1"]),
-                watukuy_core::ParkedAction::Discard
+                watukuy_core::store::ParkedAction::Discard
             )
             .await?,
         0,

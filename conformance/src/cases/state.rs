@@ -2,8 +2,10 @@
 //! listing and the unfenced admin deletes.
 
 use watukuy_core::{
-    Circuit, CommitBatch, EventCounts, Lane, LaneCursor, Lanes, PKey, PollSummary, PollerState,
-    RateLimitInfo, RateLimitSource, ScheduleState, SerializedError, StatePatch, Store, Validator,
+    Lane, store::Circuit, store::CommitBatch, store::EventCounts, store::LaneCursor, store::Lanes,
+    store::PKey, store::PollSummary, store::PollerState, store::RateLimitInfo,
+    store::RateLimitSource, store::ScheduleState, store::SerializedError, store::StatePatch,
+    store::Store, store::Validator,
 };
 
 use super::fixtures::{

@@ -1,6 +1,6 @@
 //! Conformance cases: `validators` — HTTP validators (`ETag`, `Last-Modified`) per URL hash.
 
-use watukuy_core::Validator;
+use watukuy_core::store::Validator;
 
 use super::fixtures::{NODE_A, T0, acquire, key, key_b, key_other};
 use crate::harness::{CaseResult, Env};

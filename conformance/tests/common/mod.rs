@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use watukuy_conformance::cases::fixtures::{NODE_A, T0, acquire, key};
 use watukuy_core::{
-    CommitBatch, DeliveryOptions, Dispatcher, Event, Lease, ManualClock, OutboxRow, PKey,
-    SeededRng, Store,
+    DeliveryOptions, Dispatcher, Event, ManualClock, SeededRng, store::CommitBatch, store::Lease,
+    store::OutboxRow, store::PKey, store::Store,
 };
 use watukuy_store_memory::MemoryStore;
 

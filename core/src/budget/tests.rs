@@ -475,7 +475,7 @@ impl BudgetStore for BrokenStore {
             self.0.take(name, cost, policy, now_ms).await
         } else {
             Err(Error::store(
-                crate::StoreErrorKind::Connection,
+                crate::store::StoreErrorKind::Connection,
                 true,
                 "budget store down",
             ))

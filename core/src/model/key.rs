@@ -39,7 +39,7 @@ pub struct Lease {
     pub expires_at: i64,
 }
 
-/// What [`Store::claim`](crate::Store::claim) returns: the lease taken, and what a run needs to
+/// What [`Store::claim`](crate::store::Store::claim) returns: the lease taken, and what a run needs to
 /// begin, read after the lease was taken.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]

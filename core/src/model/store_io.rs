@@ -104,7 +104,7 @@ impl Capabilities {
     /// Says whether the replay log is implemented (`Capabilities::default()` says it is not).
     ///
     /// ```
-    /// use watukuy_core::Capabilities;
+    /// use watukuy_core::store::Capabilities;
     ///
     /// assert!(Capabilities::default().with_log(true).log);
     /// ```
@@ -115,7 +115,7 @@ impl Capabilities {
     }
 }
 
-/// Filters for [`crate::Store::read_log`]: `LogQuery::default()` (everything), then the setters.
+/// Filters for [`crate::store::Store::read_log`]: `LogQuery::default()` (everything), then the setters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LogQuery {
@@ -150,7 +150,7 @@ impl LogQuery {
     }
 }
 
-/// What [`crate::Store::resolve_parked`] does with parked rows.
+/// What [`crate::store::Store::resolve_parked`] does with parked rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum ParkedAction {
@@ -160,7 +160,7 @@ pub enum ParkedAction {
     Discard,
 }
 
-/// How many rows a key holds, as [`crate::Store::counts`] reads them.
+/// How many rows a key holds, as [`crate::store::Store::counts`] reads them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyCounts {
     /// Snapshot items.
@@ -171,7 +171,7 @@ pub struct KeyCounts {
     pub parked: u64,
 }
 
-/// Filters for [`crate::Store::list_parked`]: `ParkedQuery::default()` (every row), then the
+/// Filters for [`crate::store::Store::list_parked`]: `ParkedQuery::default()` (every row), then the
 /// setters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]

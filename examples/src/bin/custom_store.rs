@@ -33,7 +33,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .cursor(cursor::timestamp("updatedAt").tie_break("id"))
         .fetch(api.since_fetch())
         .build()?;
-    let engine = Engine::builder(Arc::clone(&store) as Arc<dyn watukuy_core::Store>)
+    let engine = Engine::builder(Arc::clone(&store) as Arc<dyn watukuy_core::store::Store>)
         .poller(orders)
         .build()?;
     engine.migrate().await?;

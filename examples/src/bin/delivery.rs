@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use watukuy_core::{
-    Backoff, Clock, CommitBatch, DeliveryOptions, Dispatcher, DrainContext, Event, EventType,
-    HandlerContext, HandlerError, Json, OutboxRow, PKey, ParkedQuery, StatePatch, Store,
-    SystemClock, SystemRng, clock::format_rfc3339_ms,
+    Backoff, Clock, DeliveryOptions, Dispatcher, DrainContext, Event, EventType, HandlerContext,
+    HandlerError, Json, SystemClock, SystemRng, clock::format_rfc3339_ms, store::CommitBatch,
+    store::OutboxRow, store::PKey, store::ParkedQuery, store::StatePatch, store::Store,
 };
 use watukuy_store_memory::MemoryStore;
 

@@ -35,8 +35,8 @@ use axum::http::StatusCode;
 use watukuy_core::clock::format_rfc3339_ms;
 use watukuy_core::cursor::Cursor;
 use watukuy_core::hooks::{HookContext, Hooks};
-use watukuy_core::model::{ParkedRow, PollSummary, SerializedError};
 use watukuy_core::schedule::ScheduleOptions;
+use watukuy_core::store::{ParkedRow, PollSummary, SerializedError};
 use watukuy_core::{
     Backoff, Clock, DeliveryOptions, Engine, Event, EventType, FetchContext, HandlerContext,
     HandlerError, Poller, StopOptions, SystemClock, cursor,

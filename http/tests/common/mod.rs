@@ -17,8 +17,8 @@ use watukuy_core::hooks::{FetchInfo, HookContext, Hooks};
 use watukuy_core::schedule::{ScheduleOptions, ScheduleReason};
 use watukuy_core::{
     Backoff, Engine, Error, Event, EventType, FetchContext, HandlerContext, HandlerError,
-    ManualClock, PKey, Partition, PollResult, Poller, SeededRng, Store, TickOptions,
-    ValidatorAccess, cursor,
+    ManualClock, Partition, PollResult, Poller, SeededRng, TickOptions, ValidatorAccess, cursor,
+    store::PKey, store::Store,
 };
 use watukuy_http::{HttpClient, HttpResponse, RequestBuilder};
 use watukuy_store_memory::MemoryStore;
@@ -308,7 +308,10 @@ impl Harness {
 
     /// Checks the schedule after a poll at `at` failed for the first time: the next poll is due
     /// by backoff within a second, after one failure, and nothing throttles it. The schedule.
-    pub(crate) async fn assert_backed_off_once(&self, at: i64) -> watukuy_core::ScheduleState {
+    pub(crate) async fn assert_backed_off_once(
+        &self,
+        at: i64,
+    ) -> watukuy_core::store::ScheduleState {
         let (reason, next_due_at) = self.recorder.last_reason();
         assert_eq!(reason, ScheduleReason::Backoff);
         assert!((at..=at + 1_000).contains(&next_due_at), "{next_due_at}");
@@ -318,7 +321,7 @@ impl Harness {
         schedule
     }
 
-    pub(crate) async fn schedule(&self) -> watukuy_core::ScheduleState {
+    pub(crate) async fn schedule(&self) -> watukuy_core::store::ScheduleState {
         let report = self.engine.inspect().await.unwrap();
         report.pollers[0].schedule.clone()
     }

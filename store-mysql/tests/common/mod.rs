@@ -104,7 +104,7 @@ impl Database {
     /// A migrated store on this database.
     pub async fn store(&self, options: MySqlOptions) -> Result<MySqlStore, CaseError> {
         let store = self.unmigrated(options)?;
-        watukuy_core::Store::migrate(&store).await?;
+        watukuy_core::store::Store::migrate(&store).await?;
         Ok(store)
     }
 

@@ -199,7 +199,7 @@ impl Schema {
     /// A migrated store on this schema with `options` (whose schema is replaced).
     pub async fn store(&self, options: PostgresOptions) -> Result<PostgresStore, CaseError> {
         let store = self.unmigrated(options)?;
-        watukuy_core::Store::migrate(&store).await?;
+        watukuy_core::store::Store::migrate(&store).await?;
         Ok(store)
     }
 

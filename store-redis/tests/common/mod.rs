@@ -100,7 +100,7 @@ pub fn unique_prefix(what: &str) -> String {
 pub async fn store_at(url: &str, options: RedisOptions) -> Result<RedisStore, CaseError> {
     let store = RedisStore::connect(url, options).await?;
     store.purge().await?;
-    watukuy_core::Store::migrate(&store).await?;
+    watukuy_core::store::Store::migrate(&store).await?;
     Ok(store)
 }
 
