@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use watukuy_core::{
-    Clock, Engine, SystemClock, store::PKey, store::ParkedKind, store::ParkedQuery,
+    Engine, clock::Clock, clock::SystemClock, store::PKey, store::ParkedKind, store::ParkedQuery,
     store::PollerState, store::Store,
 };
 

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use watukuy_conformance::{FakeApi, FakeApiOptions};
 use watukuy_core::cursor;
 use watukuy_core::{
-    BoxError, DeliveryOptions, DrainContext, Engine, Event, FetchContext, Poller, SystemClock,
-    TickOptions, store::PKey,
+    BoxError, DeliveryOptions, Engine, Event, FetchContext, Poller, TickOptions,
+    clock::SystemClock, delivery::DrainContext, store::PKey,
 };
 
 use crate::measure::{Stopwatch, fmt_mib, peak_rss_kb, rate, reset_peak_rss, rss_kb};

@@ -15,10 +15,10 @@ use watukuy_core::cursor::Cursor;
 use watukuy_core::delivery::DEFAULT_DISPATCH_BATCH_SIZE;
 use watukuy_core::hooks::{HookContext, Hooks};
 use watukuy_core::{
-    BoxError, Clock, DeliveryOptions, Dispatcher, DrainContext, Engine, Event, FetchContext,
-    HandlerContext, HandlerError, Page, Partition, Poller, SystemClock, SystemRng, TickOptions,
-    store::CommitBatch, store::ItemRow, store::Lease, store::OutboxRow, store::PKey,
-    store::StatePatch, store::Store,
+    BoxError, DeliveryOptions, Engine, Event, FetchContext, HandlerContext, HandlerError, Page,
+    Partition, Poller, TickOptions, clock::Clock, clock::SystemClock, delivery::Dispatcher,
+    delivery::DrainContext, rng::SystemRng, store::CommitBatch, store::ItemRow, store::Lease,
+    store::OutboxRow, store::PKey, store::StatePatch, store::Store,
 };
 
 use crate::measure::{Stopwatch, as_f64, peak_rss_kb, percentile, rate, reset_peak_rss};

@@ -14,8 +14,8 @@ use watukuy_core::cursor;
 use watukuy_core::delivery::Unsubscribe;
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
-    BoxError, Clock, Engine, Event, FetchContext, HandlerContext, HandlerError, Page, Partition,
-    Poller, StopOptions, SystemClock, TickOptions, store::Store,
+    BoxError, Engine, Event, FetchContext, HandlerContext, HandlerError, Page, Partition, Poller,
+    StopOptions, TickOptions, clock::Clock, clock::SystemClock, store::Store,
 };
 
 use crate::measure::{

@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 use clap::Parser;
 use serde_json::json;
-use watukuy_core::{Clock, ErrorCode, SystemClock, store::PKey, store::StoreErrorKind};
+use watukuy_core::{
+    ErrorCode, clock::Clock, clock::SystemClock, store::PKey, store::StoreErrorKind,
+};
 
 pub use args::{Cli, Command};
 pub use ops::{CLI_LEASE_TTL_MS, CLI_OWNER, KeyInspect, REPLAY_PAGE, Report, Session};

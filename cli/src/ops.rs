@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 use watukuy_core::{
-    Clock, SystemClock, ops, store::PKey, store::ParkedKind, store::ParkedQuery, store::ParkedRow,
-    store::PollerState, store::Store,
+    clock::Clock, clock::SystemClock, ops, store::PKey, store::ParkedKind, store::ParkedQuery,
+    store::ParkedRow, store::PollerState, store::Store,
 };
 
 use crate::CliError;

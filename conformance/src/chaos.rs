@@ -8,7 +8,7 @@
 //! assert_chaos_report(&report);
 //! ```
 //!
-//! Everything is deterministic: a [`ManualClock`](watukuy_core::ManualClock) and independent [`SeededRng`] streams (forks of
+//! Everything is deterministic: a [`ManualClock`](watukuy_core::clock::ManualClock) and independent [`SeededRng`] streams (forks of
 //! the seed) for kills, mutations, clock advances and each engine instance. On the reference
 //! store the same options give the same report, trace included; a failing seed prints the exact
 //! command that replays it.
@@ -22,8 +22,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use watukuy_core::cursor;
 use watukuy_core::{
-    Backoff, DeliveryOptions, Engine, Event, EventType, HandlerContext, HandlerError,
-    HandlerResult, Lane, Retain, SeededRng, TickOptions, TickResult, store::PKey, store::Store,
+    DeliveryOptions, Engine, Event, EventType, HandlerContext, HandlerError, HandlerResult, Lane,
+    Retain, TickOptions, TickResult, backoff::Backoff, rng::SeededRng, store::PKey, store::Store,
 };
 
 use crate::faulty::{FaultyStore, KillPoint, KillSwitch, LeaseAudit};

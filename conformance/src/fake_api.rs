@@ -12,7 +12,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use watukuy_conformance::{FakeApi, FakeApiOptions};
-//! use watukuy_core::{FetchContext, ManualClock, Poller, cursor};
+//! use watukuy_core::{FetchContext, clock::ManualClock, Poller, cursor};
 //!
 //! let api = FakeApi::new(FakeApiOptions::new(Arc::new(ManualClock::new(0))));
 //! let fetch = {
@@ -46,7 +46,7 @@ use watukuy_core::clock::format_rfc3339_ms;
 use watukuy_core::cursor::Cursor;
 use watukuy_core::diff::sha256_hex;
 use watukuy_core::{
-    BoxError, Clock, Error, FetchContext, Page, store::RateLimitInfo, store::RateLimitSource,
+    BoxError, Error, FetchContext, Page, clock::Clock, store::RateLimitInfo, store::RateLimitSource,
 };
 
 /// The default base URL of a fake API, used in error messages and as the validator key.

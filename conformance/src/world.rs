@@ -7,9 +7,10 @@ use std::time::Duration;
 use watukuy_core::cursor::{self, Cursor, CursorConfig, CustomAdvance, FnCustomCursor};
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
-    Backoff, BoxError, Clock, DeliveryOptions, Engine, EngineBuilder, Event, FetchContext,
-    HandlerContext, HandlerError, HandlerResult, ManualClock, Page, Poller, PollerBuilder, Result,
-    SeededRng, TickOptions, TickResult, TokioClock, store::PKey, store::Store,
+    BoxError, DeliveryOptions, Engine, EngineBuilder, Event, FetchContext, HandlerContext,
+    HandlerError, HandlerResult, Page, Poller, PollerBuilder, Result, TickOptions, TickResult,
+    backoff::Backoff, clock::Clock, clock::ManualClock, clock::TokioClock, rng::SeededRng,
+    store::PKey, store::Store,
 };
 
 use crate::cases::fixtures::T0;

@@ -10,8 +10,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use watukuy_conformance::world::{POLLER, Recorder, key};
 use watukuy_core::{
-    Engine, EventType, FetchContext, MAX_ITEM_DEPTH, ManualClock, Page, Poller, SeededRng,
-    TickOptions, TickResult, cursor, store::ParkedKind, store::ParkedQuery, store::Store,
+    Engine, EventType, FetchContext, MAX_ITEM_DEPTH, Page, Poller, TickOptions, TickResult,
+    clock::ManualClock, cursor, rng::SeededRng, store::ParkedKind, store::ParkedQuery,
+    store::Store,
 };
 use watukuy_store_memory::MemoryStore;
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};

@@ -13,9 +13,9 @@ use watukuy_conformance::world::{POLLER, Recorder, StrategyKind, World};
 use watukuy_conformance::{FakeApi, Fault};
 use watukuy_core::cursor;
 use watukuy_core::{
-    Backoff, DeliveryOptions, Engine, Event, EventType, FetchContext, OnInvalid, Poller,
-    PollerBuilder, SeededRng, TickResult, store::ParkedKind, store::ParkedQuery, store::ParkedRow,
-    store::Store,
+    DeliveryOptions, Engine, Event, EventType, FetchContext, OnInvalid, Poller, PollerBuilder,
+    TickResult, backoff::Backoff, rng::SeededRng, store::ParkedKind, store::ParkedQuery,
+    store::ParkedRow, store::Store,
 };
 use watukuy_store_memory::MemoryStore;
 

@@ -8,8 +8,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use watukuy_conformance::cases::fixtures::{NODE_B, T0, TTL, event, key};
 use watukuy_core::{
-    AckMode, Backoff, Clock, DeliveryOptions, Dispatcher, DrainContext, Error, ErrorCode, Event,
-    HandlerContext, HandlerError, ManualClock, PoisonAction, SeededRng, store::Lease, store::PKey,
+    DeliveryOptions, Error, ErrorCode, Event, HandlerContext, HandlerError, backoff::Backoff,
+    clock::Clock, clock::ManualClock, delivery::AckMode, delivery::Dispatcher,
+    delivery::DrainContext, delivery::PoisonAction, rng::SeededRng, store::Lease, store::PKey,
     store::ParkedQuery, store::Store,
 };
 use watukuy_store_memory::MemoryStore;
@@ -29,7 +30,10 @@ async fn setup(subjects: &[&str]) -> Setup {
 }
 
 impl Setup {
-    async fn drain(&self, d: &Dispatcher) -> watukuy_core::Result<watukuy_core::DrainReport> {
+    async fn drain(
+        &self,
+        d: &Dispatcher,
+    ) -> watukuy_core::Result<watukuy_core::delivery::DrainReport> {
         d.drain(&self.key, &self.lease, &DrainContext::default())
             .await
     }

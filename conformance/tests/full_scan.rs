@@ -15,8 +15,8 @@ use tracing::subscriber::Interest;
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use watukuy_conformance::world::{POLLER, Recorder};
 use watukuy_core::{
-    BoxError, DeleteConfirmation, Engine, Event, EventType, FetchContext, ManualClock, OnInvalid,
-    Page, Poller, SeededRng, TickOptions, cursor, store::Store,
+    BoxError, DeleteConfirmation, Engine, Event, EventType, FetchContext, OnInvalid, Page, Poller,
+    TickOptions, clock::ManualClock, cursor, rng::SeededRng, store::Store,
 };
 use watukuy_store_memory::MemoryStore;
 

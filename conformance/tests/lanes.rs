@@ -17,9 +17,9 @@ use watukuy_core::cursor::Cursor;
 use watukuy_core::engine::BackfillOptions;
 use watukuy_core::poller::Fetch;
 use watukuy_core::{
-    BoxError, Clock, Engine, Error, ErrorCode, Event, EventType, FetchContext, Lane, Page, Poller,
-    SeededRng, StopOptions, TickResult, TokioClock, store::LaneCursor, store::Lanes,
-    store::LogQuery, store::Store,
+    BoxError, Engine, Error, ErrorCode, Event, EventType, FetchContext, Lane, Page, Poller,
+    StopOptions, TickResult, clock::Clock, clock::TokioClock, rng::SeededRng, store::LaneCursor,
+    store::Lanes, store::LogQuery, store::Store,
 };
 use watukuy_store_memory::MemoryStore;
 

@@ -20,9 +20,10 @@ use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state
 use watukuy_conformance::FaultyStore;
 use watukuy_conformance::cases::fixtures::event;
 use watukuy_core::{
-    Backoff, Clock, DeliveryOptions, Dispatcher, DrainContext, Event, HandlerContext, HandlerError,
-    HandlerResult, ManualClock, SeededRng, store::CommitBatch, store::Lease, store::OutboxRow,
-    store::PKey, store::ParkedQuery, store::StatePatch, store::Store,
+    DeliveryOptions, Event, HandlerContext, HandlerError, HandlerResult, backoff::Backoff,
+    clock::Clock, clock::ManualClock, delivery::Dispatcher, delivery::DrainContext, rng::SeededRng,
+    store::CommitBatch, store::Lease, store::OutboxRow, store::PKey, store::ParkedQuery,
+    store::StatePatch, store::Store,
 };
 use watukuy_store_memory::MemoryStore;
 

@@ -23,15 +23,9 @@ pub mod schedule;
 pub mod store;
 pub mod telemetry;
 
-pub use backoff::Backoff;
-pub use budget::{BudgetManager, BudgetPolicy, BudgetStore, Fairness, MemoryBudgetStore};
-pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use decide::OnSchemaChange;
-pub use delivery::{
-    AckMode, AckWindow, DeliveryOptions, Dispatcher, DrainContext, DrainReport, Handler,
-    HandlerContext, HandlerError, HandlerErrorKind, HandlerResult, Partition, PoisonAction,
-    Subscription,
-};
+pub use delivery::consumer::{HandlerContext, HandlerError, HandlerResult, Partition};
+pub use delivery::options::DeliveryOptions;
 pub use engine::{
     BackfillOptions, Engine, EngineBuilder, InspectReport, PollerInspect, Status, StopOptions,
     TickOptions, TickResult,
@@ -39,15 +33,12 @@ pub use engine::{
 pub use error::{BoxError, Error, ErrorCode, Result};
 pub use event::{CloudEvent, Event, EventType};
 pub use fetch::{BudgetCharge, FetchContext, Page, RejectedItem, ValidatorAccess};
-pub use hooks::{HookContext, Hooks};
 pub use json::Json;
 pub use model::Lane;
 pub use poller::{
     DeleteConfirmation, MAX_ITEM_DEPTH, OnInvalid, PlannedPage, Poller, PollerBuilder, Retain,
 };
-pub use rng::{Rng, SeededRng, SystemRng};
 pub use runner::PollResult;
-pub use schedule::{CircuitOptions, ScheduleOptions, ScheduleReason};
 /// The string type of [`Event`]'s fields: a `str` that clones without copying (up to 23 bytes
 /// inline, longer ones shared), compared with `==` against `&str` and `String`.
 pub use smol_str::SmolStr;
@@ -60,5 +51,5 @@ const _: () = {
     send_sync::<Event>();
     send_sync::<std::sync::Arc<dyn store::Store>>();
     send_sync::<Poller>();
-    send_sync::<Dispatcher>();
+    send_sync::<delivery::Dispatcher>();
 };

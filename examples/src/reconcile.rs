@@ -30,8 +30,8 @@ use watukuy_core::clock::format_rfc3339_ms;
 use watukuy_core::cursor::{self, Cursor};
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
-    BoxError, Clock, Engine, Event, EventType, FetchContext, HandlerContext, HandlerError, Lane,
-    ManualClock, Page, Poller, TickOptions, store::PKey, store::Store,
+    BoxError, Engine, Event, EventType, FetchContext, HandlerContext, HandlerError, Lane, Page,
+    Poller, TickOptions, clock::Clock, clock::ManualClock, store::PKey, store::Store,
 };
 use watukuy_http::HttpClient;
 use watukuy_store_memory::MemoryStore;

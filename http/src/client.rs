@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use watukuy_core::clock::duration_ms;
 use watukuy_core::diff::hash_url;
-use watukuy_core::{Clock, Error, FetchContext, SystemClock, ValidatorAccess};
+use watukuy_core::{Error, FetchContext, ValidatorAccess, clock::Clock, clock::SystemClock};
 
 use crate::problem::ProblemDetails;
 use crate::query::QueryValue;

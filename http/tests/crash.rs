@@ -13,8 +13,8 @@ use serde_json::json;
 use watukuy_conformance::{FaultyStore, KillPoint, KillSwitch, backend_url};
 use watukuy_core::cursor::{self, Cursor};
 use watukuy_core::{
-    Engine, Event, EventType, FetchContext, ManualClock, Poller, SeededRng, TickOptions,
-    store::Store,
+    Engine, Event, EventType, FetchContext, Poller, TickOptions, clock::ManualClock,
+    rng::SeededRng, store::Store,
 };
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};

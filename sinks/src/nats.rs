@@ -9,7 +9,7 @@ use async_nats::HeaderMap;
 use async_nats::header::{HeaderName, HeaderValue, NATS_MESSAGE_ID};
 use async_nats::jetstream::{self, publish::PublishAck};
 use async_trait::async_trait;
-use watukuy_core::{Event, Handler, HandlerContext, HandlerError, HandlerResult};
+use watukuy_core::{Event, HandlerContext, HandlerError, HandlerResult, delivery::Handler};
 
 use crate::format::{EventFormat, KeyFn, default_key, serialize_event};
 

@@ -9,7 +9,7 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::ShortString;
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 use tokio::sync::Mutex;
-use watukuy_core::{Event, Handler, HandlerContext, HandlerError, HandlerResult};
+use watukuy_core::{Event, HandlerContext, HandlerError, HandlerResult, delivery::Handler};
 
 use crate::format::{EventFormat, KeyFn, default_key, serialize_event};
 

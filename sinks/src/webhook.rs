@@ -10,7 +10,8 @@ use reqwest::{StatusCode, Url};
 use rustls_platform_verifier::BuilderVerifierExt as _;
 use watukuy_core::clock::{duration_ms, ms_duration};
 use watukuy_core::{
-    Clock, Event, Handler, HandlerContext, HandlerError, HandlerResult, SystemClock,
+    Event, HandlerContext, HandlerError, HandlerResult, clock::Clock, clock::SystemClock,
+    delivery::Handler,
 };
 
 use crate::format::{EventFormat, serialize_event};
@@ -443,7 +444,7 @@ mod tests {
 
     #[test]
     fn statuses_are_classified() {
-        use watukuy_core::HandlerErrorKind as K;
+        use watukuy_core::delivery::HandlerErrorKind as K;
         let kind = |status, ra| error(status, ra).into_handler_error().kind().clone();
         let wait = Some(Duration::from_secs(7));
         assert_eq!(kind(404, None), K::Permanent);

@@ -15,7 +15,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use watukuy_conformance::world::{POLLER, StrategyKind, World};
-use watukuy_core::{Clock, CloudEvent, ManualClock, store::ParkedQuery, store::Store};
+use watukuy_core::{
+    CloudEvent, clock::Clock, clock::ManualClock, store::ParkedQuery, store::Store,
+};
 use watukuy_sinks::{WebhookOptions, WebhookSecret, WebhookSink, verify_webhook_signature};
 use watukuy_store_memory::MemoryStore;
 

@@ -13,7 +13,9 @@ use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use common::{ctx, event, free_port, spawn_server};
-use watukuy_core::{CloudEvent, Event, EventType, Handler, HandlerErrorKind, ManualClock};
+use watukuy_core::{
+    CloudEvent, Event, EventType, clock::ManualClock, delivery::Handler, delivery::HandlerErrorKind,
+};
 use watukuy_sinks::{
     EventFormat, MAX_WEBHOOK_ERROR_BODY_CHARS, WebhookConfigError, WebhookDeliveryError,
     WebhookOptions, WebhookSecret, WebhookSecretError, WebhookSink, verify_webhook_signature,

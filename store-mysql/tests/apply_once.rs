@@ -29,7 +29,9 @@ use tokio::task::JoinHandle;
 use watukuy_conformance::CaseError;
 use watukuy_conformance::cases::fixtures::{NODE_A, NODE_B, T0, TTL, event, key};
 use watukuy_core::delivery::{ApplyError, ApplyOutcome, ConsumerStore, Fence};
-use watukuy_core::{BoxError, Error, Event, ManualClock, store::Store, store::StoreErrorKind};
+use watukuy_core::{
+    BoxError, Error, Event, clock::ManualClock, store::Store, store::StoreErrorKind,
+};
 use watukuy_store_mysql::{MySqlOptions, PROCESSED_EVENTS_VERSION, ProcessedEvents, apply_once};
 
 /// What one delivery gave.

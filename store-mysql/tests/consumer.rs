@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 use sqlx::{Executor, MySql, MySqlPool, Transaction};
 use watukuy_conformance::CaseError;
 use watukuy_conformance::consumer::{ConsumerDb, ConsumerHarness, ModelRow};
-use watukuy_core::{BoxError, Event, EventType, ManualClock, store::Store};
+use watukuy_core::{BoxError, Event, EventType, clock::ManualClock, store::Store};
 use watukuy_store_mysql::{MySqlOptions, MySqlStore, ProcessedEvents};
 
 /// A database with a processed-events table `processed<suffix>`, a read model `rm<suffix>` and

@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 use sqlx::{PgPool, Postgres, Row, Transaction};
 use watukuy_conformance::CaseError;
 use watukuy_conformance::consumer::{ConsumerDb, ConsumerHarness, ModelRow};
-use watukuy_core::{BoxError, Event, EventType, ManualClock, store::Store};
+use watukuy_core::{BoxError, Event, EventType, clock::ManualClock, store::Store};
 use watukuy_store_postgres::{PostgresStore, ProcessedEvents};
 
 /// A schema with a processed-events table `processed<suffix>` and a read model `rm<suffix>`.

@@ -7,8 +7,8 @@ mod common;
 
 use common::{Server, store_at, unique_prefix, with_server};
 use watukuy_conformance::CaseError;
-use watukuy_core::SeededRng;
 use watukuy_core::budget::{BucketPolicy, BudgetStore, MemoryBudgetStore, Take};
+use watukuy_core::rng::SeededRng;
 use watukuy_store_redis::{RedisBudgetStore, RedisOptions, RedisStore};
 
 const T0: i64 = 1_767_225_600_000;

@@ -31,7 +31,9 @@ use tokio::sync::watch;
 use watukuy_conformance::CaseError;
 use watukuy_conformance::world::{StrategyKind, World};
 use watukuy_core::budget::{BucketPolicy, BudgetPolicy, BudgetStore, MemoryBudgetStore, Take};
-use watukuy_core::{Clock, Engine, ManualClock, SeededRng, TickOptions, store::Store};
+use watukuy_core::{
+    Engine, TickOptions, clock::Clock, clock::ManualClock, rng::SeededRng, store::Store,
+};
 use watukuy_store_redis::{RedisOptions, RedisStore};
 
 mod common;

@@ -24,7 +24,7 @@ use std::time::Duration;
 use rusqlite::{Connection, Transaction};
 use watukuy_conformance::cases::fixtures::{T0, event, key};
 use watukuy_core::delivery::{ApplyError, ApplyOutcome};
-use watukuy_core::{Event, ManualClock};
+use watukuy_core::{Event, clock::ManualClock};
 use watukuy_store_sqlite::ProcessedEvents;
 
 use common::temp_db;

@@ -24,7 +24,7 @@ use futures::future::BoxFuture;
 use rusqlite::{Connection, Transaction};
 use watukuy_conformance::consumer::{ConsumerDb, ConsumerHarness, ModelRow};
 use watukuy_conformance::{CaseError, OrFail};
-use watukuy_core::{BoxError, Event, EventType, ManualClock, store::Store};
+use watukuy_core::{BoxError, Event, EventType, clock::ManualClock, store::Store};
 use watukuy_store_sqlite::{ProcessedEvents, SqliteOptions, SqliteStore, SqliteTx};
 
 /// How many databases may be open at once (each case has one, and its rebuilt model shares

@@ -401,7 +401,7 @@ async fn tick_while_time_passes(w: &World, engine: &Engine) -> Result<TickResult
 /// G6: two pollers share a `2 per 10s` budget and need six requests between them: the API sees
 /// exactly six, never more than the budget allows in any 10 s window, and requests wait.
 pub async fn g6_shared_budget_is_never_exceeded(env: Env) -> CaseResult {
-    use watukuy_core::BudgetPolicy;
+    use watukuy_core::budget::BudgetPolicy;
     let w = World::new(6, 2).map_err(|e| CaseError::failed(e.to_string()))?;
     let a = w
         .poller_named("alpha", StrategyKind::Token)

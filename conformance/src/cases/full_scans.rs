@@ -15,7 +15,7 @@ use serde_json::json;
 use watukuy_core::cursor::{self, Cursor};
 use watukuy_core::{
     BoxError, DeleteConfirmation, Engine, Event, EventType, FetchContext, Lane, Page, Poller,
-    SeededRng, store::Store,
+    rng::SeededRng, store::Store,
 };
 
 use crate::fake_api::FakeApi;

@@ -10,10 +10,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use watukuy_core::{
-    Backoff, DeliveryOptions, Dispatcher, DrainContext, DrainReport, Event, HandlerContext,
-    HandlerError, HandlerResult, ManualClock, Partition, SeededRng, store::CommitBatch,
-    store::Lease, store::OutboxRow, store::PKey, store::ParkedKind, store::ParkedQuery,
-    store::StatePatch, store::Store,
+    DeliveryOptions, Event, HandlerContext, HandlerError, HandlerResult, Partition,
+    backoff::Backoff, clock::ManualClock, delivery::Dispatcher, delivery::DrainContext,
+    delivery::DrainReport, rng::SeededRng, store::CommitBatch, store::Lease, store::OutboxRow,
+    store::PKey, store::ParkedKind, store::ParkedQuery, store::StatePatch, store::Store,
 };
 
 use super::fixtures::{NODE_A, T0, acquire, event, key, poison};
@@ -318,7 +318,7 @@ pub async fn g1_failing_handler_is_retried(env: Env) -> CaseResult {
 
 impl World {
     fn clock_now(&self) -> i64 {
-        use watukuy_core::Clock;
+        use watukuy_core::clock::Clock;
         self.clock.now_ms()
     }
 }

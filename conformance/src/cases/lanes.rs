@@ -18,7 +18,7 @@ use watukuy_core::engine::BackfillOptions;
 use watukuy_core::hooks::{HookContext, Hooks};
 use watukuy_core::schedule::{CircuitOptions, ScheduleOptions, ScheduleReason};
 use watukuy_core::{
-    BoxError, Clock, Engine, Event, EventType, FetchContext, Lane, Page, Poller, TickResult,
+    BoxError, Engine, Event, EventType, FetchContext, Lane, Page, Poller, TickResult, clock::Clock,
     store::Circuit, store::LaneCursor, store::Lanes, store::LogQuery, store::LoggedEvent,
 };
 

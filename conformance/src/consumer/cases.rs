@@ -13,8 +13,8 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use watukuy_core::delivery::{self, ApplyError, ApplyOutcome, ConsumerStore, Fence};
 use watukuy_core::{
-    BoxError, Clock, Engine, Error, Event, EventType, HandlerContext, HandlerError,
-    HandlerErrorKind, Lane,
+    BoxError, Engine, Error, Event, EventType, HandlerContext, HandlerError, Lane, clock::Clock,
+    delivery::HandlerErrorKind,
 };
 
 use super::harness::{ConsumerDb, ModelRow};
@@ -676,7 +676,7 @@ where
     C: FnOnce(Arc<H::Db>) -> F,
     F: Future<Output = CaseResult>,
 {
-    let clock = watukuy_core::ManualClock::new(T0);
+    let clock = watukuy_core::clock::ManualClock::new(T0);
     let db = match harness.fresh(name, clock).await {
         Ok(db) => Arc::new(db),
         Err(err) => panic!("consumer case {name}: no database: {err}"),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use watukuy_core::delivery::ConsumerStore;
-use watukuy_core::{BoxError, Event, ManualClock, store::Store};
+use watukuy_core::{BoxError, Event, clock::ManualClock, store::Store};
 
 use crate::CaseError;
 

@@ -21,7 +21,7 @@ use crate::event::Event;
 use crate::model::PKey;
 
 /// The lease a delivery runs under: the key, the holder and its fencing epoch, as
-/// [`HandlerContext::fence`](super::HandlerContext::fence) hands it to a handler.
+/// [`HandlerContext::fence`](crate::HandlerContext::fence) hands it to a handler.
 ///
 /// The epoch grows with every acquisition of the key's lease, so a process that was frozen past
 /// its lease (a long GC or VM pause) and wakes holds an epoch the store no longer has.

@@ -2,10 +2,10 @@
 
 mod acks;
 mod classify;
-mod consumer;
+pub(crate) mod consumer;
 mod dispatcher;
 mod idempotent;
-mod options;
+pub(crate) mod options;
 pub(crate) mod policy;
 mod reliable;
 
@@ -13,18 +13,18 @@ pub use classify::{
     TransientStatuses, classify_error, classify_http_response, classify_http_status,
     classify_network_error,
 };
-pub use consumer::{
-    AckHandle, DeliveryOutcome, Handler, HandlerContext, HandlerError, HandlerErrorKind,
-    HandlerResult, Partition, Subscription, Timeout,
-};
+pub use consumer::{AckHandle, DeliveryOutcome, Handler, HandlerErrorKind, Subscription, Timeout};
+// At the crate root, where handlers meet them.
+pub(crate) use consumer::Partition;
 pub use dispatcher::{
     DEFAULT_DISPATCH_BATCH_SIZE, DeliveryCounters, Dispatcher, DrainContext, DrainReport,
     Unsubscribe,
 };
 pub use idempotent::{ConsumerStore, Fence, apply_once};
+pub(crate) use options::DeliveryOptions;
 pub use options::{
-    AckMode, AckWindow, CorrelationIdFn, DEFAULT_HANDLER_TIMEOUT, DeliveryOptions, OrderingKeyFn,
-    PoisonAction, Redaction,
+    AckMode, AckWindow, CorrelationIdFn, DEFAULT_HANDLER_TIMEOUT, OrderingKeyFn, PoisonAction,
+    Redaction,
 };
 pub use reliable::{
     ApplyError, ApplyOutcome, LastApplied, LiveOnly, SideEffectGate, idempotency_key, reapplies,

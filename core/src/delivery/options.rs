@@ -52,7 +52,7 @@ pub enum AckMode {
     /// Returning `Ok` acknowledges.
     #[default]
     Auto,
-    /// The handler must call [`HandlerContext::ack`](super::HandlerContext::ack) before returning
+    /// The handler must call [`HandlerContext::ack`](crate::HandlerContext::ack) before returning
     /// `Ok`; returning without it fails the attempt.
     Manual,
 }
@@ -213,7 +213,7 @@ impl DeliveryOptions {
 
     /// Derives the correlation id recorded on parked rows from the event (e.g. an order number
     /// in the payload). An id set by the handler with
-    /// [`HandlerContext::set_correlation_id`](super::HandlerContext::set_correlation_id) wins.
+    /// [`HandlerContext::set_correlation_id`](crate::HandlerContext::set_correlation_id) wins.
     #[must_use]
     pub fn correlation_id(
         mut self,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use watukuy_conformance::{FakeApi, FakeApiOptions};
 use watukuy_core::{
-    Engine, Event, HandlerContext, HandlerError, Poller, SystemClock, TickOptions, cursor,
+    Engine, Event, HandlerContext, HandlerError, Poller, TickOptions, clock::SystemClock, cursor,
 };
 use watukuy_examples::custom_store::CountingStore;
 use watukuy_store_memory::MemoryStore;

@@ -16,7 +16,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
-    Clock, Engine, FetchContext, Poller, StopOptions, SystemClock, TickOptions, cursor,
+    Engine, FetchContext, Poller, StopOptions, TickOptions, clock::Clock, clock::SystemClock,
+    cursor,
 };
 use watukuy_http::HttpClient;
 use watukuy_sinks::{WebhookOptions, WebhookSecret, WebhookSink, verify_webhook_signature};

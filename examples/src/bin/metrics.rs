@@ -10,8 +10,8 @@ use metrics_exporter_prometheus::PrometheusBuilder;
 use watukuy_conformance::{FakeApi, FakeApiOptions, fake_items};
 use watukuy_core::telemetry::{HISTOGRAM_BUCKETS_MS, MetricsHooks, record_gauges};
 use watukuy_core::{
-    Engine, Event, FetchContext, HandlerContext, HandlerError, Poller, SystemClock, TickOptions,
-    cursor,
+    Engine, Event, FetchContext, HandlerContext, HandlerError, Poller, TickOptions,
+    clock::SystemClock, cursor,
 };
 use watukuy_store_memory::MemoryStore;
 

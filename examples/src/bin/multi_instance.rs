@@ -21,8 +21,8 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
-    BoxError, Clock, Engine, Event, FetchContext, HandlerContext, HandlerError, Page, Partition,
-    Poller, StopOptions, SystemClock, cursor,
+    BoxError, Engine, Event, FetchContext, HandlerContext, HandlerError, Page, Partition, Poller,
+    StopOptions, clock::Clock, clock::SystemClock, cursor,
 };
 use watukuy_store_postgres::{PgPool, PostgresOptions, PostgresStore};
 

@@ -38,8 +38,8 @@ use watukuy_core::hooks::{HookContext, Hooks};
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::store::{ParkedRow, PollSummary, SerializedError};
 use watukuy_core::{
-    Backoff, Clock, DeliveryOptions, Engine, Event, EventType, FetchContext, HandlerContext,
-    HandlerError, Poller, StopOptions, SystemClock, cursor,
+    DeliveryOptions, Engine, Event, EventType, FetchContext, HandlerContext, HandlerError, Poller,
+    StopOptions, backoff::Backoff, clock::Clock, clock::SystemClock, cursor,
 };
 use watukuy_http::HttpClient;
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};

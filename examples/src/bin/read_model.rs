@@ -22,8 +22,8 @@ use sqlx::Row;
 use watukuy_conformance::{FakeApi, FakeApiOptions};
 use watukuy_core::delivery::ApplyOutcome;
 use watukuy_core::{
-    Backoff, Clock, DeliveryOptions, Engine, Event, EventType, HandlerContext, HandlerError,
-    Poller, SystemClock, TickOptions, cursor,
+    DeliveryOptions, Engine, Event, EventType, HandlerContext, HandlerError, Poller, TickOptions,
+    backoff::Backoff, clock::Clock, clock::SystemClock, cursor,
 };
 use watukuy_store_postgres::{PgPool, PostgresOptions, PostgresStore, ProcessedEvents};
 

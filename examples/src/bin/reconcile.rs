@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use watukuy_core::{Clock, StopOptions, SystemClock};
+use watukuy_core::{StopOptions, clock::Clock, clock::SystemClock};
 use watukuy_examples::reconcile::{
     Catalog, Change, Consumer, INITIAL_ITEMS, RECONCILE_EVERY, engine, poller, scenario, serve,
 };

@@ -16,9 +16,9 @@ use tokio::sync::Notify;
 use watukuy_core::hooks::{FetchInfo, HookContext, Hooks};
 use watukuy_core::schedule::{ScheduleOptions, ScheduleReason};
 use watukuy_core::{
-    Backoff, Engine, Error, Event, EventType, FetchContext, HandlerContext, HandlerError,
-    ManualClock, Partition, PollResult, Poller, SeededRng, TickOptions, ValidatorAccess, cursor,
-    store::PKey, store::Store,
+    Engine, Error, Event, EventType, FetchContext, HandlerContext, HandlerError, Partition,
+    PollResult, Poller, TickOptions, ValidatorAccess, backoff::Backoff, clock::ManualClock, cursor,
+    rng::SeededRng, store::PKey, store::Store,
 };
 use watukuy_http::{HttpClient, HttpResponse, RequestBuilder};
 use watukuy_store_memory::MemoryStore;

@@ -24,10 +24,10 @@ use serde::Deserialize;
 use watukuy_core::hooks::{HookContext, Hooks};
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
-    Engine, Event, EventType, FetchContext, HandlerContext, ManualClock, Page, Partition, Poller,
-    Retain, SeededRng, TickOptions, cursor, store::ItemRow, store::Lease, store::LogQuery,
-    store::LoggedEvent, store::OutboxRow, store::PKey, store::ParkedKind, store::ParkedQuery,
-    store::ParkedRow, store::PollerState, store::Store, store::Validator,
+    Engine, Event, EventType, FetchContext, HandlerContext, Page, Partition, Poller, Retain,
+    TickOptions, clock::ManualClock, cursor, rng::SeededRng, store::ItemRow, store::Lease,
+    store::LogQuery, store::LoggedEvent, store::OutboxRow, store::PKey, store::ParkedKind,
+    store::ParkedQuery, store::ParkedRow, store::PollerState, store::Store, store::Validator,
 };
 
 /// When the v1 scenario started (2023-11-14T22:13:20Z): phase 1 polled and delivered.
