@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use watukuy_core::diff::{EventIdParts, event_id};
 use watukuy_core::schedule::ScheduleOptions;
-use watukuy_core::{Event, EventType, Json};
+use watukuy_core::{Event, EventType, json::Json};
 
 /// The parameters of one measurement.
 #[derive(Clone, Copy, Debug)]

@@ -34,7 +34,7 @@ pub struct Report {
 }
 
 /// The state of one `(poller, partition)` as the store holds it: the fields of
-/// [`watukuy_core::PollerInspect`] that live in the store, with the same names and JSON shape
+/// [`watukuy_core::ops::PollerInspect`] that live in the store, with the same names and JSON shape
 /// (the engine's in-memory counters are not in the store, so not here).
 pub use watukuy_core::ops::KeyInspect;
 

@@ -23,7 +23,8 @@ use serde_json::{Value, json};
 use watukuy_core::cursor;
 use watukuy_core::{
     DeliveryOptions, Engine, Event, EventType, HandlerContext, HandlerError, HandlerResult, Lane,
-    Retain, TickOptions, TickResult, backoff::Backoff, rng::SeededRng, store::PKey, store::Store,
+    TickOptions, TickResult, backoff::Backoff, poller::Retain, rng::SeededRng, store::PKey,
+    store::Store,
 };
 
 use crate::faulty::{FaultyStore, KillPoint, KillSwitch, LeaseAudit};
@@ -1226,8 +1227,8 @@ impl fmt::Display for TickSummary {
 // ----- the invariant checker -----
 
 /// The data of an event as JSON (`None` when it carries none).
-fn json_of(data: Option<&watukuy_core::Json>) -> Option<Value> {
-    data.map(watukuy_core::Json::to_value)
+fn json_of(data: Option<&watukuy_core::json::Json>) -> Option<Value> {
+    data.map(watukuy_core::json::Json::to_value)
 }
 
 /// Checks the delivered events against what the API served (G1, G2, G3).

@@ -10,8 +10,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use watukuy_conformance::world::{POLLER, Recorder, key};
 use watukuy_core::{
-    Engine, EventType, FetchContext, MAX_ITEM_DEPTH, Page, Poller, TickOptions, TickResult,
-    clock::ManualClock, cursor, rng::SeededRng, store::ParkedKind, store::ParkedQuery,
+    Engine, EventType, FetchContext, Page, Poller, TickOptions, TickResult, clock::ManualClock,
+    cursor, poller::MAX_ITEM_DEPTH, rng::SeededRng, store::ParkedKind, store::ParkedQuery,
     store::Store,
 };
 use watukuy_store_memory::MemoryStore;

@@ -293,7 +293,7 @@ async fn a_full_scan_over_a_store_streaming_backwards_deletes_nothing_and_warns(
         let store = broken(defect);
         let poller = world
             .poller(StrategyKind::SnapshotDiff)
-            .delete_confirmation(watukuy_core::DeleteConfirmation::Immediate)
+            .delete_confirmation(watukuy_core::poller::DeleteConfirmation::Immediate)
             .build()
             .unwrap();
         let (engine, recorder) = world.recorded_engine(Arc::clone(&store), poller).unwrap();

@@ -15,8 +15,8 @@ use watukuy_conformance::{
     KillSwitch, Op, assert_chaos_report, run_chaos,
 };
 use watukuy_core::{
-    Error, EventType, Json, Result, StopOptions, TickOptions, store::CommitBatch, store::Lease,
-    store::PKey, store::Store,
+    Error, EventType, Result, StopOptions, TickOptions, json::Json, store::CommitBatch,
+    store::Lease, store::PKey, store::Store,
 };
 use watukuy_store_memory::MemoryStore;
 

@@ -13,8 +13,8 @@ use watukuy_conformance::world::{POLLER, Recorder, StrategyKind, World};
 use watukuy_conformance::{FakeApi, Fault};
 use watukuy_core::cursor;
 use watukuy_core::{
-    DeliveryOptions, Engine, Event, EventType, FetchContext, OnInvalid, Poller, PollerBuilder,
-    TickResult, backoff::Backoff, rng::SeededRng, store::ParkedKind, store::ParkedQuery,
+    DeliveryOptions, Engine, Event, EventType, FetchContext, Poller, PollerBuilder, TickResult,
+    backoff::Backoff, poller::OnInvalid, rng::SeededRng, store::ParkedKind, store::ParkedQuery,
     store::ParkedRow, store::Store,
 };
 use watukuy_store_memory::MemoryStore;

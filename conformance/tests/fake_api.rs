@@ -13,7 +13,7 @@ use watukuy_conformance::{
 use watukuy_core::clock::format_rfc3339_ms;
 use watukuy_core::cursor::Cursor;
 use watukuy_core::{
-    BoxError, Error, FetchContext, Page, Partition, ValidatorAccess, clock::ManualClock,
+    BoxError, Error, FetchContext, Page, Partition, clock::ManualClock, poller::ValidatorAccess,
     store::CommitBatch, store::PKey, store::RateLimitSource, store::Store,
 };
 use watukuy_store_memory::MemoryStore;

@@ -15,8 +15,9 @@ use tracing::subscriber::Interest;
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use watukuy_conformance::world::{POLLER, Recorder};
 use watukuy_core::{
-    BoxError, DeleteConfirmation, Engine, Event, EventType, FetchContext, OnInvalid, Page, Poller,
-    TickOptions, clock::ManualClock, cursor, rng::SeededRng, store::Store,
+    BoxError, Engine, Event, EventType, FetchContext, Page, Poller, TickOptions,
+    clock::ManualClock, cursor, poller::DeleteConfirmation, poller::OnInvalid, rng::SeededRng,
+    store::Store,
 };
 use watukuy_store_memory::MemoryStore;
 

@@ -16,9 +16,9 @@ use watukuy_core::delivery::{
 };
 use watukuy_core::store::{FailureClass, ParkReason};
 use watukuy_core::{
-    DeliveryOptions, Event, HandlerContext, HandlerError, Json, Lane, backoff::Backoff,
-    delivery::Dispatcher, delivery::DrainContext, delivery::DrainReport, store::ParkedError,
-    store::ParkedQuery, store::ParkedRow, store::Store,
+    DeliveryOptions, Event, HandlerContext, HandlerError, Lane, backoff::Backoff,
+    delivery::Dispatcher, delivery::DrainContext, delivery::DrainReport, json::Json,
+    store::ParkedError, store::ParkedQuery, store::ParkedRow, store::Store,
 };
 
 mod common;

@@ -13,8 +13,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use watukuy_conformance::world::{POLLER, Recorder, StrategyKind, World, key, lock};
+use watukuy_core::BackfillOptions;
 use watukuy_core::cursor::Cursor;
-use watukuy_core::engine::BackfillOptions;
 use watukuy_core::poller::Fetch;
 use watukuy_core::{
     BoxError, Engine, Error, ErrorCode, Event, EventType, FetchContext, Lane, Page, Poller,
@@ -111,7 +111,7 @@ fn recording_page_fetch(world: &World, asked: &Asked) -> impl Fetch {
 fn token_with_reconcile(world: &World, asked: &Asked) -> watukuy_core::PollerBuilder<Value> {
     world
         .poller(StrategyKind::Token)
-        .delete_confirmation(watukuy_core::DeleteConfirmation::Immediate)
+        .delete_confirmation(watukuy_core::poller::DeleteConfirmation::Immediate)
         .reconcile(Duration::from_secs(60), recording_page_fetch(world, asked))
 }
 
@@ -322,7 +322,7 @@ async fn a_reconcile_with_a_token_cursor_lists_from_the_first_token_every_time()
     // The second listing's second request fails (request 3 + 2 = 5).
     let poller = world
         .poller(StrategyKind::Timestamp)
-        .delete_confirmation(watukuy_core::DeleteConfirmation::Immediate)
+        .delete_confirmation(watukuy_core::poller::DeleteConfirmation::Immediate)
         .reconcile(
             Duration::from_secs(60),
             recording_token_fetch(&world, &asked, 5),
@@ -409,7 +409,7 @@ async fn a_reconcile_fetched_as_a_stream_lists_every_page() {
     };
     let poller = world
         .poller(StrategyKind::Token)
-        .delete_confirmation(watukuy_core::DeleteConfirmation::Immediate)
+        .delete_confirmation(watukuy_core::poller::DeleteConfirmation::Immediate)
         .reconcile_stream(Duration::from_secs(60), stream)
         .build()
         .unwrap();

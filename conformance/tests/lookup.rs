@@ -12,8 +12,8 @@ use std::time::Duration;
 use watukuy_conformance::world::{Recorder, StrategyKind, World, lock};
 use watukuy_core::budget::{BudgetStore, MemoryBudgetStore};
 use watukuy_core::{
-    BoxError, DeleteConfirmation, Engine, Error, EventType, FetchContext, Lane, Page,
-    PollerBuilder, budget::BudgetPolicy, cursor, store::Store,
+    BoxError, Engine, Error, EventType, FetchContext, Lane, Page, PollerBuilder,
+    budget::BudgetPolicy, cursor, poller::DeleteConfirmation, store::Store,
 };
 use watukuy_store_memory::MemoryStore;
 

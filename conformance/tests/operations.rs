@@ -20,11 +20,11 @@ use watukuy_core::hooks::{CommitInfo, FetchInfo, HookContext, Hooks, Phase};
 use watukuy_core::schedule::{CircuitOptions, ScheduleOptions, ScheduleReason};
 use watukuy_core::{
     BoxError, Engine, EngineBuilder, Error, ErrorCode, Event, EventType, FetchContext,
-    HandlerContext, HandlerError, Json, Lane, Page, Partition, Poller, PollerBuilder, Status,
+    HandlerContext, HandlerError, Lane, Page, Partition, Poller, PollerBuilder, Status,
     StopOptions, TickOptions, TickResult, clock::Clock, clock::ManualClock, clock::TokioClock,
-    rng::SeededRng, store::Circuit, store::Lease, store::LogQuery, store::PKey, store::ParkedKind,
-    store::ParkedQuery, store::ParkedRow, store::PollSummary, store::SerializedError, store::Store,
-    store::ValidationIssue,
+    json::Json, rng::SeededRng, store::Circuit, store::Lease, store::LogQuery, store::PKey,
+    store::ParkedKind, store::ParkedQuery, store::ParkedRow, store::PollSummary,
+    store::SerializedError, store::Store, store::ValidationIssue,
 };
 use watukuy_store_memory::MemoryStore;
 

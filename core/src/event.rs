@@ -94,7 +94,7 @@ pub struct Event {
 }
 
 /// The content type of CloudEvents `data` written by [`Event::to_cloud_event`].
-pub const CLOUDEVENTS_DATA_CONTENT_TYPE: &str = "application/json";
+pub(crate) const CLOUDEVENTS_DATA_CONTENT_TYPE: &str = "application/json";
 
 /// An [`Event`] as a CloudEvents 1.0 structured-mode JSON object.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -149,7 +149,7 @@ impl Event {
     /// needs.
     ///
     /// ```
-    /// use watukuy_core::{Event, EventType, Json};
+    /// use watukuy_core::{Event, EventType, json::Json};
     ///
     /// let mut event = Event::new("evt-1", EventType::Created, "orders", "o-1");
     /// event.data = Some(Json::parse(r#"{"id":"o-1","total":42}"#).expect("valid JSON"));

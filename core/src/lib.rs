@@ -7,10 +7,10 @@ pub mod cursor;
 mod decide;
 pub mod delivery;
 pub mod diff;
-pub mod engine;
+mod engine;
 mod error;
-pub mod event;
-pub mod fetch;
+mod event;
+mod fetch;
 mod full_scan;
 pub mod hooks;
 pub mod json;
@@ -23,21 +23,18 @@ pub mod schedule;
 pub mod store;
 pub mod telemetry;
 
-pub use decide::OnSchemaChange;
 pub use delivery::consumer::{HandlerContext, HandlerError, HandlerResult, Partition};
 pub use delivery::options::DeliveryOptions;
 pub use engine::{
-    BackfillOptions, Engine, EngineBuilder, InspectReport, PollerInspect, Status, StopOptions,
-    TickOptions, TickResult,
+    BackfillOptions, Engine, EngineBuilder, Status, StopOptions, TickOptions, TickResult,
 };
 pub use error::{BoxError, Error, ErrorCode, Result};
-pub use event::{CloudEvent, Event, EventType};
-pub use fetch::{BudgetCharge, FetchContext, Page, RejectedItem, ValidatorAccess};
-pub use json::Json;
+pub use event::{CloudEvent, CloudEventError, Event, EventType};
+pub use fetch::{FetchContext, Page};
 pub use model::Lane;
-pub use poller::{
-    DeleteConfirmation, MAX_ITEM_DEPTH, OnInvalid, PlannedPage, Poller, PollerBuilder, Retain,
-};
+#[cfg(feature = "unstable")]
+pub use poller::handle::PlannedPage;
+pub use poller::{builder::PollerBuilder, handle::Poller};
 pub use runner::PollResult;
 /// The string type of [`Event`]'s fields: a `str` that clones without copying (up to 23 bytes
 /// inline, longer ones shared), compared with `==` against `&str` and `String`.

@@ -23,6 +23,8 @@ use crate::model::{
     ScheduleState, StatePatch,
 };
 use crate::schedule;
+
+pub use crate::engine::{InspectReport, PollerInspect};
 use crate::store::Store;
 
 /// Log entries copied per commit by [`replay`].
@@ -71,7 +73,7 @@ pub struct KeyInspect {
     pub lag_ms: Option<i64>,
     /// Items a full scan (`snapshot_diff`, the reconcile lane) missed and has not yet reported
     /// deleted: they wait for the next complete listing, or for a lookup that failed to be
-    /// tried again (see [`DeleteConfirmation`](crate::DeleteConfirmation)). Summed over the
+    /// tried again (see [`DeleteConfirmation`](crate::poller::DeleteConfirmation)). Summed over the
     /// lanes.
     pub suspects: u64,
 }

@@ -13,7 +13,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use watukuy_core::clock::duration_ms;
 use watukuy_core::diff::hash_url;
-use watukuy_core::{Error, FetchContext, ValidatorAccess, clock::Clock, clock::SystemClock};
+use watukuy_core::{
+    Error, FetchContext, clock::Clock, clock::SystemClock, poller::ValidatorAccess,
+};
 
 use crate::problem::ProblemDetails;
 use crate::query::QueryValue;

@@ -4,7 +4,7 @@ use std::fmt;
 
 use serde::de::{Deserialize, Deserializer, SeqAccess, Visitor};
 use serde_json::value::RawValue;
-use watukuy_core::{Page, RejectedItem};
+use watukuy_core::{Page, poller::RejectedItem};
 
 /// The deepest nesting of arrays and objects serde_json decodes (its recursion limit, 128,
 /// counts the level that fails); `tests::the_parser_limit_is_what_serde_json_does` checks it.

@@ -10,9 +10,9 @@ use serde_json::{Value, json};
 use watukuy_core::diff::hash_url;
 use watukuy_core::schedule::ScheduleReason;
 use watukuy_core::{
-    Engine, Error, ErrorCode, EventType, FetchContext, Page, Poller, TickOptions, ValidatorAccess,
-    budget::BudgetPolicy, clock::ManualClock, cursor, store::CommitBatch, store::PKey,
-    store::ParkedKind, store::ParkedQuery, store::RateLimitSource, store::Store,
+    Engine, Error, ErrorCode, EventType, FetchContext, Page, Poller, TickOptions,
+    budget::BudgetPolicy, clock::ManualClock, cursor, poller::ValidatorAccess, store::CommitBatch,
+    store::PKey, store::ParkedKind, store::ParkedQuery, store::RateLimitSource, store::Store,
 };
 use watukuy_http::{HttpClient, MAX_ERROR_BODY_BYTES};
 use watukuy_store_memory::MemoryStore;

@@ -10,8 +10,8 @@ use serde::de::DeserializeOwned;
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 use watukuy_core::{
-    Error, Event, Json, Result, store::ItemRow, store::Lanes, store::LoggedEvent, store::OutboxRow,
-    store::OutboxStatus, store::ParkedKind, store::ParkedRow, store::PollerState,
+    Error, Event, Result, json::Json, store::ItemRow, store::Lanes, store::LoggedEvent,
+    store::OutboxRow, store::OutboxStatus, store::ParkedKind, store::ParkedRow, store::PollerState,
     store::ScheduleState, store::StatePatch, store::StoreErrorKind, store::UrlValidator,
 };
 

@@ -12,7 +12,7 @@ use sqlx::{Connection, PgConnection, Row};
 use watukuy_conformance::CaseError;
 use watukuy_conformance::cases::fixtures::{self, T0, TTL, item, key};
 use watukuy_core::{
-    Error, ErrorCode, Event, Json, store::CommitBatch, store::ItemRow, store::Lease,
+    Error, ErrorCode, Event, json::Json, store::CommitBatch, store::ItemRow, store::Lease,
     store::LogQuery, store::OutboxRow, store::PKey, store::ParkedError, store::ParkedKind,
     store::ParkedQuery, store::ParkedRow, store::PollerState, store::ScheduleState,
     store::SerializedError, store::StatePatch, store::Store, store::StoreErrorKind,

@@ -2,7 +2,7 @@
 //! Decoding failures are `Corrupt` store errors, never panics.
 //!
 //! JSON travels as opaque strings: the store serializes a row once (payloads, events and raw
-//! items are [`Json`](watukuy_core::Json) and serialize verbatim) and deserializes it once; no
+//! items are [`Json`](watukuy_core::json::Json) and serialize verbatim) and deserializes it once; no
 //! script decodes it, so big integers, unicode escapes and empty arrays come back byte for byte.
 
 use serde::de::DeserializeOwned;

@@ -17,7 +17,7 @@ use tokio::process::{Child, Command};
 use watukuy_conformance::CaseError;
 use watukuy_conformance::cases::fixtures;
 use watukuy_core::{
-    Error, ErrorCode, Event, Json, store::CommitBatch, store::ItemRow, store::LaneCursor,
+    Error, ErrorCode, Event, json::Json, store::CommitBatch, store::ItemRow, store::LaneCursor,
     store::Lanes, store::Lease, store::LogQuery, store::OutboxRow, store::PKey, store::ParkedError,
     store::ParkedKind, store::ParkedQuery, store::ParkedRow, store::SerializedError,
     store::StatePatch, store::Store, store::StoreErrorKind, store::Validator,

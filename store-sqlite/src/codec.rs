@@ -5,7 +5,7 @@
 
 use serde::de::DeserializeOwned;
 use watukuy_core::{
-    Error, Event, Json, Result, store::ItemRow, store::OutboxRow, store::OutboxStatus,
+    Error, Event, Result, json::Json, store::ItemRow, store::OutboxRow, store::OutboxStatus,
     store::ParkedError, store::ParkedKind, store::ParkedRow, store::SerializedError,
     store::StoreErrorKind,
 };

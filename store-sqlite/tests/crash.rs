@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use futures::TryStreamExt;
 use watukuy_conformance::cases::fixtures::{T0, item, pending};
 use watukuy_core::{
-    Json, store::CommitBatch, store::LogQuery, store::PKey, store::StatePatch, store::Store,
+    json::Json, store::CommitBatch, store::LogQuery, store::PKey, store::StatePatch, store::Store,
 };
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
 

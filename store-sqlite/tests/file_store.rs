@@ -625,7 +625,7 @@ async fn undecodable_rows_are_corrupt_errors() {
     let key = key();
     let lease = take_lease(&store, &key, NODE_A).await;
     let mut batch = page(&key, &["i1"], 1);
-    batch.upserts[0].payload = Some(watukuy_core::Json::parse(r#"{"ok":true}"#).unwrap());
+    batch.upserts[0].payload = Some(watukuy_core::json::Json::parse(r#"{"ok":true}"#).unwrap());
     batch.parked = vec![watukuy_conformance::cases::fixtures::invalid(
         "invalid:x",
         r#"{"id":"x"}"#,

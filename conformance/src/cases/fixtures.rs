@@ -3,11 +3,11 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use watukuy_core::{
-    DeliveryOptions, Error, Event, EventType, HandlerError, Json, clock::ManualClock,
-    delivery::Dispatcher, delivery::DrainContext, delivery::DrainReport, rng::SeededRng,
-    store::CommitBatch, store::ItemRow, store::KeyCounts, store::Lease, store::OutboxRow,
-    store::PKey, store::ParkedError, store::ParkedKind, store::ParkedRow, store::SerializedError,
-    store::StatePatch, store::Store, store::ValidationIssue,
+    DeliveryOptions, Error, Event, EventType, HandlerError, clock::ManualClock,
+    delivery::Dispatcher, delivery::DrainContext, delivery::DrainReport, json::Json,
+    rng::SeededRng, store::CommitBatch, store::ItemRow, store::KeyCounts, store::Lease,
+    store::OutboxRow, store::PKey, store::ParkedError, store::ParkedKind, store::ParkedRow,
+    store::SerializedError, store::StatePatch, store::Store, store::ValidationIssue,
 };
 
 use crate::harness::{CaseError, CaseResult, Env};

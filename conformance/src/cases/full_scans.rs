@@ -14,8 +14,8 @@ use futures::future::BoxFuture;
 use serde_json::json;
 use watukuy_core::cursor::{self, Cursor};
 use watukuy_core::{
-    BoxError, DeleteConfirmation, Engine, Event, EventType, FetchContext, Lane, Page, Poller,
-    rng::SeededRng, store::Store,
+    BoxError, Engine, Event, EventType, FetchContext, Lane, Page, Poller,
+    poller::DeleteConfirmation, rng::SeededRng, store::Store,
 };
 
 use crate::fake_api::FakeApi;

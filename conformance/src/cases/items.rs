@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 
 use watukuy_core::store::DEFAULT_IDENTITY_BATCH;
 use watukuy_core::{
-    Json, store::CommitBatch, store::ItemRow, store::Lease, store::PKey, store::StatePatch,
+    json::Json, store::CommitBatch, store::ItemRow, store::Lease, store::PKey, store::StatePatch,
     store::Store,
 };
 

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
+use watukuy_core::BackfillOptions;
 use watukuy_core::cursor::Cursor;
-use watukuy_core::engine::BackfillOptions;
 use watukuy_core::hooks::{HookContext, Hooks};
 use watukuy_core::schedule::{CircuitOptions, ScheduleOptions, ScheduleReason};
 use watukuy_core::{

@@ -65,7 +65,8 @@ mod tests {
             fingerprint(&value).unwrap(),
             "ff25fa36b45e6cda07c9aaa80724f7357e278b4c1ed191cb14a4876b4afbbda8"
         );
-        let text = crate::Json::parse(r#"{ "b": [1.0, 5e-1, null], "a": "\u0078" }"#).unwrap();
+        let text =
+            crate::json::Json::parse(r#"{ "b": [1.0, 5e-1, null], "a": "\u0078" }"#).unwrap();
         assert_eq!(fingerprint(&text), fingerprint(&value));
         assert!(fingerprint(&f64::NAN).is_err());
     }

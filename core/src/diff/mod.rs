@@ -1,8 +1,8 @@
 //! The change engine: canonical JSON, fingerprints, event ids and the diff decisions.
 
-pub mod canonical;
-pub mod hash;
-pub mod id;
+mod canonical;
+mod hash;
+mod id;
 
 pub use canonical::{CanonicalError, canonicalize};
 pub use hash::{fingerprint, hash_url, sha256_hex};

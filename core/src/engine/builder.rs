@@ -87,7 +87,7 @@ impl EngineBuilder {
     }
 
     /// How many keys the daemon ([`Engine::start`]) runs at once, all pollers and partitions
-    /// together (default [`DEFAULT_MAX_CONCURRENT_KEYS`](super::DEFAULT_MAX_CONCURRENT_KEYS)).
+    /// together (default 64).
     /// Due keys wait their turn earliest-due first, so every partition gets its turn; each key
     /// in flight holds a page in memory. `0` is a `Config` error naming `max_concurrent_keys`.
     #[must_use]

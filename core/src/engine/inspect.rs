@@ -109,8 +109,8 @@ impl Engine {
     /// cut short by `max_pages_per_cycle`, a deadline or the full-scan page cap), no event of
     /// any key is pending in the outbox or parked, and no key has suspects: items a full scan
     /// missed and has not yet reported deleted, which wait for the next complete listing
-    /// ([`DeleteConfirmation::NextListing`](crate::DeleteConfirmation::NextListing)) or for a
-    /// failed lookup to be tried again ([`DeleteConfirmation::Lookup`](crate::DeleteConfirmation::Lookup))
+    /// ([`DeleteConfirmation::NextListing`](crate::poller::DeleteConfirmation::NextListing)) or for a
+    /// failed lookup to be tried again ([`DeleteConfirmation::Lookup`](crate::poller::DeleteConfirmation::Lookup))
     /// (`suspects` in [`inspect`](Self::inspect)). Changes the API made since the last poll are
     /// not seen yet, so they do not count. Reads the store (as [`inspect`](Self::inspect)).
     pub async fn caught_up(&self) -> Result<bool> {

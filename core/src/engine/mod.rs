@@ -36,12 +36,12 @@ pub use operations::BackfillOptions;
 /// The daemon re-reads the store at least this often.
 pub(crate) const MAX_SLEEP: Duration = Duration::from_secs(30);
 /// How many keys [`Engine::tick`] runs at once unless [`TickOptions::concurrency`] says otherwise.
-pub const DEFAULT_TICK_CONCURRENCY: usize = 4;
+pub(crate) const DEFAULT_TICK_CONCURRENCY: usize = 4;
 /// How many keys the daemon runs at once unless
 /// [`EngineBuilder::max_concurrent_keys`] says otherwise.
-pub const DEFAULT_MAX_CONCURRENT_KEYS: usize = 64;
+pub(crate) const DEFAULT_MAX_CONCURRENT_KEYS: usize = 64;
 /// The default event source prefix.
-pub const DEFAULT_SOURCE_PREFIX: &str = "urn:watukuy:";
+pub(crate) const DEFAULT_SOURCE_PREFIX: &str = "urn:watukuy:";
 
 /// Where the engine is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -118,7 +118,7 @@ pub struct TickOptions {
     pub max_duration: Option<Duration>,
     /// Only these pollers (by name).
     pub only: Option<Vec<String>>,
-    /// How many keys run at once (default [`DEFAULT_TICK_CONCURRENCY`]; at least 1).
+    /// How many keys run at once (default 4; at least 1).
     pub concurrency: Option<usize>,
 }
 
@@ -137,7 +137,7 @@ impl TickOptions {
         self
     }
 
-    /// Runs up to `keys` keys at once (default [`DEFAULT_TICK_CONCURRENCY`]). With many
+    /// Runs up to `keys` keys at once (default 4). With many
     /// partitions and a store or API that answers slowly, more keys at once shorten the tick;
     /// each key in flight holds its page in memory. `0` makes `tick` fail with a `Config` error
     /// naming `tick.concurrency`.
@@ -166,8 +166,6 @@ pub struct TickResult {
     /// The deadline stopped the tick before every key ran.
     pub timed_out: bool,
 }
-
-pub use crate::ops::LaneCursors;
 
 /// Options of [`Engine::stop`]: `StopOptions::default()` (drain, up to 30 s), then the setters.
 #[derive(Clone, Copy, Debug)]

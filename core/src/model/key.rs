@@ -137,7 +137,7 @@ pub struct LaneCursor {
     /// Full scans: identities the last complete listing of several pages did not name, in
     /// ascending order, not yet reported deleted. The next complete listing that misses one of
     /// them again deletes it, or, with a lookup, looks it up again (those a failed lookup left
-    /// undecided); see [`DeleteConfirmation`](crate::DeleteConfirmation).
+    /// undecided); see [`DeleteConfirmation`](crate::poller::DeleteConfirmation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspects: Option<Vec<String>>,
 }

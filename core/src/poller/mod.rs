@@ -15,20 +15,23 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 mod build;
-mod builder;
+pub(crate) mod builder;
+pub(crate) mod handle;
 mod prepare;
 
-pub use builder::PollerBuilder;
+pub(crate) use builder::PollerBuilder;
 use builder::{CheckFn, FingerprintFn, Identity, IdentityFn, RawIdentityFn};
+pub(crate) use handle::Poller;
 pub use prepare::MAX_ITEM_DEPTH;
 pub(crate) use prepare::field_string;
 use prepare::make_prepare;
 
 use crate::cursor::{CursorConfig, SharedStrategy};
-use crate::decide::OnSchemaChange;
+pub use crate::decide::OnSchemaChange;
 use crate::delivery::{DeliveryOptions, Partition};
 use crate::diff::{CanonicalError, fingerprint};
 use crate::error::{BoxError, Error, Result};
+pub use crate::fetch::{BudgetCharge, RejectedItem, ValidatorAccess};
 use crate::fetch::{FetchContext, Page};
 use crate::model::ValidationIssue;
 use crate::schedule::{CircuitOptions, ScheduleOptions};
@@ -206,12 +209,6 @@ pub(crate) enum Prepared {
 
 type Prepare = dyn Fn(&serde_json::Value) -> Prepared + Send + Sync;
 
-/// A validated, type-erased poller definition.
-#[derive(Clone)]
-pub struct Poller {
-    pub(crate) inner: Arc<PollerDef>,
-}
-
 /// The parts of a poller the engine uses.
 pub(crate) struct PollerDef {
     pub(crate) name: String,
@@ -241,94 +238,8 @@ pub(crate) struct PollerDef {
     pub(crate) partitions_refresh: Duration,
 }
 
-impl fmt::Debug for Poller {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Poller")
-            .field("name", &self.inner.name)
-            .field("cursor", &self.inner.strategy.name())
-            .field("schema_version", &self.inner.schema_version)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Poller {
-    /// Starts a definition over the item type `T`. `name` must match
-    /// `^[a-zA-Z0-9][a-zA-Z0-9._-]{0,127}$`: it keys the store, so renaming starts over.
-    pub fn builder<T>(name: impl Into<String>) -> PollerBuilder<T>
-    where
-        T: Serialize + DeserializeOwned + Send + Sync + 'static,
-    {
-        PollerBuilder::new(name.into())
-    }
-
-    /// The poller's name.
-    pub fn name(&self) -> &str {
-        &self.inner.name
-    }
-
-    /// True when the poller lists partitions.
-    pub fn is_partitioned(&self) -> bool {
-        self.inner.partitions.is_some()
-    }
-
-    /// Plans one page of raw items on the live lane the way an engine's cycle does, without a
-    /// store or a clock: validation (invalid items quarantined by `on_invalid`), deduplication,
-    /// the diff against `stored` (the rows of the page's identities), and the events with their
-    /// deterministic ids and the next sequences after `*sequence` (which it advances). The
-    /// events' source is the engine default's (`urn:watukuy:<name>` unless the poller sets
-    /// one). The cursor strategy is not consulted. For custom runners and benchmarks; an
-    /// engine does this itself.
-    pub fn plan_page(
-        &self,
-        partition: &str,
-        items: Vec<serde_json::Value>,
-        stored: &std::collections::HashMap<String, crate::model::ItemRow>,
-        sequence: &mut i64,
-        now_ms: i64,
-    ) -> Result<PlannedPage> {
-        let def = &self.inner;
-        let key = crate::model::PKey::new(def.name.clone(), partition);
-        let source = def.source_for(crate::engine::DEFAULT_SOURCE_PREFIX);
-        let valid = items
-            .iter()
-            .map(|raw| crate::runner::prepare_item(def, &key, raw, now_ms))
-            .collect::<Result<Vec<_>>>()?;
-        let mut quarantined = Vec::new();
-        let mut candidates = Vec::new();
-        for item in valid {
-            match item {
-                Ok(candidate) => candidates.push((candidate.identity.clone(), candidate)),
-                Err(row) => quarantined.extend(row),
-            }
-        }
-        let candidates = crate::decide::dedupe_last_wins(candidates);
-        let from = crate::runner::EventSource::new(&source, &key, crate::model::Lane::Live, None);
-        let planned = crate::runner::plan(
-            def, &from, candidates, stored, false, sequence, None, now_ms,
-        )?;
-        quarantined.extend(planned.quarantined);
-        Ok(PlannedPage {
-            upserts: planned.upserts,
-            events: planned.events,
-            quarantined,
-        })
-    }
-}
-
-/// What [`Poller::plan_page`] made of a page.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PlannedPage {
-    /// Snapshot rows to write (unchanged items are not rewritten).
-    pub upserts: Vec<crate::model::ItemRow>,
-    /// The page's events, in page order, with their sequences.
-    pub events: Vec<crate::event::Event>,
-    /// Invalid items to park (with `on_invalid: quarantine`).
-    pub quarantined: Vec<crate::model::ParkedRow>,
-}
-
 /// Checks a poller name: `^[a-zA-Z0-9][a-zA-Z0-9._-]{0,127}$`.
-pub fn validate_name(name: &str) -> Result<()> {
+pub(crate) fn validate_name(name: &str) -> Result<()> {
     let mut chars = name.chars();
     let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
     let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));

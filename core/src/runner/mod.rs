@@ -42,7 +42,9 @@ use cycle::{Cycle, LaneSpec, PageStep, Processed, fetch_failure};
 pub(crate) use lease::HeldLeases;
 use lease::LeaseKeeper;
 use plan::invalid;
-pub(crate) use plan::{EventSource, plan, plan_deletes, prepare_item};
+#[cfg(feature = "unstable")]
+pub(crate) use plan::{EventSource, prepare_item};
+pub(crate) use plan::{plan, plan_deletes};
 
 /// What the engine shares with every run.
 pub(crate) struct Shared {

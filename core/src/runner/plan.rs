@@ -114,6 +114,7 @@ pub(super) fn invalid(
 
 /// One raw item through validation: its candidate, or (by `on_invalid`) its quarantine row or
 /// nothing when skipped; `Err` when `on_invalid` is `Fail`.
+#[cfg(feature = "unstable")]
 pub(crate) fn prepare_item(
     def: &PollerDef,
     key: &PKey,

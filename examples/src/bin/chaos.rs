@@ -33,7 +33,7 @@ use std::sync::Arc;
 
 use sqlx::postgres::PgPoolOptions;
 use watukuy_conformance::{ChaosOptions, ChaosReport, ChaosStrategy, KillPoint, run_chaos};
-use watukuy_core::{Retain, store::Store};
+use watukuy_core::{poller::Retain, store::Store};
 use watukuy_store_memory::MemoryStore;
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};
 use watukuy_store_redis::{RedisOptions, RedisStore};

@@ -2,7 +2,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 use tokio_util::sync::CancellationToken;
-use watukuy_core::{Event, EventType, HandlerContext, Json, Partition};
+use watukuy_core::{Event, EventType, HandlerContext, Partition, json::Json};
 
 /// An event of poller `poller` with the given id suffix (ids are 64 hex characters).
 pub fn event(poller: &str, n: u32, event_type: EventType) -> Event {

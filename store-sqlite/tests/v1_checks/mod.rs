@@ -24,8 +24,8 @@ use serde::Deserialize;
 use watukuy_core::hooks::{HookContext, Hooks};
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
-    Engine, Event, EventType, FetchContext, HandlerContext, Page, Partition, Poller, Retain,
-    TickOptions, clock::ManualClock, cursor, rng::SeededRng, store::ItemRow, store::Lease,
+    Engine, Event, EventType, FetchContext, HandlerContext, Page, Partition, Poller, TickOptions,
+    clock::ManualClock, cursor, poller::Retain, rng::SeededRng, store::ItemRow, store::Lease,
     store::LogQuery, store::LoggedEvent, store::OutboxRow, store::PKey, store::ParkedKind,
     store::ParkedQuery, store::ParkedRow, store::PollerState, store::Store, store::Validator,
 };

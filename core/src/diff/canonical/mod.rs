@@ -1,34 +1,4 @@
-//! RFC 8785 (JSON Canonicalization Scheme) for any `serde::Serialize` value.
-//!
-//! [`canonicalize`] is a [`serde::Serializer`], so it works directly on user types, on
-//! [`serde_json::Value`] and on [`crate::Json`] without going through an intermediate `Value`.
-//! The output is byte-identical to the reference implementation's `canonicalize` (an ECMAScript
-//! JCS), for every value that serde_json would turn into the same JSON text:
-//!
-//! - **Objects** (maps, structs, struct variants): members sorted by the UTF-16 code units of their
-//!   keys (not by UTF-8 bytes), no whitespace. Keys must be strings: `char`, unit variants and
-//!   newtype structs around a string are accepted as serde_json accepts them; any other key, and a
-//!   key that occurs twice in one object, is an error.
-//! - **Numbers**: every number is an IEEE-754 double, written as ECMAScript `Number::toString`
-//!   writes it (shortest round-trip digits; exponent form with `e+`/`e-` for magnitudes `>= 1e21` or
-//!   `< 1e-6`; `-0` as `0`). Integers beyond 2^53 are rounded to the nearest double first, as
-//!   `JSON.parse` would (`u64::MAX` → `18446744073709552000`). An `f32` is taken as the decimal it
-//!   prints as (`0.1f32` → `0.1`), the number a JSON reader of serde_json's output would see. NaN
-//!   and ±Infinity are errors naming the path (e.g. `$.lines[2].price`).
-//! - **Strings**: escaped as `JSON.stringify` does: `\"`, `\\`, `\b`, `\f`, `\n`, `\r`, `\t`, other
-//!   control characters as `\u00xx` (lower-case hex); everything else, U+2028/U+2029 and non-ASCII
-//!   included, literally.
-//! - **serde's data model** maps as serde_json maps it: `None`, `()` and unit structs are `null`,
-//!   unit variants are strings, other variants are externally tagged one-member objects, bytes are
-//!   arrays of numbers.
-//! - **`undefined`**: the reference omits object members whose value is `undefined`; Rust has no
-//!   `undefined`, and `Option::None` is `null` (as in serde_json). Skip a field with
-//!   `#[serde(skip_serializing_if = "Option::is_none")]` to get the reference's omission.
-//! - **Embedded JSON text** ([`crate::Json`], `serde_json::value::RawValue`, and
-//!   `serde_json::Number` with serde_json's `arbitrary_precision`) is parsed and canonicalized like
-//!   any other value, so a payload hashes the same whether it arrives as text or as a typed value.
-//! - **Depth**: arrays and objects nested more than [`MAX_DEPTH`] levels deep are an error (serde's
-//!   `Serialize` recurses once per level, so this bounds the stack however the value was built).
+//! RFC 8785 (JSON Canonicalization Scheme) for any `serde::Serialize` value: see [`canonicalize`].
 
 use std::borrow::Cow;
 use std::fmt;
@@ -45,7 +15,7 @@ const NUMBER_TOKEN: &str = "$serde_json::private::Number";
 /// The deepest nesting of arrays and objects [`canonicalize`] writes (the value itself is level 1);
 /// a deeper value is an error naming the path where it goes too deep. It bounds the recursion of
 /// `Serialize`, and is as deep as JSON parsers commonly read (serde_json reads 127 levels).
-pub const MAX_DEPTH: usize = 128;
+pub(crate) const MAX_DEPTH: usize = 128;
 
 /// Why a value has no canonical JSON form.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -59,13 +29,41 @@ pub struct CanonicalError {
 
 /// The RFC 8785 canonical JSON text of `value`.
 ///
-/// See the [module documentation](self) for how serde's data model maps onto JSON.
+/// It is a [`serde::Serializer`] underneath, so it works directly on user types, on
+/// [`serde_json::Value`] and on [`crate::json::Json`] without going through an intermediate `Value`.
+/// The output is byte-identical to the reference implementation's `canonicalize` (an ECMAScript
+/// JCS), for every value that serde_json would turn into the same JSON text:
+///
+/// - **Objects** (maps, structs, struct variants): members sorted by the UTF-16 code units of their
+///   keys (not by UTF-8 bytes), no whitespace. Keys must be strings: `char`, unit variants and
+///   newtype structs around a string are accepted as serde_json accepts them; any other key, and a
+///   key that occurs twice in one object, is an error.
+/// - **Numbers**: every number is an IEEE-754 double, written as ECMAScript `Number::toString`
+///   writes it (shortest round-trip digits; exponent form with `e+`/`e-` for magnitudes `>= 1e21` or
+///   `< 1e-6`; `-0` as `0`). Integers beyond 2^53 are rounded to the nearest double first, as
+///   `JSON.parse` would (`u64::MAX` → `18446744073709552000`). An `f32` is taken as the decimal it
+///   prints as (`0.1f32` → `0.1`), the number a JSON reader of serde_json's output would see. NaN
+///   and ±Infinity are errors naming the path (e.g. `$.lines[2].price`).
+/// - **Strings**: escaped as `JSON.stringify` does: `\"`, `\\`, `\b`, `\f`, `\n`, `\r`, `\t`, other
+///   control characters as `\u00xx` (lower-case hex); everything else, U+2028/U+2029 and non-ASCII
+///   included, literally.
+/// - **serde's data model** maps as serde_json maps it: `None`, `()` and unit structs are `null`,
+///   unit variants are strings, other variants are externally tagged one-member objects, bytes are
+///   arrays of numbers.
+/// - **`undefined`**: the reference omits object members whose value is `undefined`; Rust has no
+///   `undefined`, and `Option::None` is `null` (as in serde_json). Skip a field with
+///   `#[serde(skip_serializing_if = "Option::is_none")]` to get the reference's omission.
+/// - **Embedded JSON text** ([`crate::json::Json`], `serde_json::value::RawValue`, and
+///   `serde_json::Number` with serde_json's `arbitrary_precision`) is parsed and canonicalized like
+///   any other value, so a payload hashes the same whether it arrives as text or as a typed value.
+/// - **Depth**: arrays and objects nested more than 128 levels deep are an error (serde's
+///   `Serialize` recurses once per level, so this bounds the stack however the value was built).
 ///
 /// # Errors
 ///
 /// A [`CanonicalError`] naming the path and the reason when the value holds NaN or ±Infinity, a
 /// map key that is not a string, a key twice in one object, embedded JSON text that does not parse,
-/// arrays and objects nested more than [`MAX_DEPTH`] levels deep, or when the value's own
+/// arrays and objects nested more than 128 levels deep, or when the value's own
 /// `Serialize` implementation fails.
 pub fn canonicalize<T: Serialize + ?Sized>(value: &T) -> Result<String, CanonicalError> {
     let mut out = String::new();
@@ -229,7 +227,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::Json;
+    use crate::json::Json;
 
     fn canon<T: Serialize + ?Sized>(value: &T) -> String {
         canonicalize(value).unwrap()
