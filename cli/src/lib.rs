@@ -15,7 +15,7 @@ use watukuy_core::{
     ErrorCode, clock::Clock, clock::SystemClock, store::PKey, store::StoreErrorKind,
 };
 
-pub use args::{Cli, Command};
+use args::{Cli, Command};
 pub use ops::{CLI_LEASE_TTL_MS, CLI_OWNER, KeyInspect, REPLAY_PAGE, Report, Session};
 pub use url::{StoreOptions, StoreUrl};
 

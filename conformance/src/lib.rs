@@ -9,10 +9,6 @@ mod harness;
 mod runner;
 pub mod world;
 
-pub use chaos::{
-    ChaosError, ChaosOptions, ChaosReport, ChaosStrategy, MutationCounts, assert_chaos_report,
-    run_chaos,
-};
 pub use fake_api::{
     DEFAULT_BASE_URL, FakeApi, FakeApiError, FakeApiOptions, Fault, Listing, LogEntry, Query,
     RateLimitSpec, RequestOptions, fake_items,

@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use serde_json::json;
 use watukuy_conformance::world::{POLLER, Recorder, StrategyKind, World};
 use watukuy_conformance::{
-    ChaosError, ChaosOptions, ChaosReport, ChaosStrategy, Defect, FaultyStore, KillPoint,
-    KillSwitch, Op, assert_chaos_report, run_chaos,
+    Defect, FaultyStore, KillPoint, KillSwitch, Op, chaos::ChaosError, chaos::ChaosOptions,
+    chaos::ChaosReport, chaos::ChaosStrategy, chaos::assert_chaos_report, chaos::run_chaos,
 };
 use watukuy_core::{
     Error, EventType, Result, StopOptions, TickOptions, json::Json, store::CommitBatch,

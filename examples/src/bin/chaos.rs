@@ -32,7 +32,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use sqlx::postgres::PgPoolOptions;
-use watukuy_conformance::{ChaosOptions, ChaosReport, ChaosStrategy, KillPoint, run_chaos};
+use watukuy_conformance::{
+    KillPoint, chaos::ChaosOptions, chaos::ChaosReport, chaos::ChaosStrategy, chaos::run_chaos,
+};
 use watukuy_core::{poller::Retain, store::Store};
 use watukuy_store_memory::MemoryStore;
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};
