@@ -206,12 +206,22 @@ impl MySqlStore {
         watukuy_core::store::Store::close(self).await
     }
 
-    /// The idempotent DDL `migrate` applies for `options`' table prefix (every version's
-    /// statements, in order), for teams that apply schemas with their own tooling; they must
-    /// also write the version row: `INSERT INTO <prefix>schema_version (id, version) VALUES (1,
-    /// SCHEMA_VERSION)`, into a table `CREATE TABLE <prefix>schema_version (id TINYINT NOT
-    /// NULL PRIMARY KEY, version INT NOT NULL)`.
-    pub fn ddl(options: &MySqlOptions) -> Result<Vec<String>> {
+    /// The complete, idempotent DDL `migrate` applies for `options`' table prefix, for teams
+    /// that manage schemas themselves: the version table, every version's tables in order and
+    /// the version row, one script of `;`-terminated statements (for the `mysql` client or a
+    /// migration tool), so that `migrate` then finds the schema current and changes nothing.
+    /// Running it twice is harmless.
+    ///
+    /// Fails with a `Config` error when the prefix is not an identifier.
+    ///
+    /// ```
+    /// use watukuy_store_mysql::{MySqlOptions, MySqlStore};
+    ///
+    /// let ddl = MySqlStore::ddl(&MySqlOptions::default().table_prefix("orders_"))?;
+    /// assert!(ddl.contains("CREATE TABLE IF NOT EXISTS `orders_outbox`"));
+    /// # Ok::<(), watukuy_core::Error>(())
+    /// ```
+    pub fn ddl(options: &MySqlOptions) -> Result<String> {
         options.validate()?;
         Ok(schema::ddl(&Tables::new(&options.table_prefix)))
     }
@@ -266,11 +276,14 @@ mod tests {
     #[test]
     fn ddl_names_the_prefixed_tables() {
         let ddl = MySqlStore::ddl(&MySqlOptions::default().table_prefix("app_")).unwrap();
-        assert_eq!(ddl.len(), 6);
+        let statements: Vec<&str> = ddl.split_terminator(";\n").collect();
+        assert_eq!(statements.len(), 8, "version table, 6 tables, version row");
         assert!(
-            ddl.iter()
+            statements[..7]
+                .iter()
                 .all(|s| s.starts_with("CREATE TABLE IF NOT EXISTS `app_"))
         );
+        assert!(statements[7].starts_with("INSERT INTO `app_schema_version`"));
         assert!(MySqlStore::ddl(&MySqlOptions::default().table_prefix("a-b")).is_err());
     }
 }

@@ -102,9 +102,30 @@ fn table(name: &str, columns: &str) -> String {
     )
 }
 
-/// Every version's statements, in order.
-pub(crate) fn ddl(t: &Tables) -> Vec<String> {
-    (1..=SCHEMA_VERSION).flat_map(|v| steps(v, t)).collect()
+/// The whole schema as one script, each statement ending in `;`: the version table, every
+/// version's statements in order, and the version row, all idempotent (the version row never
+/// goes down), so that `migrate` then finds the schema current and changes nothing.
+pub(crate) fn ddl(t: &Tables) -> String {
+    let mut out = format!("{};\n", version_table(t));
+    for statement in (1..=SCHEMA_VERSION).flat_map(|v| steps(v, t)) {
+        out.push_str(&statement);
+        out.push_str(";\n");
+    }
+    out.push_str(&format!(
+        "INSERT INTO {} (id, version) VALUES (1, {SCHEMA_VERSION}) \
+         ON DUPLICATE KEY UPDATE version = GREATEST(version, {SCHEMA_VERSION});\n",
+        t.schema_version
+    ));
+    out
+}
+
+/// The one-row table that holds the schema version.
+fn version_table(t: &Tables) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (id TINYINT NOT NULL PRIMARY KEY, version INT NOT NULL) \
+         ENGINE=InnoDB",
+        t.schema_version
+    )
 }
 
 /// Brings the schema to [`SCHEMA_VERSION`] on `conn`, holding the named lock throughout.
@@ -205,14 +226,10 @@ pub(crate) async fn release_named_lock(
 }
 
 async fn apply(conn: &mut MySqlConnection, t: &Tables) -> Result<()> {
-    sqlx::query(&format!(
-        "CREATE TABLE IF NOT EXISTS {} (id TINYINT NOT NULL PRIMARY KEY, version INT NOT NULL) \
-         ENGINE=InnoDB",
-        t.schema_version
-    ))
-    .execute(&mut *conn)
-    .await
-    .store("migrate: create the schema version table")?;
+    sqlx::query(&version_table(t))
+        .execute(&mut *conn)
+        .await
+        .store("migrate: create the schema version table")?;
     let current: Option<i32> = sqlx::query_scalar(&format!(
         "SELECT version FROM {} WHERE id = 1",
         t.schema_version

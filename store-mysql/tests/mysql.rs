@@ -239,6 +239,35 @@ db_test!(
     }
 );
 
+// The exported DDL lets a team create the schema itself (twice: it is idempotent); the store
+// then finds it current and works on it as is.
+db_test!(
+    externally_managed_schema_is_used_as_is,
+    2,
+    |database| async move {
+        let options = MySqlOptions::default().table_prefix("managed_");
+        let ddl = MySqlStore::ddl(&options)?;
+        for _ in 0..2 {
+            sqlx::raw_sql(&ddl)
+                .execute(&database.pool)
+                .await
+                .or_fail_with("apply the DDL by hand")?;
+        }
+        // The script itself records the version, so `migrate` has no step left to run.
+        let version: i32 =
+            sqlx::query_scalar("SELECT version FROM `managed_schema_version` WHERE id = 1")
+                .fetch_one(&database.pool)
+                .await
+                .or_fail()?;
+        ensure!(version == SCHEMA_VERSION, "schema version {version}");
+        let store = database.unmigrated(options)?;
+        store.migrate().await?;
+        let lease = store.acquire_lease(&key(), NODE_A, TTL, T0).await?;
+        ensure!(lease.map(|l| l.epoch) == Some(1), "no first lease");
+        Ok(())
+    }
+);
+
 // Tables written by a newer release are refused with a Schema error, not misread.
 db_test!(a_newer_schema_is_refused, 2, |database| async move {
     let store = database.store(MySqlOptions::default()).await?;

@@ -75,7 +75,7 @@ use crate::options::SqliteOptions;
 use crate::tx::{SqliteTx, location_of};
 
 /// The newest version of the processed-events table this crate creates.
-pub const PROCESSED_EVENTS_VERSION: i64 = 3;
+pub const PROCESSED_EVENTS_VERSION: i32 = 3;
 
 /// The default table name.
 pub const DEFAULT_PROCESSED_EVENTS_TABLE: &str = "watukuy_processed_events";
@@ -263,7 +263,7 @@ impl ProcessedEvents {
                 [],
                 |r| r.get(0),
             )?;
-            if current > PROCESSED_EVENTS_VERSION {
+            if current > i64::from(PROCESSED_EVENTS_VERSION) {
                 return Err(Failure::Newer(current));
             }
             for migration in MIGRATIONS.iter().filter(|m| m.version > current) {

@@ -582,7 +582,7 @@ pub(crate) fn migrate(conn: &mut Connection, ctx: &Ctx) -> DbResult<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     tx.execute_batch(&ctx.sql.schema_version_ddl)?;
     let current: i64 = tx.query_row(&ctx.sql.schema_current, [], |r| r.get(0))?;
-    if current > SCHEMA_VERSION {
+    if current > i64::from(SCHEMA_VERSION) {
         return Err(Failure::Store(Error::store(
             StoreErrorKind::Schema,
             false,

@@ -16,6 +16,6 @@ pub use options::{
     DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_READERS, DEFAULT_TABLE_PREFIX, Location, SqliteOptions,
     Synchronous,
 };
-pub use sql::{SCHEMA_VERSION, ddl};
+pub use sql::SCHEMA_VERSION;
 pub use store::SqliteStore;
 pub use tx::SqliteTx;

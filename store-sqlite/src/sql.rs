@@ -36,21 +36,10 @@ pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
 }];
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i32 = 1;
 
-/// The complete, idempotent DDL of the current schema for `prefix`, for teams that manage
-/// schemas themselves: the tables, their indexes and the schema-version rows, so that
-/// [`Store::migrate`](watukuy_core::store::Store::migrate) (or the store's first use) then finds the
-/// schema current and changes nothing. Running it twice is harmless.
-///
-/// Fails with a `Config` error (`sqlite.table_prefix`) when the prefix is not an identifier.
-///
-/// ```
-/// let ddl = watukuy_store_sqlite::ddl("watukuy_")?;
-/// assert!(ddl.contains("CREATE TABLE IF NOT EXISTS watukuy_outbox"));
-/// # Ok::<(), watukuy_core::Error>(())
-/// ```
-pub fn ddl(prefix: &str) -> Result<String> {
+/// The complete, idempotent DDL of the current schema for `prefix` (see `SqliteStore::ddl`).
+pub(crate) fn ddl(prefix: &str) -> Result<String> {
     validate_prefix(prefix)?;
     let mut out = splice(SCHEMA_VERSION_SQL, prefix);
     for migration in MIGRATIONS {
@@ -234,11 +223,11 @@ mod tests {
                 r.get(0)
             })
             .expect("version");
-        assert_eq!(version, SCHEMA_VERSION);
+        assert_eq!(version, i64::from(SCHEMA_VERSION));
         assert!(ddl("x-y").is_err());
         assert_eq!(
             MIGRATIONS.last().map(|m| m.version),
-            Some(SCHEMA_VERSION),
+            Some(i64::from(SCHEMA_VERSION)),
             "SCHEMA_VERSION is the last migration"
         );
     }

@@ -98,6 +98,25 @@ impl SqliteStore {
         <Self as Store>::migrate(self).await
     }
 
+    /// The complete, idempotent DDL `migrate` applies for `options`' table prefix, for teams
+    /// that manage schemas themselves: the tables, their indexes and the schema-version rows, so
+    /// that `migrate` (or the store's first use) then finds the schema current and changes
+    /// nothing. Running it twice is harmless.
+    ///
+    /// Fails with a `Config` error (`sqlite.table_prefix`) when the prefix is not an identifier.
+    ///
+    /// ```
+    /// use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
+    ///
+    /// let ddl = SqliteStore::ddl(&SqliteOptions::in_memory().table_prefix("orders_"))?;
+    /// assert!(ddl.contains("CREATE TABLE IF NOT EXISTS orders_outbox"));
+    /// # Ok::<(), watukuy_core::Error>(())
+    /// ```
+    pub fn ddl(options: &SqliteOptions) -> Result<String> {
+        options.validate()?;
+        crate::sql::ddl(options.prefix())
+    }
+
     /// [`Store::close`], callable without importing the trait: closes the connections of a file
     /// database once the calls in flight finish (the next call reopens it); a private in-memory
     /// database is kept, so closing never changes what the store reads. Idempotent.

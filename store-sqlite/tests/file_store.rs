@@ -14,7 +14,7 @@ use watukuy_core::{
     store::ParkedAction, store::ParkedQuery, store::StatePatch, store::Store,
     store::StoreErrorKind,
 };
-use watukuy_store_sqlite::{SCHEMA_VERSION, SqliteOptions, SqliteStore, Synchronous, ddl};
+use watukuy_store_sqlite::{SCHEMA_VERSION, SqliteOptions, SqliteStore, Synchronous};
 
 fn file_store(path: &Path) -> SqliteStore {
     SqliteStore::open(SqliteOptions::file(path)).expect("valid options")
@@ -289,7 +289,7 @@ async fn prefixes_share_a_file_independently() {
                 r.get(0)
             })
             .unwrap();
-        assert_eq!(version, SCHEMA_VERSION, "{table}");
+        assert_eq!(version, i64::from(SCHEMA_VERSION), "{table}");
     }
 }
 
@@ -517,7 +517,7 @@ async fn close_returns_after_the_connections_are_closed() {
 #[tokio::test]
 async fn externally_managed_schema_is_used_as_is() {
     let (_dir, path) = temp_db("managed.db");
-    let text = ddl("managed_").unwrap();
+    let text = SqliteStore::ddl(&SqliteOptions::file(&path).table_prefix("managed_")).unwrap();
     raw(&path, &text);
     raw(&path, &text);
     let store = SqliteStore::open(SqliteOptions::file(&path).table_prefix("managed_")).unwrap();
@@ -531,7 +531,11 @@ async fn externally_managed_schema_is_used_as_is() {
             r.get(0)
         })
         .unwrap();
-    assert_eq!(versions, SCHEMA_VERSION, "one row per applied migration");
+    assert_eq!(
+        versions,
+        i64::from(SCHEMA_VERSION),
+        "one row per applied migration"
+    );
 }
 
 /// Invalid options are `Config` errors naming the option, at `open`, before any I/O.

@@ -86,7 +86,7 @@ fn tables_are_checked_and_the_ddl_is_idempotent() {
     let version: i64 = conn
         .query_row("SELECT MAX(version) FROM seen_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, PROCESSED_EVENTS_VERSION);
+    assert_eq!(version, i64::from(PROCESSED_EVENTS_VERSION));
     assert!(!table_exists(&conn, "seen_subjects"));
     let last: (String, Option<i64>) = conn
         .query_row("SELECT event_id, sequence FROM seen_last", [], |r| {
