@@ -15,6 +15,31 @@
 //!   [`Error::Store`](crate::Error::Store) with a transient/permanent flag.
 //! - **Unfenced admin writes never touch the lease.**
 //! - **In-process stores hand out copies**, never references into their own state.
+//!
+//! # Stability for store authors
+//!
+//! This module is the extension contract: a store written outside this repository depends on
+//! it, so it moves by its own rules. Versions are 0.x, where the minor is the breaking number.
+//!
+//! A custom store may rely on, within one minor version (0.2.z):
+//! - The required methods of [`Store`], their signatures, and every numbered **Contract** bullet
+//!   staying as written. A patch release may add a conformance case that pins an existing bullet
+//!   more closely: a store that fails it was already wrong.
+//! - New methods arriving only as *provided* ones whose default is correct for every store that
+//!   keeps the existing contract (as [`Store::claim`] was added, built on `acquire_lease`,
+//!   `load_state` and `load_pending`); override one for speed, never for correctness.
+//! - The JSON shapes of [`PollerState`], [`Event`](crate::Event), [`SerializedError`] and the
+//!   other row payloads: what a store persisted as text reads back in every later version, so
+//!   stored data needs no migration on an upgrade of this crate.
+//! - [`StoreErrorKind`], [`ParkedKind`] and the other `#[non_exhaustive]` types may gain variants
+//!   and fields in a patch release; build them with their constructors and match them with a `_`
+//!   arm.
+//!
+//! Breaking for store authors, so only in a new minor version with a CHANGELOG entry: a new
+//! required method, a changed signature, a contract bullet that asks more of a store, a new
+//! field in a row type built with a struct literal (the exhaustive ones: [`OutboxRow`],
+//! [`ItemRow`], [`ParkedRow`], …), and a change to a persisted JSON shape that old text does not
+//! read as. `.ci/semver-check` holds every published crate to this on each change.
 
 use std::collections::HashMap;
 

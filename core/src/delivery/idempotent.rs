@@ -101,6 +101,12 @@ impl fmt::Display for Fence {
 /// `Conn` is what the methods run on (a pool, or a connection behind a mutex); `Tx<'a>` is the
 /// store's transaction, handed to projections. An implementation whose transaction does not
 /// borrow (`type Tx<'a> = MyTx;`) names it `Self::Tx<'_>` in its method signatures.
+///
+/// **Stability.** This trait is an extension contract like [`Store`](crate::store::Store) and
+/// moves by the same rules (the `store` module's "Stability for store authors"): within a minor
+/// version its required methods, their signatures and the seven rules above stay as written; new
+/// methods come only as provided ones that are correct for every implementation; anything else
+/// waits for a new minor version with a CHANGELOG entry.
 #[async_trait]
 pub trait ConsumerStore: Send + Sync {
     /// The database handle the table lives in.
