@@ -10,8 +10,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use watukuy_core::{
-    Engine, clock::Clock, clock::SystemClock, store::PKey, store::ParkedKind, store::ParkedQuery,
-    store::PollerState, store::Store,
+    Engine,
+    clock::{Clock, SystemClock},
+    store::{PKey, ParkedKind, ParkedQuery, PollerState, Store},
 };
 
 /// The page: plain HTML with a small inline script, served as is (no build step).

@@ -14,7 +14,7 @@ use tower::ServiceExt as _;
 use watukuy_admin::{AdminState, Mode, router};
 use watukuy_conformance::world::POLLER;
 use watukuy_conformance::world::{Consumer, key};
-use watukuy_core::{store::PKey, store::StatePatch, store::Store};
+use watukuy_core::store::{PKey, StatePatch, Store};
 use watukuy_store_memory::MemoryStore;
 
 struct Reply {

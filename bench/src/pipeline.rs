@@ -16,9 +16,11 @@ use watukuy_core::delivery::DEFAULT_DISPATCH_BATCH_SIZE;
 use watukuy_core::hooks::{HookContext, Hooks};
 use watukuy_core::{
     BoxError, DeliveryOptions, Engine, Event, FetchContext, HandlerContext, HandlerError, Page,
-    Partition, Poller, TickOptions, clock::Clock, clock::SystemClock, delivery::Dispatcher,
-    delivery::DrainContext, rng::SystemRng, store::CommitBatch, store::ItemRow, store::Lease,
-    store::OutboxRow, store::PKey, store::StatePatch, store::Store,
+    Partition, Poller, TickOptions,
+    clock::{Clock, SystemClock},
+    delivery::{Dispatcher, DrainContext},
+    rng::SystemRng,
+    store::{CommitBatch, ItemRow, Lease, OutboxRow, PKey, StatePatch, Store},
 };
 
 use crate::measure::{Stopwatch, as_f64, peak_rss_kb, percentile, rate, reset_peak_rss};

@@ -15,7 +15,9 @@ use watukuy_core::delivery::Unsubscribe;
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
     BoxError, Engine, Event, FetchContext, HandlerContext, HandlerError, Page, Partition, Poller,
-    StopOptions, TickOptions, clock::Clock, clock::SystemClock, store::Store,
+    StopOptions, TickOptions,
+    clock::{Clock, SystemClock},
+    store::Store,
 };
 
 use crate::measure::{

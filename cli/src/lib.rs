@@ -12,7 +12,9 @@ use std::sync::Arc;
 use clap::Parser;
 use serde_json::json;
 use watukuy_core::{
-    ErrorCode, clock::Clock, clock::SystemClock, store::PKey, store::StoreErrorKind,
+    ErrorCode,
+    clock::{Clock, SystemClock},
+    store::{PKey, StoreErrorKind},
 };
 
 use args::{Cli, Command};

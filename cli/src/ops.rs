@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 use watukuy_core::{
-    clock::Clock, clock::SystemClock, ops, store::PKey, store::ParkedKind, store::ParkedQuery,
-    store::ParkedRow, store::PollerState, store::Store,
+    clock::{Clock, SystemClock},
+    ops,
+    store::{PKey, ParkedKind, ParkedQuery, ParkedRow, PollerState, Store},
 };
 
 use crate::CliError;

@@ -1,6 +1,6 @@
 //! Text output: tables, times and durations a person reads.
 
-use watukuy_core::{store::Circuit, store::ParkedRow, store::SerializedError};
+use watukuy_core::store::{Circuit, ParkedRow, SerializedError};
 
 use crate::ops::{KeyInspect as PollerInspect, Report};
 

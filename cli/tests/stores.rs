@@ -14,7 +14,8 @@ use common::{Backend, Kind, engine, failing, on};
 use serde_json::{Value, json};
 use watukuy_conformance::world::{Consumer, POLLER, World, key};
 use watukuy_core::{
-    Lane, store::LogQuery, store::PKey, store::ParkedKind, store::ParkedQuery, store::StatePatch,
+    Lane,
+    store::{LogQuery, PKey, ParkedKind, ParkedQuery, StatePatch},
 };
 
 /// The whole tour on one backend: inspect shows what the engine wrote; parked ls, retry and

@@ -23,8 +23,11 @@ use serde_json::{Value, json};
 use watukuy_core::cursor;
 use watukuy_core::{
     DeliveryOptions, Engine, Event, EventType, HandlerContext, HandlerError, HandlerResult, Lane,
-    TickOptions, TickResult, backoff::Backoff, poller::Retain, rng::SeededRng, store::PKey,
-    store::Store,
+    TickOptions, TickResult,
+    backoff::Backoff,
+    poller::Retain,
+    rng::SeededRng,
+    store::{PKey, Store},
 };
 
 use crate::faulty::{FaultyStore, KillPoint, KillSwitch, LeaseAudit};

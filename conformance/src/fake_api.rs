@@ -46,7 +46,9 @@ use watukuy_core::clock::format_rfc3339_ms;
 use watukuy_core::cursor::Cursor;
 use watukuy_core::diff::sha256_hex;
 use watukuy_core::{
-    BoxError, Error, FetchContext, Page, clock::Clock, store::RateLimitInfo, store::RateLimitSource,
+    BoxError, Error, FetchContext, Page,
+    clock::Clock,
+    store::{RateLimitInfo, RateLimitSource},
 };
 
 /// The default base URL of a fake API, used in error messages and as the validator key.

@@ -28,11 +28,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use watukuy_core::{
-    Error, Result, store::Capabilities, store::Claim, store::CommitBatch, store::ItemRow,
-    store::KeyCounts, store::Lease, store::LogQuery, store::LoggedEvent, store::OutboxRow,
-    store::PKey, store::ParkedAction, store::ParkedQuery, store::ParkedRow, store::PollerState,
-    store::SerializedError, store::StatePatch, store::Store, store::StoreErrorKind,
-    store::Validator,
+    Error, Result,
+    store::{
+        Capabilities, Claim, CommitBatch, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent,
+        OutboxRow, PKey, ParkedAction, ParkedQuery, ParkedRow, PollerState, SerializedError,
+        StatePatch, Store, StoreErrorKind, Validator,
+    },
 };
 
 /// A store operation that can fail on purpose.

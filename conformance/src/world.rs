@@ -9,8 +9,10 @@ use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
     BoxError, DeliveryOptions, Engine, EngineBuilder, Event, FetchContext, HandlerContext,
     HandlerError, HandlerResult, Page, Poller, PollerBuilder, Result, TickOptions, TickResult,
-    backoff::Backoff, clock::Clock, clock::ManualClock, clock::TokioClock, rng::SeededRng,
-    store::PKey, store::Store,
+    backoff::Backoff,
+    clock::{Clock, ManualClock, TokioClock},
+    rng::SeededRng,
+    store::{PKey, Store},
 };
 
 use crate::cases::fixtures::T0;

@@ -10,9 +10,12 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use watukuy_conformance::world::{POLLER, Recorder, key};
 use watukuy_core::{
-    Engine, EventType, FetchContext, Page, Poller, TickOptions, TickResult, clock::ManualClock,
-    cursor, poller::MAX_ITEM_DEPTH, rng::SeededRng, store::ParkedKind, store::ParkedQuery,
-    store::Store,
+    Engine, EventType, FetchContext, Page, Poller, TickOptions, TickResult,
+    clock::ManualClock,
+    cursor,
+    poller::MAX_ITEM_DEPTH,
+    rng::SeededRng,
+    store::{ParkedKind, ParkedQuery, Store},
 };
 use watukuy_store_memory::MemoryStore;
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};

@@ -9,8 +9,8 @@ use watukuy_conformance::{
     CaseContext, CaseError, Defect, FaultyStore, Fresh, Harness, Outcome, Report, run_all,
 };
 use watukuy_core::{
-    Result, store::Capabilities, store::CommitBatch, store::Lease, store::OutboxRow, store::PKey,
-    store::Store,
+    Result,
+    store::{Capabilities, CommitBatch, Lease, OutboxRow, PKey, Store},
 };
 use watukuy_store_memory::MemoryStore;
 

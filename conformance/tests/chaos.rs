@@ -11,12 +11,13 @@ use async_trait::async_trait;
 use serde_json::json;
 use watukuy_conformance::world::{POLLER, Recorder, StrategyKind, World};
 use watukuy_conformance::{
-    Defect, FaultyStore, KillPoint, KillSwitch, Op, chaos::ChaosError, chaos::ChaosOptions,
-    chaos::ChaosReport, chaos::ChaosStrategy, chaos::assert_chaos_report, chaos::run_chaos,
+    Defect, FaultyStore, KillPoint, KillSwitch, Op,
+    chaos::{ChaosError, ChaosOptions, ChaosReport, ChaosStrategy, assert_chaos_report, run_chaos},
 };
 use watukuy_core::{
-    Error, EventType, Result, StopOptions, TickOptions, json::Json, store::CommitBatch,
-    store::Lease, store::PKey, store::Store,
+    Error, EventType, Result, StopOptions, TickOptions,
+    json::Json,
+    store::{CommitBatch, Lease, PKey, Store},
 };
 use watukuy_store_memory::MemoryStore;
 

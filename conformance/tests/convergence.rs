@@ -14,8 +14,10 @@ use watukuy_conformance::{FakeApi, Fault};
 use watukuy_core::cursor;
 use watukuy_core::{
     DeliveryOptions, Engine, Event, EventType, FetchContext, Poller, PollerBuilder, TickResult,
-    backoff::Backoff, poller::OnInvalid, rng::SeededRng, store::ParkedKind, store::ParkedQuery,
-    store::ParkedRow, store::Store,
+    backoff::Backoff,
+    poller::OnInvalid,
+    rng::SeededRng,
+    store::{ParkedKind, ParkedQuery, ParkedRow, Store},
 };
 use watukuy_store_memory::MemoryStore;
 

@@ -8,10 +8,12 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use watukuy_conformance::cases::fixtures::{NODE_B, T0, TTL, event, key};
 use watukuy_core::{
-    DeliveryOptions, Error, ErrorCode, Event, HandlerContext, HandlerError, backoff::Backoff,
-    clock::Clock, clock::ManualClock, delivery::AckMode, delivery::Dispatcher,
-    delivery::DrainContext, delivery::PoisonAction, rng::SeededRng, store::Lease, store::PKey,
-    store::ParkedQuery, store::Store,
+    DeliveryOptions, Error, ErrorCode, Event, HandlerContext, HandlerError,
+    backoff::Backoff,
+    clock::{Clock, ManualClock},
+    delivery::{AckMode, Dispatcher, DrainContext, PoisonAction},
+    rng::SeededRng,
+    store::{Lease, PKey, ParkedQuery, Store},
 };
 use watukuy_store_memory::MemoryStore;
 

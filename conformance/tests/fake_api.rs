@@ -13,8 +13,10 @@ use watukuy_conformance::{
 use watukuy_core::clock::format_rfc3339_ms;
 use watukuy_core::cursor::Cursor;
 use watukuy_core::{
-    BoxError, Error, FetchContext, Page, Partition, clock::ManualClock, poller::ValidatorAccess,
-    store::CommitBatch, store::PKey, store::RateLimitSource, store::Store,
+    BoxError, Error, FetchContext, Page, Partition,
+    clock::ManualClock,
+    poller::ValidatorAccess,
+    store::{CommitBatch, PKey, RateLimitSource, Store},
 };
 use watukuy_store_memory::MemoryStore;
 

@@ -16,7 +16,10 @@ use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use watukuy_conformance::world::{POLLER, Recorder};
 use watukuy_core::{
     BoxError, Engine, Event, EventType, FetchContext, Page, Poller, TickOptions,
-    clock::ManualClock, cursor, poller::DeleteConfirmation, poller::OnInvalid, rng::SeededRng,
+    clock::ManualClock,
+    cursor,
+    poller::{DeleteConfirmation, OnInvalid},
+    rng::SeededRng,
     store::Store,
 };
 use watukuy_store_memory::MemoryStore;

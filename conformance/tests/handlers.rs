@@ -16,9 +16,11 @@ use watukuy_core::delivery::{
 };
 use watukuy_core::store::{FailureClass, ParkReason};
 use watukuy_core::{
-    DeliveryOptions, Event, HandlerContext, HandlerError, Lane, backoff::Backoff,
-    delivery::Dispatcher, delivery::DrainContext, delivery::DrainReport, json::Json,
-    store::ParkedError, store::ParkedQuery, store::ParkedRow, store::Store,
+    DeliveryOptions, Event, HandlerContext, HandlerError, Lane,
+    backoff::Backoff,
+    delivery::{Dispatcher, DrainContext, DrainReport},
+    json::Json,
+    store::{ParkedError, ParkedQuery, ParkedRow, Store},
 };
 
 mod common;

@@ -18,8 +18,10 @@ use watukuy_core::cursor::Cursor;
 use watukuy_core::poller::Fetch;
 use watukuy_core::{
     BoxError, Engine, Error, ErrorCode, Event, EventType, FetchContext, Lane, Page, Poller,
-    StopOptions, TickResult, clock::Clock, clock::TokioClock, rng::SeededRng, store::LaneCursor,
-    store::Lanes, store::LogQuery, store::Store,
+    StopOptions, TickResult,
+    clock::{Clock, TokioClock},
+    rng::SeededRng,
+    store::{LaneCursor, Lanes, LogQuery, Store},
 };
 use watukuy_store_memory::MemoryStore;
 

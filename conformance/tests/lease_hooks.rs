@@ -9,7 +9,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use watukuy_conformance::world::{POLLER, StrategyKind, World};
 use watukuy_core::hooks::{HookContext, Hooks};
-use watukuy_core::{Engine, FetchContext, clock::Clock, store::Lease, store::PKey, store::Store};
+use watukuy_core::{
+    Engine, FetchContext,
+    clock::Clock,
+    store::{Lease, PKey, Store},
+};
 use watukuy_store_memory::MemoryStore;
 
 /// What the lease hooks saw: `acquired <owner> <epoch>` and `lost <epoch>`.

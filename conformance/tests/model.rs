@@ -20,10 +20,12 @@ use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state
 use watukuy_conformance::FaultyStore;
 use watukuy_conformance::cases::fixtures::event;
 use watukuy_core::{
-    DeliveryOptions, Event, HandlerContext, HandlerError, HandlerResult, backoff::Backoff,
-    clock::Clock, clock::ManualClock, delivery::Dispatcher, delivery::DrainContext, rng::SeededRng,
-    store::CommitBatch, store::Lease, store::OutboxRow, store::PKey, store::ParkedQuery,
-    store::StatePatch, store::Store,
+    DeliveryOptions, Event, HandlerContext, HandlerError, HandlerResult,
+    backoff::Backoff,
+    clock::{Clock, ManualClock},
+    delivery::{Dispatcher, DrainContext},
+    rng::SeededRng,
+    store::{CommitBatch, Lease, OutboxRow, PKey, ParkedQuery, StatePatch, Store},
 };
 use watukuy_store_memory::MemoryStore;
 

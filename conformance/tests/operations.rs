@@ -21,10 +21,14 @@ use watukuy_core::schedule::{CircuitOptions, ScheduleOptions, ScheduleReason};
 use watukuy_core::{
     BoxError, Engine, EngineBuilder, Error, ErrorCode, Event, EventType, FetchContext,
     HandlerContext, HandlerError, Lane, Page, Partition, Poller, PollerBuilder, Status,
-    StopOptions, TickOptions, TickResult, clock::Clock, clock::ManualClock, clock::TokioClock,
-    json::Json, rng::SeededRng, store::Circuit, store::Lease, store::LogQuery, store::PKey,
-    store::ParkedKind, store::ParkedQuery, store::ParkedRow, store::PollSummary,
-    store::SerializedError, store::Store, store::ValidationIssue,
+    StopOptions, TickOptions, TickResult,
+    clock::{Clock, ManualClock, TokioClock},
+    json::Json,
+    rng::SeededRng,
+    store::{
+        Circuit, Lease, LogQuery, PKey, ParkedKind, ParkedQuery, ParkedRow, PollSummary,
+        SerializedError, Store, ValidationIssue,
+    },
 };
 use watukuy_store_memory::MemoryStore;
 

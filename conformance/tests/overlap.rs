@@ -10,8 +10,9 @@ use tokio::sync::Notify;
 use watukuy_conformance::world::{POLLER, StrategyKind, World};
 use watukuy_core::hooks::{FetchInfo, HookContext, Hooks};
 use watukuy_core::{
-    DeliveryOptions, Engine, Event, HandlerContext, HandlerError, delivery::PoisonAction,
-    store::Circuit, store::PKey, store::Store,
+    DeliveryOptions, Engine, Event, HandlerContext, HandlerError,
+    delivery::PoisonAction,
+    store::{Circuit, PKey, Store},
 };
 use watukuy_store_memory::MemoryStore;
 

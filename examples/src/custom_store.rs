@@ -22,10 +22,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use watukuy_core::{
-    Result, store::Capabilities, store::Claim, store::CommitBatch, store::ItemRow,
-    store::KeyCounts, store::Lease, store::LogQuery, store::LoggedEvent, store::OutboxRow,
-    store::PKey, store::ParkedAction, store::ParkedQuery, store::ParkedRow, store::PollerState,
-    store::SerializedError, store::StatePatch, store::Store, store::Validator,
+    Result,
+    store::{
+        Capabilities, Claim, CommitBatch, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent,
+        OutboxRow, PKey, ParkedAction, ParkedQuery, ParkedRow, PollerState, SerializedError,
+        StatePatch, Store, Validator,
+    },
 };
 
 /// A store that forwards every call to `inner` and counts them.

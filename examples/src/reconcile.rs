@@ -31,7 +31,9 @@ use watukuy_core::cursor::{self, Cursor};
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
     BoxError, Engine, Event, EventType, FetchContext, HandlerContext, HandlerError, Lane, Page,
-    Poller, TickOptions, clock::Clock, clock::ManualClock, store::PKey, store::Store,
+    Poller, TickOptions,
+    clock::{Clock, ManualClock},
+    store::{PKey, Store},
 };
 use watukuy_http::HttpClient;
 use watukuy_store_memory::MemoryStore;

@@ -14,7 +14,9 @@ use tracing::Instrument;
 use watukuy_core::clock::duration_ms;
 use watukuy_core::diff::hash_url;
 use watukuy_core::{
-    Error, FetchContext, clock::Clock, clock::SystemClock, poller::ValidatorAccess,
+    Error, FetchContext,
+    clock::{Clock, SystemClock},
+    poller::ValidatorAccess,
 };
 
 use crate::problem::ProblemDetails;

@@ -2,7 +2,7 @@
 //! `RateLimit-*` trio and vendor `X-RateLimit-*` / `X-Rate-Limit-*` headers.
 
 use reqwest::header::HeaderMap;
-use watukuy_core::{store::RateLimitInfo, store::RateLimitSource};
+use watukuy_core::store::{RateLimitInfo, RateLimitSource};
 
 use crate::num::{f64_to_i64, parse_number};
 

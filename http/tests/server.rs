@@ -11,8 +11,11 @@ use watukuy_core::diff::hash_url;
 use watukuy_core::schedule::ScheduleReason;
 use watukuy_core::{
     Engine, Error, ErrorCode, EventType, FetchContext, Page, Poller, TickOptions,
-    budget::BudgetPolicy, clock::ManualClock, cursor, poller::ValidatorAccess, store::CommitBatch,
-    store::PKey, store::ParkedKind, store::ParkedQuery, store::RateLimitSource, store::Store,
+    budget::BudgetPolicy,
+    clock::ManualClock,
+    cursor,
+    poller::ValidatorAccess,
+    store::{CommitBatch, PKey, ParkedKind, ParkedQuery, RateLimitSource, Store},
 };
 use watukuy_http::{HttpClient, MAX_ERROR_BODY_BYTES};
 use watukuy_store_memory::MemoryStore;

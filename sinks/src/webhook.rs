@@ -10,7 +10,8 @@ use reqwest::{StatusCode, Url};
 use rustls_platform_verifier::BuilderVerifierExt as _;
 use watukuy_core::clock::{duration_ms, ms_duration};
 use watukuy_core::{
-    Event, HandlerContext, HandlerError, HandlerResult, clock::Clock, clock::SystemClock,
+    Event, HandlerContext, HandlerError, HandlerResult,
+    clock::{Clock, SystemClock},
     delivery::Handler,
 };
 

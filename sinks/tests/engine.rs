@@ -16,7 +16,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use watukuy_conformance::world::{POLLER, StrategyKind, World};
 use watukuy_core::{
-    CloudEvent, clock::Clock, clock::ManualClock, store::ParkedQuery, store::Store,
+    CloudEvent,
+    clock::{Clock, ManualClock},
+    store::{ParkedQuery, Store},
 };
 use watukuy_sinks::{WebhookOptions, WebhookSecret, WebhookSink, verify_webhook_signature};
 use watukuy_store_memory::MemoryStore;

@@ -16,7 +16,10 @@ use async_nats::jetstream::{self, stream};
 use common::{broker_url, ctx, event, free_port, unique};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-use watukuy_core::{CloudEvent, Event, EventType, delivery::Handler, delivery::HandlerErrorKind};
+use watukuy_core::{
+    CloudEvent, Event, EventType,
+    delivery::{Handler, HandlerErrorKind},
+};
 use watukuy_sinks::{EventFormat, NatsSink};
 
 /// The test broker's URL.

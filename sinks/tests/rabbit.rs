@@ -21,7 +21,10 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
-use watukuy_core::{CloudEvent, Event, EventType, delivery::Handler, delivery::HandlerErrorKind};
+use watukuy_core::{
+    CloudEvent, Event, EventType,
+    delivery::{Handler, HandlerErrorKind},
+};
 use watukuy_sinks::{EventFormat, RabbitSink};
 
 /// The test broker's URL.

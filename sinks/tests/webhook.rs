@@ -14,7 +14,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use common::{ctx, event, free_port, spawn_server};
 use watukuy_core::{
-    CloudEvent, Event, EventType, clock::ManualClock, delivery::Handler, delivery::HandlerErrorKind,
+    CloudEvent, Event, EventType,
+    clock::ManualClock,
+    delivery::{Handler, HandlerErrorKind},
 };
 use watukuy_sinks::{
     EventFormat, MAX_WEBHOOK_ERROR_BODY_CHARS, WebhookConfigError, WebhookDeliveryError,

@@ -6,11 +6,12 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use async_trait::async_trait;
 use futures::stream::{self, BoxStream, StreamExt};
 use watukuy_core::{
-    Error, Result, SmolStr, store::Capabilities, store::Claim, store::CommitBatch, store::ItemRow,
-    store::KeyCounts, store::Lease, store::LogQuery, store::LoggedEvent, store::OutboxRow,
-    store::OutboxStatus, store::PKey, store::ParkedAction, store::ParkedKind, store::ParkedQuery,
-    store::ParkedRow, store::PollerState, store::SerializedError, store::StatePatch, store::Store,
-    store::Validator,
+    Error, Result, SmolStr,
+    store::{
+        Capabilities, Claim, CommitBatch, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent,
+        OutboxRow, OutboxStatus, PKey, ParkedAction, ParkedKind, ParkedQuery, ParkedRow,
+        PollerState, SerializedError, StatePatch, Store, Validator,
+    },
 };
 
 /// Everything stored for one key.

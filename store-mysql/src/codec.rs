@@ -2,7 +2,11 @@
 //! types (a row that does not decode is a `Corrupt` store error naming it, never a panic).
 
 use serde::de::DeserializeOwned;
-use watukuy_core::{Error, Result, json::Json, store::ParkedKind, store::StoreErrorKind};
+use watukuy_core::{
+    Error, Result,
+    json::Json,
+    store::{ParkedKind, StoreErrorKind},
+};
 
 /// `what` as UTF-8 text.
 pub(crate) fn text(what: &str, bytes: Vec<u8>) -> Result<String> {

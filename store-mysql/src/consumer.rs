@@ -52,7 +52,11 @@ use sqlx::{Executor, MySql, MySqlConnection, MySqlPool, Transaction};
 use watukuy_core::delivery::{
     self, ApplyError, ApplyOutcome, ConsumerStore, Fence, LastApplied, reapplies,
 };
-use watukuy_core::{Error, Event, Result, clock::Clock, clock::SystemClock, store::StoreErrorKind};
+use watukuy_core::{
+    Error, Event, Result,
+    clock::{Clock, SystemClock},
+    store::StoreErrorKind,
+};
 
 use crate::codec::text;
 use crate::error::{OrStore, map, number};

@@ -4,7 +4,10 @@
 use sqlx::mysql::{MySql, MySqlArguments};
 use sqlx::query::Query;
 use sqlx::{Executor, MySqlConnection};
-use watukuy_core::{Error, Result, store::PKey, store::StoreErrorKind};
+use watukuy_core::{
+    Error, Result,
+    store::{PKey, StoreErrorKind},
+};
 
 use crate::error::OrStore;
 

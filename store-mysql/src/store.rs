@@ -8,11 +8,12 @@ use futures::stream::BoxStream;
 use sqlx::mysql::MySql;
 use sqlx::{Executor, MySqlConnection, MySqlPool, Transaction};
 use watukuy_core::{
-    Error, Event, Result, store::Capabilities, store::Claim, store::CommitBatch, store::ItemRow,
-    store::KeyCounts, store::Lease, store::LogQuery, store::LoggedEvent, store::OutboxRow,
-    store::OutboxStatus, store::PKey, store::ParkedAction, store::ParkedKind, store::ParkedQuery,
-    store::ParkedRow, store::PollerState, store::SerializedError, store::StatePatch, store::Store,
-    store::StoreErrorKind, store::UrlValidator, store::Validator,
+    Error, Event, Result,
+    store::{
+        Capabilities, Claim, CommitBatch, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent,
+        OutboxRow, OutboxStatus, PKey, ParkedAction, ParkedKind, ParkedQuery, ParkedRow,
+        PollerState, SerializedError, StatePatch, Store, StoreErrorKind, UrlValidator, Validator,
+    },
 };
 
 use crate::MySqlStore;

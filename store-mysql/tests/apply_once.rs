@@ -30,7 +30,9 @@ use watukuy_conformance::CaseError;
 use watukuy_conformance::cases::fixtures::{NODE_A, NODE_B, T0, TTL, event, key};
 use watukuy_core::delivery::{ApplyError, ApplyOutcome, ConsumerStore, Fence};
 use watukuy_core::{
-    BoxError, Error, Event, clock::ManualClock, store::Store, store::StoreErrorKind,
+    BoxError, Error, Event,
+    clock::ManualClock,
+    store::{Store, StoreErrorKind},
 };
 use watukuy_store_mysql::{MySqlOptions, PROCESSED_EVENTS_VERSION, ProcessedEvents, apply_once};
 

@@ -14,8 +14,11 @@ use sqlx::{ConnectOptions, Executor, MySqlConnection};
 use watukuy_conformance::CaseError;
 use watukuy_conformance::cases::fixtures::{NODE_A, T0, TTL, item, json, key, pending};
 use watukuy_core::{
-    ErrorCode, store::CommitBatch, store::ItemRow, store::Lease, store::PKey, store::StatePatch,
-    store::Store, store::StoreErrorKind, store::UrlValidator, store::Validator,
+    ErrorCode,
+    store::{
+        CommitBatch, ItemRow, Lease, PKey, StatePatch, Store, StoreErrorKind, UrlValidator,
+        Validator,
+    },
 };
 use watukuy_store_mysql::{MySqlOptions, MySqlStore, SCHEMA_VERSION};
 

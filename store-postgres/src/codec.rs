@@ -10,9 +10,12 @@ use serde::de::DeserializeOwned;
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 use watukuy_core::{
-    Error, Event, Result, json::Json, store::ItemRow, store::Lanes, store::LoggedEvent,
-    store::OutboxRow, store::OutboxStatus, store::ParkedKind, store::ParkedRow, store::PollerState,
-    store::ScheduleState, store::StatePatch, store::StoreErrorKind, store::UrlValidator,
+    Error, Event, Result,
+    json::Json,
+    store::{
+        ItemRow, Lanes, LoggedEvent, OutboxRow, OutboxStatus, ParkedKind, ParkedRow, PollerState,
+        ScheduleState, StatePatch, StoreErrorKind, UrlValidator,
+    },
 };
 
 use crate::PgQuery;

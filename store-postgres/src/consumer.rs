@@ -39,7 +39,11 @@ use sqlx::{Executor, PgConnection, PgPool, Postgres, Row, Transaction};
 use watukuy_core::delivery::{
     self, ApplyError, ApplyOutcome, ConsumerStore, Fence, LastApplied, reapplies,
 };
-use watukuy_core::{Error, Event, Result, clock::Clock, clock::SystemClock, store::StoreErrorKind};
+use watukuy_core::{
+    Error, Event, Result,
+    clock::{Clock, SystemClock},
+    store::StoreErrorKind,
+};
 
 use crate::error::classify;
 

@@ -15,10 +15,12 @@ use futures::stream::{self, BoxStream, StreamExt};
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgQueryResult, PgRow};
 use sqlx::{Connection, Executor, PgConnection, Postgres, Row};
 use watukuy_core::{
-    Error, Result, store::Capabilities, store::Claim, store::CommitBatch, store::ItemRow,
-    store::KeyCounts, store::Lease, store::LogQuery, store::LoggedEvent, store::OutboxRow,
-    store::OutboxStatus, store::PKey, store::ParkedAction, store::ParkedQuery, store::ParkedRow,
-    store::PollerState, store::SerializedError, store::StatePatch, store::Store, store::Validator,
+    Error, Result,
+    store::{
+        Capabilities, Claim, CommitBatch, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent,
+        OutboxRow, OutboxStatus, PKey, ParkedAction, ParkedQuery, ParkedRow, PollerState,
+        SerializedError, StatePatch, Store, Validator,
+    },
 };
 
 use crate::codec::{

@@ -15,7 +15,7 @@ use common::{Database, OrFail, Schema, ensure, fail};
 use servers::Bouncer;
 use watukuy_conformance::cases::fixtures::{T0, TTL, pending};
 use watukuy_conformance::{CaseContext, CaseError, Fresh, Harness};
-use watukuy_core::{store::CommitBatch, store::PKey, store::Store};
+use watukuy_core::store::{CommitBatch, PKey, Store};
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};
 
 /// The pooler (and the server behind it) of this test process.

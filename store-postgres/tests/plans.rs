@@ -17,8 +17,9 @@ use serde_json::Value;
 use sqlx::{Connection, PgConnection, Row};
 use watukuy_conformance::CaseError;
 use watukuy_core::{
-    Event, EventType, json::Json, store::CommitBatch, store::ItemRow, store::Lease,
-    store::OutboxRow, store::PKey, store::StatePatch, store::Store,
+    Event, EventType,
+    json::Json,
+    store::{CommitBatch, ItemRow, Lease, OutboxRow, PKey, StatePatch, Store},
 };
 use watukuy_store_postgres::PostgresOptions;
 

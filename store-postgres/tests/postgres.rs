@@ -12,10 +12,13 @@ use sqlx::{Connection, PgConnection, Row};
 use watukuy_conformance::CaseError;
 use watukuy_conformance::cases::fixtures::{self, T0, TTL, item, key};
 use watukuy_core::{
-    Error, ErrorCode, Event, json::Json, store::CommitBatch, store::ItemRow, store::Lease,
-    store::LogQuery, store::OutboxRow, store::PKey, store::ParkedError, store::ParkedKind,
-    store::ParkedQuery, store::ParkedRow, store::PollerState, store::ScheduleState,
-    store::SerializedError, store::StatePatch, store::Store, store::StoreErrorKind,
+    Error, ErrorCode, Event,
+    json::Json,
+    store::{
+        CommitBatch, ItemRow, Lease, LogQuery, OutboxRow, PKey, ParkedError, ParkedKind,
+        ParkedQuery, ParkedRow, PollerState, ScheduleState, SerializedError, StatePatch, Store,
+        StoreErrorKind,
+    },
 };
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};
 

@@ -12,7 +12,10 @@ use std::sync::LazyLock;
 
 use servers::{Access, PgServer, TestCa};
 use watukuy_conformance::cases::fixtures::{NODE_A, T0, TTL, key, pending};
-use watukuy_core::{Error, ErrorCode, store::CommitBatch, store::Store, store::StoreErrorKind};
+use watukuy_core::{
+    Error, ErrorCode,
+    store::{CommitBatch, Store, StoreErrorKind},
+};
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};
 
 /// The TLS-only server of this test process, with the CA that signed its certificate.

@@ -8,8 +8,8 @@
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use watukuy_core::{
-    Error, Result, store::OutboxRow, store::PollerState, store::SerializedError, store::StatePatch,
-    store::StoreErrorKind,
+    Error, Result,
+    store::{OutboxRow, PollerState, SerializedError, StatePatch, StoreErrorKind},
 };
 
 /// Serializes a value the store writes as JSON text.

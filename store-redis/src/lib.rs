@@ -18,11 +18,12 @@ use redis::aio::{ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::{AsyncConnectionConfig, Client, Value};
 use watukuy_core::{
-    Error, Result, store::Capabilities, store::Claim, store::CommitBatch, store::ItemRow,
-    store::KeyCounts, store::Lease, store::LogQuery, store::LoggedEvent, store::OutboxRow,
-    store::OutboxStatus, store::PKey, store::ParkedAction, store::ParkedKind, store::ParkedQuery,
-    store::ParkedRow, store::PollerState, store::SerializedError, store::StatePatch, store::Store,
-    store::StoreErrorKind, store::Validator,
+    Error, Result,
+    store::{
+        Capabilities, Claim, CommitBatch, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent,
+        OutboxRow, OutboxStatus, PKey, ParkedAction, ParkedKind, ParkedQuery, ParkedRow,
+        PollerState, SerializedError, StatePatch, Store, StoreErrorKind, Validator,
+    },
 };
 
 pub use crate::budget::RedisBudgetStore;

@@ -22,8 +22,9 @@ use common::servers::{Cluster, poll};
 use tokio::sync::Mutex;
 use watukuy_conformance::cases::fixtures;
 use watukuy_core::{
-    Event, json::Json, store::CommitBatch, store::OutboxRow, store::PKey, store::StatePatch,
-    store::Store,
+    Event,
+    json::Json,
+    store::{CommitBatch, OutboxRow, PKey, StatePatch, Store},
 };
 use watukuy_store_redis::{RedisOptions, RedisStore};
 

@@ -32,7 +32,10 @@ use watukuy_conformance::CaseError;
 use watukuy_conformance::world::{StrategyKind, World};
 use watukuy_core::budget::{BucketPolicy, BudgetPolicy, BudgetStore, MemoryBudgetStore, Take};
 use watukuy_core::{
-    Engine, TickOptions, clock::Clock, clock::ManualClock, rng::SeededRng, store::Store,
+    Engine, TickOptions,
+    clock::{Clock, ManualClock},
+    rng::SeededRng,
+    store::Store,
 };
 use watukuy_store_redis::{RedisOptions, RedisStore};
 

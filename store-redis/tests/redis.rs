@@ -17,10 +17,13 @@ use tokio::process::{Child, Command};
 use watukuy_conformance::CaseError;
 use watukuy_conformance::cases::fixtures;
 use watukuy_core::{
-    Error, ErrorCode, Event, json::Json, store::CommitBatch, store::ItemRow, store::LaneCursor,
-    store::Lanes, store::Lease, store::LogQuery, store::OutboxRow, store::PKey, store::ParkedError,
-    store::ParkedKind, store::ParkedQuery, store::ParkedRow, store::SerializedError,
-    store::StatePatch, store::Store, store::StoreErrorKind, store::Validator,
+    Error, ErrorCode, Event,
+    json::Json,
+    store::{
+        CommitBatch, ItemRow, LaneCursor, Lanes, Lease, LogQuery, OutboxRow, PKey, ParkedError,
+        ParkedKind, ParkedQuery, ParkedRow, SerializedError, StatePatch, Store, StoreErrorKind,
+        Validator,
+    },
 };
 use watukuy_store_redis::{RedisOptions, RedisStore};
 

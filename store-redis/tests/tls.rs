@@ -16,7 +16,10 @@ use rcgen::{
     KeyUsagePurpose,
 };
 use watukuy_core::budget::{BucketPolicy, BudgetStore, Take};
-use watukuy_core::{Error, store::CommitBatch, store::PKey, store::Store};
+use watukuy_core::{
+    Error,
+    store::{CommitBatch, PKey, Store},
+};
 use watukuy_store_redis::{RedisBudgetStore, RedisOptions, RedisStore};
 
 const T0: i64 = 1_767_225_600_000;

@@ -5,9 +5,12 @@
 
 use serde::de::DeserializeOwned;
 use watukuy_core::{
-    Error, Event, Result, json::Json, store::ItemRow, store::OutboxRow, store::OutboxStatus,
-    store::ParkedError, store::ParkedKind, store::ParkedRow, store::SerializedError,
-    store::StoreErrorKind,
+    Error, Event, Result,
+    json::Json,
+    store::{
+        ItemRow, OutboxRow, OutboxStatus, ParkedError, ParkedKind, ParkedRow, SerializedError,
+        StoreErrorKind,
+    },
 };
 
 use crate::error::DbResult;

@@ -68,7 +68,11 @@ use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, 
 use watukuy_core::delivery::{
     ApplyError, ApplyOutcome, ConsumerStore, Fence, LastApplied, reapplies,
 };
-use watukuy_core::{Error, Event, Result, clock::Clock, clock::SystemClock, store::StoreErrorKind};
+use watukuy_core::{
+    Error, Event, Result,
+    clock::{Clock, SystemClock},
+    store::StoreErrorKind,
+};
 
 use crate::error::classify;
 use crate::options::SqliteOptions;

@@ -9,11 +9,12 @@ use rusqlite::types::ToSql;
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::Mutex as AsyncMutex;
 use watukuy_core::{
-    Error, Event, Result, store::Capabilities, store::Claim, store::CommitBatch, store::ItemRow,
-    store::KeyCounts, store::Lease, store::LogQuery, store::LoggedEvent, store::OutboxRow,
-    store::PKey, store::ParkedAction, store::ParkedQuery, store::ParkedRow, store::PollerState,
-    store::SerializedError, store::StatePatch, store::Store, store::StoreErrorKind,
-    store::UrlValidator, store::Validator,
+    Error, Event, Result,
+    store::{
+        Capabilities, Claim, CommitBatch, ItemRow, KeyCounts, Lease, LogQuery, LoggedEvent,
+        OutboxRow, PKey, ParkedAction, ParkedQuery, ParkedRow, PollerState, SerializedError,
+        StatePatch, Store, StoreErrorKind, UrlValidator, Validator,
+    },
 };
 
 use crate::codec::{

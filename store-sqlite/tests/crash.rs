@@ -16,7 +16,8 @@ use std::process::{Command, Stdio};
 use futures::TryStreamExt;
 use watukuy_conformance::cases::fixtures::{T0, item, pending};
 use watukuy_core::{
-    json::Json, store::CommitBatch, store::LogQuery, store::PKey, store::StatePatch, store::Store,
+    json::Json,
+    store::{CommitBatch, LogQuery, PKey, StatePatch, Store},
 };
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
 

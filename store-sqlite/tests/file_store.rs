@@ -10,9 +10,11 @@ use common::{temp_db, temp_dir};
 
 use watukuy_conformance::cases::fixtures::{NODE_A, NODE_B, T0, TTL, item, key, pending};
 use watukuy_core::{
-    Error, ErrorCode, store::CommitBatch, store::Lease, store::LogQuery, store::PKey,
-    store::ParkedAction, store::ParkedQuery, store::StatePatch, store::Store,
-    store::StoreErrorKind,
+    Error, ErrorCode,
+    store::{
+        CommitBatch, Lease, LogQuery, PKey, ParkedAction, ParkedQuery, StatePatch, Store,
+        StoreErrorKind,
+    },
 };
 use watukuy_store_sqlite::{SCHEMA_VERSION, SqliteOptions, SqliteStore, Synchronous};
 

@@ -9,7 +9,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use watukuy_core::{TickOptions, poller::Retain, store::PKey, store::Store};
+use watukuy_core::{
+    TickOptions,
+    poller::Retain,
+    store::{PKey, Store},
+};
 
 use crate::chaos::{ChaosOptions, ChaosReport, ChaosStrategy, run_chaos, seeds_from_env};
 use crate::faulty::{FaultyStore, KillPoint, KillSwitch};

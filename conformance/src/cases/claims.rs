@@ -1,7 +1,7 @@
 //! Conformance cases: `claims`: a run's first call, the lease with the key's state and whether
 //! its outbox holds a pending row.
 
-use watukuy_core::{store::Claim, store::Lease, store::StatePatch, store::Store};
+use watukuy_core::store::{Claim, Lease, StatePatch, Store};
 
 use super::fixtures::{
     NODE_A, NODE_B, T0, TTL, acquire, commit_events, expect_lease_lost, key, key_b, pending,

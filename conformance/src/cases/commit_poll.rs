@@ -2,11 +2,9 @@
 
 use std::collections::HashMap;
 
-use watukuy_core::{
-    store::CommitBatch, store::ItemRow, store::LaneCursor, store::Lanes, store::LogQuery,
-    store::LoggedEvent, store::OutboxRow, store::OutboxStatus, store::ParkedQuery,
-    store::PollerState, store::ScheduleState, store::SerializedError, store::StatePatch,
-    store::UrlValidator, store::Validator,
+use watukuy_core::store::{
+    CommitBatch, ItemRow, LaneCursor, Lanes, LogQuery, LoggedEvent, OutboxRow, OutboxStatus,
+    ParkedQuery, PollerState, ScheduleState, SerializedError, StatePatch, UrlValidator, Validator,
 };
 
 use super::fixtures::{

@@ -11,8 +11,8 @@ use tokio::sync::Notify;
 use watukuy_core::hooks::{CommitInfo, FetchInfo, HookContext, Hooks};
 use watukuy_core::schedule::ScheduleReason;
 use watukuy_core::{
-    Engine, Event, FetchContext, Poller, Status, StopOptions, TickResult, store::Lease,
-    store::PollSummary, store::Store,
+    Engine, Event, FetchContext, Poller, Status, StopOptions, TickResult,
+    store::{Lease, PollSummary, Store},
 };
 
 use crate::faulty::{FaultyStore, Op, Timing};

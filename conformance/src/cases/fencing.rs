@@ -17,9 +17,11 @@
 //! succeeds and shows its effect, so each rejection demonstrably prevented a visible change.
 
 use watukuy_core::{
-    ErrorCode, store::CommitBatch, store::Lease, store::LoggedEvent, store::OutboxStatus,
-    store::PKey, store::PollerState, store::SerializedError, store::StatePatch, store::Store,
-    store::Validator,
+    ErrorCode,
+    store::{
+        CommitBatch, Lease, LoggedEvent, OutboxStatus, PKey, PollerState, SerializedError,
+        StatePatch, Store, Validator,
+    },
 };
 
 use super::fixtures::{

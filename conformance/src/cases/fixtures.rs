@@ -3,11 +3,15 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use watukuy_core::{
-    DeliveryOptions, Error, Event, EventType, HandlerError, clock::ManualClock,
-    delivery::Dispatcher, delivery::DrainContext, delivery::DrainReport, json::Json,
-    rng::SeededRng, store::CommitBatch, store::ItemRow, store::KeyCounts, store::Lease,
-    store::OutboxRow, store::PKey, store::ParkedError, store::ParkedKind, store::ParkedRow,
-    store::SerializedError, store::StatePatch, store::Store, store::ValidationIssue,
+    DeliveryOptions, Error, Event, EventType, HandlerError,
+    clock::ManualClock,
+    delivery::{Dispatcher, DrainContext, DrainReport},
+    json::Json,
+    rng::SeededRng,
+    store::{
+        CommitBatch, ItemRow, KeyCounts, Lease, OutboxRow, PKey, ParkedError, ParkedKind,
+        ParkedRow, SerializedError, StatePatch, Store, ValidationIssue,
+    },
 };
 
 use crate::harness::{CaseError, CaseResult, Env};

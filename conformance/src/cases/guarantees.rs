@@ -11,9 +11,11 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use watukuy_core::{
     DeliveryOptions, Event, HandlerContext, HandlerError, HandlerResult, Partition,
-    backoff::Backoff, clock::ManualClock, delivery::Dispatcher, delivery::DrainContext,
-    delivery::DrainReport, rng::SeededRng, store::CommitBatch, store::Lease, store::OutboxRow,
-    store::PKey, store::ParkedKind, store::ParkedQuery, store::StatePatch, store::Store,
+    backoff::Backoff,
+    clock::ManualClock,
+    delivery::{Dispatcher, DrainContext, DrainReport},
+    rng::SeededRng,
+    store::{CommitBatch, Lease, OutboxRow, PKey, ParkedKind, ParkedQuery, StatePatch, Store},
 };
 
 use super::fixtures::{NODE_A, T0, acquire, event, key, poison};

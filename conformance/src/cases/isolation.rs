@@ -1,9 +1,8 @@
 //! Conformance cases: `isolation` — keys never see each other: neither two partitions of one
 //! poller nor two pollers with the same partition.
 
-use watukuy_core::{
-    store::CommitBatch, store::ItemRow, store::Lease, store::OutboxRow, store::PKey,
-    store::SerializedError, store::StatePatch, store::Store, store::Validator,
+use watukuy_core::store::{
+    CommitBatch, ItemRow, Lease, OutboxRow, PKey, SerializedError, StatePatch, Store, Validator,
 };
 
 use super::fixtures::{

@@ -5,8 +5,8 @@ use std::collections::{HashMap, HashSet};
 
 use watukuy_core::store::DEFAULT_IDENTITY_BATCH;
 use watukuy_core::{
-    json::Json, store::CommitBatch, store::ItemRow, store::Lease, store::PKey, store::StatePatch,
-    store::Store,
+    json::Json,
+    store::{CommitBatch, ItemRow, Lease, PKey, StatePatch, Store},
 };
 
 use super::fixtures::{

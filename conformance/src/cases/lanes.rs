@@ -18,8 +18,9 @@ use watukuy_core::cursor::Cursor;
 use watukuy_core::hooks::{HookContext, Hooks};
 use watukuy_core::schedule::{CircuitOptions, ScheduleOptions, ScheduleReason};
 use watukuy_core::{
-    BoxError, Engine, Event, EventType, FetchContext, Lane, Page, Poller, TickResult, clock::Clock,
-    store::Circuit, store::LaneCursor, store::Lanes, store::LogQuery, store::LoggedEvent,
+    BoxError, Engine, Event, EventType, FetchContext, Lane, Page, Poller, TickResult,
+    clock::Clock,
+    store::{Circuit, LaneCursor, Lanes, LogQuery, LoggedEvent},
 };
 
 use crate::fake_api::{FakeApiError, Fault};

@@ -1,7 +1,7 @@
 //! Conformance cases: `leases`: acquisition, renewal, release and the
 //! per-key epoch counter.
 
-use watukuy_core::{store::Lease, store::StatePatch, store::Store};
+use watukuy_core::store::{Lease, StatePatch, Store};
 
 use super::fixtures::{
     NODE_A, NODE_B, T0, TTL, acquire, expect_lease_lost, key_b, key_other, leased, unleased,

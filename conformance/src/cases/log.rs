@@ -1,9 +1,7 @@
 //! Conformance cases: `log` — the replay log written by `commit_poll` with `log: true`.
 //! Every case is skipped when the store reports `capabilities().log == false`.
 
-use watukuy_core::{
-    store::Lease, store::LogQuery, store::LoggedEvent, store::OutboxRow, store::PKey, store::Store,
-};
+use watukuy_core::store::{Lease, LogQuery, LoggedEvent, OutboxRow, PKey, Store};
 
 use super::fixtures::{
     NODE_A, T0, acquire, commit_events, event, key, key_b, key_other, owned_ids, pending_ids,

@@ -1,8 +1,6 @@
 //! Conformance cases: `outbox` — pending rows, acks and recorded attempts.
 
-use watukuy_core::{
-    store::OutboxRow, store::OutboxStatus, store::ParkedAction, store::SerializedError,
-};
+use watukuy_core::store::{OutboxRow, OutboxStatus, ParkedAction, SerializedError};
 
 use super::fixtures::{
     T0, commit_events, event, key_b, key_other, leased, leased_after_zero_count, others_count_zero,

@@ -1,10 +1,9 @@
 //! Conformance cases: `parked` — poison events and quarantined items, holds, retry and discard.
 
 use watukuy_core::store::{AttemptRecord, FailureClass, FailureDetails, ParkReason};
-use watukuy_core::{
-    store::CommitBatch, store::Lease, store::OutboxRow, store::OutboxStatus, store::PKey,
-    store::ParkedError, store::ParkedKind, store::ParkedQuery, store::ParkedRow,
-    store::SerializedError, store::StatePatch, store::Store, store::ValidationIssue,
+use watukuy_core::store::{
+    CommitBatch, Lease, OutboxRow, OutboxStatus, PKey, ParkedError, ParkedKind, ParkedQuery,
+    ParkedRow, SerializedError, StatePatch, Store, ValidationIssue,
 };
 
 use super::fixtures::{

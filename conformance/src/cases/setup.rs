@@ -1,6 +1,6 @@
 //! Conformance cases: `setup`: capabilities, migrations and closing.
 
-use watukuy_core::{store::PollerState, store::StatePatch};
+use watukuy_core::store::{PollerState, StatePatch};
 
 use super::fixtures::{NODE_A, Observation, T0, acquire, leased, observe, progress, unleased};
 use crate::harness::{CaseResult, Env};

@@ -2,10 +2,12 @@
 //! listing and the unfenced admin deletes.
 
 use watukuy_core::{
-    Lane, store::Circuit, store::CommitBatch, store::EventCounts, store::LaneCursor, store::Lanes,
-    store::PKey, store::PollSummary, store::PollerState, store::RateLimitInfo,
-    store::RateLimitSource, store::ScheduleState, store::SerializedError, store::StatePatch,
-    store::Store, store::Validator,
+    Lane,
+    store::{
+        Circuit, CommitBatch, EventCounts, LaneCursor, Lanes, PKey, PollSummary, PollerState,
+        RateLimitInfo, RateLimitSource, ScheduleState, SerializedError, StatePatch, Store,
+        Validator,
+    },
 };
 
 use super::fixtures::{

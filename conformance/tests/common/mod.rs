@@ -5,8 +5,11 @@ use std::sync::Arc;
 
 use watukuy_conformance::cases::fixtures::{NODE_A, T0, acquire, key};
 use watukuy_core::{
-    DeliveryOptions, Event, clock::ManualClock, delivery::Dispatcher, rng::SeededRng,
-    store::CommitBatch, store::Lease, store::OutboxRow, store::PKey, store::Store,
+    DeliveryOptions, Event,
+    clock::ManualClock,
+    delivery::Dispatcher,
+    rng::SeededRng,
+    store::{CommitBatch, Lease, OutboxRow, PKey, Store},
 };
 use watukuy_store_memory::MemoryStore;
 

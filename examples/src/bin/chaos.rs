@@ -33,7 +33,8 @@ use std::sync::Arc;
 
 use sqlx::postgres::PgPoolOptions;
 use watukuy_conformance::{
-    KillPoint, chaos::ChaosOptions, chaos::ChaosReport, chaos::ChaosStrategy, chaos::run_chaos,
+    KillPoint,
+    chaos::{ChaosOptions, ChaosReport, ChaosStrategy, run_chaos},
 };
 use watukuy_core::{poller::Retain, store::Store};
 use watukuy_store_memory::MemoryStore;

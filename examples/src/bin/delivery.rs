@@ -8,10 +8,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use watukuy_core::{
-    DeliveryOptions, Event, EventType, HandlerContext, HandlerError, backoff::Backoff,
-    clock::Clock, clock::SystemClock, clock::format_rfc3339_ms, delivery::Dispatcher,
-    delivery::DrainContext, json::Json, rng::SystemRng, store::CommitBatch, store::OutboxRow,
-    store::PKey, store::ParkedQuery, store::StatePatch, store::Store,
+    DeliveryOptions, Event, EventType, HandlerContext, HandlerError,
+    backoff::Backoff,
+    clock::{Clock, SystemClock, format_rfc3339_ms},
+    delivery::{Dispatcher, DrainContext},
+    json::Json,
+    rng::SystemRng,
+    store::{CommitBatch, OutboxRow, PKey, ParkedQuery, StatePatch, Store},
 };
 use watukuy_store_memory::MemoryStore;
 

@@ -16,7 +16,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
-    Engine, FetchContext, Poller, StopOptions, TickOptions, clock::Clock, clock::SystemClock,
+    Engine, FetchContext, Poller, StopOptions, TickOptions,
+    clock::{Clock, SystemClock},
     cursor,
 };
 use watukuy_http::HttpClient;

@@ -22,7 +22,9 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
     BoxError, Engine, Event, FetchContext, HandlerContext, HandlerError, Page, Partition, Poller,
-    StopOptions, clock::Clock, clock::SystemClock, cursor,
+    StopOptions,
+    clock::{Clock, SystemClock},
+    cursor,
 };
 use watukuy_store_postgres::{PgPool, PostgresOptions, PostgresStore};
 

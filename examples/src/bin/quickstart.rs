@@ -39,7 +39,10 @@ use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::store::{ParkedRow, PollSummary, SerializedError};
 use watukuy_core::{
     DeliveryOptions, Engine, Event, EventType, FetchContext, HandlerContext, HandlerError, Poller,
-    StopOptions, backoff::Backoff, clock::Clock, clock::SystemClock, cursor,
+    StopOptions,
+    backoff::Backoff,
+    clock::{Clock, SystemClock},
+    cursor,
 };
 use watukuy_http::HttpClient;
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};

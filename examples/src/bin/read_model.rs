@@ -23,7 +23,9 @@ use watukuy_conformance::{FakeApi, FakeApiOptions};
 use watukuy_core::delivery::ApplyOutcome;
 use watukuy_core::{
     DeliveryOptions, Engine, Event, EventType, HandlerContext, HandlerError, Poller, TickOptions,
-    backoff::Backoff, clock::Clock, clock::SystemClock, cursor,
+    backoff::Backoff,
+    clock::{Clock, SystemClock},
+    cursor,
 };
 use watukuy_store_postgres::{PgPool, PostgresOptions, PostgresStore, ProcessedEvents};
 

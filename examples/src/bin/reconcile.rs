@@ -15,7 +15,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use watukuy_core::{StopOptions, clock::Clock, clock::SystemClock};
+use watukuy_core::{
+    StopOptions,
+    clock::{Clock, SystemClock},
+};
 use watukuy_examples::reconcile::{
     Catalog, Change, Consumer, INITIAL_ITEMS, RECONCILE_EVERY, engine, poller, scenario, serve,
 };

@@ -17,8 +17,13 @@ use watukuy_core::hooks::{FetchInfo, HookContext, Hooks};
 use watukuy_core::schedule::{ScheduleOptions, ScheduleReason};
 use watukuy_core::{
     Engine, Error, Event, EventType, FetchContext, HandlerContext, HandlerError, Partition,
-    PollResult, Poller, TickOptions, backoff::Backoff, clock::ManualClock, cursor,
-    poller::ValidatorAccess, rng::SeededRng, store::PKey, store::Store,
+    PollResult, Poller, TickOptions,
+    backoff::Backoff,
+    clock::ManualClock,
+    cursor,
+    poller::ValidatorAccess,
+    rng::SeededRng,
+    store::{PKey, Store},
 };
 use watukuy_http::{HttpClient, HttpResponse, RequestBuilder};
 use watukuy_store_memory::MemoryStore;

@@ -6,7 +6,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use watukuy_core::delivery::{self, ApplyError, ApplyOutcome};
-use watukuy_core::{BoxError, EventType, clock::ManualClock, store::PKey, store::Store};
+use watukuy_core::{
+    BoxError, EventType,
+    clock::ManualClock,
+    store::{PKey, Store},
+};
 
 use super::*;
 use crate::SqliteStore;

@@ -25,9 +25,14 @@ use watukuy_core::hooks::{HookContext, Hooks};
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::{
     Engine, Event, EventType, FetchContext, HandlerContext, Page, Partition, Poller, TickOptions,
-    clock::ManualClock, cursor, poller::Retain, rng::SeededRng, store::ItemRow, store::Lease,
-    store::LogQuery, store::LoggedEvent, store::OutboxRow, store::PKey, store::ParkedKind,
-    store::ParkedQuery, store::ParkedRow, store::PollerState, store::Store, store::Validator,
+    clock::ManualClock,
+    cursor,
+    poller::Retain,
+    rng::SeededRng,
+    store::{
+        ItemRow, Lease, LogQuery, LoggedEvent, OutboxRow, PKey, ParkedKind, ParkedQuery, ParkedRow,
+        PollerState, Store, Validator,
+    },
 };
 
 /// When the v1 scenario started (2023-11-14T22:13:20Z): phase 1 polled and delivered.
