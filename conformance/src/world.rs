@@ -74,7 +74,7 @@ impl StrategyKind {
                     })
                 });
                 match cursor::custom(pages) {
-                    Ok(strategy) => (strategy.into(), Fetcher::Custom),
+                    Ok(strategy) => (strategy, Fetcher::Custom),
                     Err(_) => (cursor::page(1).into(), Fetcher::Page),
                 }
             }

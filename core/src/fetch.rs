@@ -37,9 +37,9 @@ pub struct FetchContext {
     pub budget: Option<BudgetCharge>,
     /// This key's committed HTTP validators (`ETag`, `Last-Modified`); a response's validators are
     /// staged here and land with the page's commit. `None` outside an engine run, in a full scan
-    /// (a `304` on one page of a listing says nothing about the others), and for strategies
-    /// whose next request depends on the body (see
-    /// [`CursorStrategy::conditional_requests`](crate::cursor::CursorStrategy::conditional_requests)).
+    /// (a `304` on one page of a listing says nothing about the others), and for cursors whose
+    /// next request depends on the body (`token`, `custom`): only `timestamp` and `page` cursors
+    /// send conditional requests.
     pub validators: Option<ValidatorAccess>,
     /// The engine's clock: read "now" through it (rate-limit resets, `Retry-After` dates,
     /// timeouts), never through the system clock, so tests on a manual clock stay exact.

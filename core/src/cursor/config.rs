@@ -13,14 +13,13 @@ use crate::error::Result;
 ///
 /// ```
 /// use std::time::Duration;
-/// use watukuy_core::cursor;
+/// use watukuy_core::cursor::{self, CursorConfig};
 ///
-/// let strategy = cursor::timestamp("updatedAt")
+/// let config: CursorConfig = cursor::timestamp("updatedAt")
 ///     .tie_break("id")
 ///     .lag(Duration::from_secs(2))
-///     .into_strategy()?;
-/// assert_eq!(strategy.name(), "timestamp");
-/// # Ok::<(), watukuy_core::Error>(())
+///     .into();
+/// assert_eq!(config.name(), "timestamp");
 /// ```
 pub fn timestamp(field: impl Into<String>) -> TimestampCursorBuilder {
     TimestampCursorBuilder::new(field)
@@ -42,14 +41,15 @@ pub fn snapshot_diff() -> SnapshotDiffCursor {
     SnapshotDiffCursor
 }
 
-/// A `custom` strategy over the user's [`CustomCursor`] (fails when its initial cursor cannot
-/// be serialized).
-pub fn custom<C: CustomCursor>(cursor: C) -> Result<CustomStrategy<C>> {
-    CustomStrategy::new(cursor)
+/// A `custom` strategy over the user's [`CustomCursor`]: a Config error naming
+/// `cursor.initial` when its initial cursor cannot be serialized (or read back).
+pub fn custom<C: CustomCursor>(cursor: C) -> Result<CursorConfig> {
+    CustomStrategy::new(cursor).map(CursorConfig::from)
 }
 
-/// The cursor option of a poller: any strategy, built (and validated) by
-/// [`into_strategy`](Self::into_strategy). Every strategy type converts into it.
+/// The cursor option of a poller, built by [`timestamp`], [`token`], [`page`],
+/// [`snapshot_diff`] or [`custom`] (each converts into it); its options are validated when the
+/// poller is built (Config errors name them, e.g. `cursor.field`).
 ///
 /// ```
 /// use watukuy_core::cursor::{self, CursorConfig};
@@ -62,105 +62,98 @@ pub fn custom<C: CustomCursor>(cursor: C) -> Result<CustomStrategy<C>> {
 /// ];
 /// let names: Vec<&str> = options.iter().map(CursorConfig::name).collect();
 /// assert_eq!(names, ["timestamp", "token", "page", "snapshot_diff"]);
-/// for option in options {
-///     option.into_strategy()?;
-/// }
-/// assert!(CursorConfig::from(cursor::timestamp("")).into_strategy().is_err());
-/// # Ok::<(), watukuy_core::Error>(())
 /// ```
 #[derive(Clone)]
-pub enum CursorConfig {
+pub struct CursorConfig(Kind);
+
+/// What a [`CursorConfig`] holds.
+#[derive(Clone)]
+enum Kind {
     /// `timestamp`, validated when built.
     Timestamp(TimestampCursorBuilder),
-    /// `token`.
     Token(TokenCursor),
-    /// `page`.
     Page(PageCursor),
-    /// `snapshot_diff`.
     SnapshotDiff(SnapshotDiffCursor),
-    /// An already built strategy (a [`CustomStrategy`], a built [`TimestampCursor`], or any
-    /// other [`CursorStrategy`](super::CursorStrategy)).
+    /// An already built strategy (a custom cursor's).
     Strategy(SharedStrategy),
 }
 
 impl CursorConfig {
     /// The strategy's name (`timestamp`, `token`, `page`, `snapshot_diff`, `custom`, ...).
     pub fn name(&self) -> &'static str {
-        match self {
-            CursorConfig::Timestamp(_) => "timestamp",
-            CursorConfig::Token(_) => "token",
-            CursorConfig::Page(_) => "page",
-            CursorConfig::SnapshotDiff(_) => "snapshot_diff",
-            CursorConfig::Strategy(strategy) => strategy.name(),
+        match &self.0 {
+            Kind::Timestamp(_) => "timestamp",
+            Kind::Token(_) => "token",
+            Kind::Page(_) => "page",
+            Kind::SnapshotDiff(_) => "snapshot_diff",
+            Kind::Strategy(strategy) => strategy.name(),
         }
     }
 
     /// Validates the options (Config errors name them, e.g. `cursor.field`) and builds the
     /// strategy.
-    pub fn into_strategy(self) -> Result<SharedStrategy> {
-        match self {
-            CursorConfig::Timestamp(builder) => builder.into_strategy(),
-            CursorConfig::Token(token) => Ok(token.into_strategy()),
-            CursorConfig::Page(page) => Ok(page.into_strategy()),
-            CursorConfig::SnapshotDiff(snapshot) => Ok(snapshot.into_strategy()),
-            CursorConfig::Strategy(strategy) => Ok(strategy),
+    pub(crate) fn into_strategy(self) -> Result<SharedStrategy> {
+        match self.0 {
+            Kind::Timestamp(builder) => builder.into_strategy(),
+            Kind::Token(token) => Ok(token.into_strategy()),
+            Kind::Page(page) => Ok(page.into_strategy()),
+            Kind::SnapshotDiff(snapshot) => Ok(snapshot.into_strategy()),
+            Kind::Strategy(strategy) => Ok(strategy),
         }
     }
 }
 
 impl fmt::Debug for CursorConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CursorConfig::Timestamp(builder) => f.debug_tuple("Timestamp").field(builder).finish(),
-            CursorConfig::Token(token) => f.debug_tuple("Token").field(token).finish(),
-            CursorConfig::Page(page) => f.debug_tuple("Page").field(page).finish(),
-            CursorConfig::SnapshotDiff(_) => f.write_str("SnapshotDiff"),
-            CursorConfig::Strategy(strategy) => {
-                f.debug_tuple("Strategy").field(&strategy.name()).finish()
-            }
+        match &self.0 {
+            Kind::Timestamp(builder) => f.debug_tuple("Timestamp").field(builder).finish(),
+            Kind::Token(token) => f.debug_tuple("Token").field(token).finish(),
+            Kind::Page(page) => f.debug_tuple("Page").field(page).finish(),
+            Kind::SnapshotDiff(_) => f.write_str("SnapshotDiff"),
+            Kind::Strategy(strategy) => f.debug_tuple("Strategy").field(&strategy.name()).finish(),
         }
     }
 }
 
 impl From<TimestampCursorBuilder> for CursorConfig {
     fn from(builder: TimestampCursorBuilder) -> Self {
-        CursorConfig::Timestamp(builder)
+        CursorConfig(Kind::Timestamp(builder))
     }
 }
 
 impl From<TimestampCursor> for CursorConfig {
     fn from(cursor: TimestampCursor) -> Self {
-        CursorConfig::Strategy(Arc::new(cursor))
+        CursorConfig(Kind::Strategy(Arc::new(cursor)))
     }
 }
 
 impl From<TokenCursor> for CursorConfig {
     fn from(cursor: TokenCursor) -> Self {
-        CursorConfig::Token(cursor)
+        CursorConfig(Kind::Token(cursor))
     }
 }
 
 impl From<PageCursor> for CursorConfig {
     fn from(cursor: PageCursor) -> Self {
-        CursorConfig::Page(cursor)
+        CursorConfig(Kind::Page(cursor))
     }
 }
 
 impl From<SnapshotDiffCursor> for CursorConfig {
     fn from(cursor: SnapshotDiffCursor) -> Self {
-        CursorConfig::SnapshotDiff(cursor)
+        CursorConfig(Kind::SnapshotDiff(cursor))
     }
 }
 
 impl<C: CustomCursor> From<CustomStrategy<C>> for CursorConfig {
     fn from(cursor: CustomStrategy<C>) -> Self {
-        CursorConfig::Strategy(Arc::new(cursor))
+        CursorConfig(Kind::Strategy(Arc::new(cursor)))
     }
 }
 
 impl From<SharedStrategy> for CursorConfig {
     fn from(strategy: SharedStrategy) -> Self {
-        CursorConfig::Strategy(strategy)
+        CursorConfig(Kind::Strategy(strategy))
     }
 }
 
@@ -184,7 +177,7 @@ mod tests {
             token(Some("t".into())).into(),
             page(0).into(),
             snapshot_diff().into(),
-            custom(counter).unwrap().into(),
+            custom(counter).unwrap(),
         ];
         let expected = [
             (

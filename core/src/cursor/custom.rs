@@ -2,13 +2,12 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::Arc;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::shared;
-use super::{Advance, AdvanceInput, Cursor, CursorStrategy, SharedStrategy};
+use super::{Advance, AdvanceInput, Cursor, CursorStrategy};
 use crate::error::{BoxError, Error, Result};
 use crate::json::Json;
 
@@ -34,14 +33,14 @@ pub struct CustomAdvance<C> {
     pub done: bool,
 }
 
-/// A user-defined cursor: any serde type, moved by the user's rule. Wrap it in a
-/// [`CustomStrategy`] to hand it to a poller. The cursor is persisted as its JSON
+/// A user-defined cursor: any serde type, moved by the user's rule. Hand it to a poller with
+/// [`cursor::custom`](super::custom). The cursor is persisted as its JSON
 /// serialization, and a backfill target is reached when the serialized forms are equal.
 ///
 /// ```
 /// use serde::{Deserialize, Serialize};
 /// use watukuy_core::BoxError;
-/// use watukuy_core::cursor::{CustomAdvance, CustomCursor, CustomStep, CustomStrategy};
+/// use watukuy_core::cursor::{self, CustomAdvance, CustomCursor, CustomStep};
 ///
 /// /// Offset paging: `fetch` asks for `limit` items from `offset`.
 /// #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -66,8 +65,8 @@ pub struct CustomAdvance<C> {
 ///     }
 /// }
 ///
-/// let strategy = CustomStrategy::new(OffsetCursor)?.into_strategy();
-/// assert_eq!(strategy.serialize(&strategy.initial()), r#"{"offset":0}"#);
+/// let config = cursor::custom(OffsetCursor)?; // `.cursor(config)` on a poller builder
+/// assert_eq!(config.name(), "custom");
 /// # Ok::<(), watukuy_core::Error>(())
 /// ```
 pub trait CustomCursor: Send + Sync + 'static {
@@ -86,10 +85,10 @@ pub trait CustomCursor: Send + Sync + 'static {
     ) -> std::result::Result<CustomAdvance<Self::Cursor>, BoxError>;
 }
 
-/// The [`CursorStrategy`] of a [`CustomCursor`]: the cursor travels as
+/// The strategy of a [`CustomCursor`]: the cursor travels as
 /// [`Cursor::Custom`] JSON, normalized through the user's type (so equal cursors have equal
 /// text).
-pub struct CustomStrategy<C: CustomCursor> {
+pub(crate) struct CustomStrategy<C: CustomCursor> {
     inner: C,
     initial: Json,
 }
@@ -97,7 +96,7 @@ pub struct CustomStrategy<C: CustomCursor> {
 impl<C: CustomCursor> CustomStrategy<C> {
     /// Wraps `inner`; fails with a Config error naming `cursor.initial` when its initial cursor
     /// cannot be serialized (or read back).
-    pub fn new(inner: C) -> Result<Self> {
+    pub(crate) fn new(inner: C) -> Result<Self> {
         let initial = encode(&inner.initial())
             .and_then(|json| json.decode::<C::Cursor>().and_then(|c| encode(&c)))
             .map_err(|e| {
@@ -107,16 +106,6 @@ impl<C: CustomCursor> CustomStrategy<C> {
                 )
             })?;
         Ok(Self { inner, initial })
-    }
-
-    /// The user's cursor.
-    pub fn inner(&self) -> &C {
-        &self.inner
-    }
-
-    /// Wraps the strategy for a poller.
-    pub fn into_strategy(self) -> SharedStrategy {
-        Arc::new(self)
     }
 
     /// Reads JSON text as the user's type and writes it back in normal form.
@@ -237,15 +226,15 @@ impl<C: CustomCursor> CursorStrategy for CustomStrategy<C> {
 /// of their own.
 ///
 /// ```
-/// use watukuy_core::cursor::{CustomAdvance, CustomStrategy, FnCustomCursor};
+/// use watukuy_core::cursor::{self, CustomAdvance, FnCustomCursor};
 ///
 /// // Count the items seen so far.
 /// let counter = FnCustomCursor::new(0_u64, |seen: &u64, step| {
 ///     let len = u64::try_from(step.items.len())?;
 ///     Ok(CustomAdvance { cursor: seen + len, done: !step.has_more })
 /// });
-/// let strategy = CustomStrategy::new(counter)?.into_strategy();
-/// assert_eq!(strategy.serialize(&strategy.initial()), "0");
+/// let config = cursor::custom(counter)?;
+/// assert_eq!(config.name(), "custom");
 /// # Ok::<(), watukuy_core::Error>(())
 /// ```
 pub struct FnCustomCursor<T, F> {

@@ -1,13 +1,14 @@
 //! Cursor strategies: where a poll cycle starts, how a page moves it, and when the
-//! listing is done. Each strategy is a pure value type; the runner only sees [`CursorStrategy`].
+//! listing is done. A poller takes one of [`timestamp`], [`token`], [`page`], [`snapshot_diff`]
+//! or [`custom`] (each converts into a [`CursorConfig`]); `fetch` receives the [`Cursor`].
 
 use std::sync::Arc;
 
 use crate::error::Result;
 use crate::json::Json;
 
-/// The cursor a `fetch` receives, and that the runner persists (as [`CursorStrategy::serialize`]
-/// JSON text) after every committed page.
+/// The cursor a `fetch` receives, and that the engine persists (as JSON text) after every
+/// committed page.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Cursor {
     /// `timestamp`: ask for items with `field >= value` (and, at exactly `value`, with a
@@ -40,7 +41,7 @@ pub enum Cursor {
 
 /// What one fetched page tells a strategy.
 #[derive(Clone, Copy, Debug)]
-pub struct AdvanceInput<'a> {
+pub(crate) struct AdvanceInput<'a> {
     /// The page's items as the API returned them (before validation, so invalid items move the
     /// cursor too), in page order.
     pub items: &'a [serde_json::Value],
@@ -54,7 +55,7 @@ pub struct AdvanceInput<'a> {
 
 /// What a strategy decided about a page.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Advance {
+pub(crate) struct Advance {
     /// The cursor after the page.
     pub cursor: Cursor,
     /// The listing is complete for this cycle.
@@ -66,7 +67,7 @@ pub struct Advance {
 
 /// One cursor strategy. Implementations are pure: no I/O, no clock (time arrives in
 /// [`AdvanceInput::now_ms`]).
-pub trait CursorStrategy: Send + Sync + 'static {
+pub(crate) trait CursorStrategy: Send + Sync + 'static {
     /// The strategy's name (`timestamp`, `token`, `page`, `snapshot_diff`, `custom`).
     fn name(&self) -> &'static str;
 
@@ -139,7 +140,7 @@ pub trait CursorStrategy: Send + Sync + 'static {
 }
 
 /// A shared strategy.
-pub type SharedStrategy = Arc<dyn CursorStrategy>;
+pub(crate) type SharedStrategy = Arc<dyn CursorStrategy>;
 
 mod config;
 mod custom;
@@ -151,11 +152,13 @@ mod timestamp;
 mod token;
 
 pub use config::{CursorConfig, custom, page, snapshot_diff, timestamp, token};
-pub use custom::{CustomAdvance, CustomCursor, CustomStep, CustomStrategy, FnCustomCursor};
+pub(crate) use custom::CustomStrategy;
+pub use custom::{CustomAdvance, CustomCursor, CustomStep, FnCustomCursor};
 pub use page::PageCursor;
 pub use snapshot_diff::SnapshotDiffCursor;
 pub use time::{format_timestamp, parse_timestamp};
-pub use timestamp::{FormatFn, ParseFn, TieBreakOrder, TimestampCursor, TimestampCursorBuilder};
+pub(crate) use timestamp::TimestampCursor;
+pub use timestamp::{FormatFn, ParseFn, TieBreakOrder, TimestampCursorBuilder};
 pub use token::TokenCursor;
 
 /// How far behind `now_ms` a persisted live cursor is, read without the poller's code (the

@@ -14,17 +14,6 @@ const NAME: &str = "page";
 ///
 /// Per page: `has_more: true` moves to the next page; anything else ends the listing (the cursor
 /// stays on the last page until the cycle completes, then starts over at `initial`).
-///
-/// ```
-/// use watukuy_core::cursor::{AdvanceInput, Cursor, CursorStrategy, PageCursor};
-///
-/// let strategy = PageCursor::default();
-/// let input = AdvanceInput { items: &[], page_cursor: None, has_more: Some(true), now_ms: 0 };
-/// let step = strategy.advance(&strategy.initial(), input)?;
-/// assert_eq!(step.cursor, Cursor::Page { page: 2 });
-/// assert_eq!(strategy.on_cycle_complete(&step.cursor), Cursor::Page { page: 1 });
-/// # Ok::<(), watukuy_core::Error>(())
-/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PageCursor {
     initial: u32,
@@ -37,7 +26,7 @@ impl PageCursor {
     }
 
     /// Wraps the strategy for a poller.
-    pub fn into_strategy(self) -> SharedStrategy {
+    pub(crate) fn into_strategy(self) -> SharedStrategy {
         Arc::new(self)
     }
 }
@@ -152,6 +141,26 @@ impl CursorStrategy for PageCursor {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn page_cursor_advances_and_restarts() -> crate::error::Result<()> {
+        use crate::cursor::{AdvanceInput, Cursor, CursorStrategy, PageCursor};
+
+        let strategy = PageCursor::default();
+        let input = AdvanceInput {
+            items: &[],
+            page_cursor: None,
+            has_more: Some(true),
+            now_ms: 0,
+        };
+        let step = strategy.advance(&strategy.initial(), input)?;
+        assert_eq!(step.cursor, Cursor::Page { page: 2 });
+        assert_eq!(
+            strategy.on_cycle_complete(&step.cursor),
+            Cursor::Page { page: 1 }
+        );
+        Ok(())
+    }
+
     use super::*;
     use crate::error::ErrorCode;
     use serde_json::json;

@@ -12,23 +12,12 @@ const NAME: &str = "snapshot_diff";
 /// context's page index), so items missing from a complete listing are reported as deleted.
 /// The cursor is always [`Cursor::Snapshot`], persisted as `null`; the listing is done unless a
 /// page says `has_more: true`.
-///
-/// ```
-/// use watukuy_core::cursor::{AdvanceInput, Cursor, CursorStrategy, SnapshotDiffCursor};
-///
-/// let strategy = SnapshotDiffCursor;
-/// let input = AdvanceInput { items: &[], page_cursor: None, has_more: Some(true), now_ms: 0 };
-/// let step = strategy.advance(&Cursor::Snapshot, input)?;
-/// assert_eq!((step.cursor, step.done), (Cursor::Snapshot, false));
-/// assert!(strategy.is_full_scan());
-/// # Ok::<(), watukuy_core::Error>(())
-/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SnapshotDiffCursor;
 
 impl SnapshotDiffCursor {
     /// Wraps the strategy for a poller.
-    pub fn into_strategy(self) -> SharedStrategy {
+    pub(crate) fn into_strategy(self) -> SharedStrategy {
         Arc::new(self)
     }
 }
@@ -85,6 +74,23 @@ impl CursorStrategy for SnapshotDiffCursor {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn snapshot_diff_stays_on_its_snapshot() -> crate::error::Result<()> {
+        use crate::cursor::{AdvanceInput, Cursor, CursorStrategy, SnapshotDiffCursor};
+
+        let strategy = SnapshotDiffCursor;
+        let input = AdvanceInput {
+            items: &[],
+            page_cursor: None,
+            has_more: Some(true),
+            now_ms: 0,
+        };
+        let step = strategy.advance(&Cursor::Snapshot, input)?;
+        assert_eq!((step.cursor, step.done), (Cursor::Snapshot, false));
+        assert!(strategy.is_full_scan());
+        Ok(())
+    }
+
     use super::*;
     use crate::error::ErrorCode;
     use serde_json::json;

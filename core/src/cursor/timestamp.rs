@@ -22,20 +22,34 @@ pub type ParseFn = Arc<dyn Fn(&str) -> Option<i64> + Send + Sync>;
 /// string to hand to `fetch` (used for `overlap`).
 pub type FormatFn = Arc<dyn Fn(i64, &str) -> String + Send + Sync>;
 
-/// The options of a [`TimestampCursor`], checked by [`build`](Self::build).
+/// The options of a `timestamp` cursor ([`timestamp`](super::timestamp)), checked when the
+/// poller is built: a bad one is a Config error naming it (`cursor.field`, `cursor.tie_break`,
+/// `cursor.initial`, `cursor.skip_seen`).
 ///
 /// ```
 /// use std::time::Duration;
-/// use watukuy_core::cursor::TimestampCursor;
+/// use watukuy_core::{Error, Page, Poller, cursor};
 ///
-/// let cursor = TimestampCursor::builder("meta.updatedAt")
-///     .tie_break("id")
-///     .initial(Some("2026-01-01T00:00:00Z".to_owned()))
-///     .lag(Duration::from_secs(5))
-///     .overlap(Duration::from_secs(60))
-///     .build()?;
-/// assert_eq!(cursor.field(), "meta.updatedAt");
-/// # Ok::<(), watukuy_core::Error>(())
+/// #[derive(Clone, serde::Serialize, serde::Deserialize)]
+/// struct Order { id: String, meta: serde_json::Value }
+///
+/// let poller = |cursor| {
+///     Poller::builder::<Order>("orders")
+///         .identity(|order: &Order| order.id.clone())
+///         .cursor(cursor)
+///         .fetch(|_ctx| async { Ok(Page::new(Vec::new())) })
+///         .build()
+/// };
+/// poller(
+///     cursor::timestamp("meta.updatedAt")
+///         .tie_break("id")
+///         .initial(Some("2026-01-01T00:00:00Z".to_owned()))
+///         .lag(Duration::from_secs(5))
+///         .overlap(Duration::from_secs(60)),
+/// )?;
+/// let err = poller(cursor::timestamp("")).unwrap_err();
+/// assert!(matches!(err, Error::Config { ref option, .. } if option == "cursor.field"));
+/// # Ok::<(), Error>(())
 /// ```
 #[derive(Clone)]
 pub struct TimestampCursorBuilder {
@@ -123,17 +137,6 @@ impl TimestampCursorBuilder {
     }
 
     /// Replaces the default parser ([`parse_timestamp`](super::parse_timestamp)).
-    ///
-    /// ```
-    /// use watukuy_core::cursor::TimestampCursor;
-    ///
-    /// // The API writes "2026/01/01 00:00".
-    /// let cursor = TimestampCursor::builder("updated")
-    ///     .parse(|raw| watukuy_core::cursor::parse_timestamp(&raw.replace('/', "-")))
-    ///     .build()?;
-    /// assert_eq!(cursor.parse_value("2026/01/01 00:00"), Some(1_767_225_600_000));
-    /// # Ok::<(), watukuy_core::Error>(())
-    /// ```
     #[must_use]
     pub fn parse(mut self, parse: impl Fn(&str) -> Option<i64> + Send + Sync + 'static) -> Self {
         self.parse = Some(Arc::new(parse));
@@ -150,14 +153,7 @@ impl TimestampCursorBuilder {
 
     /// Checks the options: `cursor.field` and `cursor.tie_break` must be dot paths without empty
     /// segments, `cursor.initial` must parse.
-    ///
-    /// ```
-    /// use watukuy_core::cursor::TimestampCursor;
-    ///
-    /// let err = TimestampCursor::builder("").build().unwrap_err();
-    /// assert!(err.to_string().contains("`cursor.field`"));
-    /// ```
-    pub fn build(self) -> Result<TimestampCursor> {
+    pub(crate) fn build(self) -> Result<TimestampCursor> {
         shared::check_path("cursor.field", &self.field)?;
         if let Some(tie_break) = &self.tie_break {
             shared::check_path("cursor.tie_break", tie_break)?;
@@ -197,7 +193,7 @@ impl TimestampCursorBuilder {
     }
 
     /// Builds and wraps the strategy for a poller.
-    pub fn into_strategy(self) -> Result<SharedStrategy> {
+    pub(crate) fn into_strategy(self) -> Result<SharedStrategy> {
         self.build().map(TimestampCursor::into_strategy)
     }
 }
@@ -225,26 +221,8 @@ impl fmt::Debug for TimestampCursorBuilder {
 /// items without a parseable field are kept but never move the watermark, and the watermark
 /// moves to the page's largest timestamp when that is newer, or only grows the tie-break when
 /// equal. The listing is done unless the page says `has_more: true` and held nothing back.
-///
-/// ```
-/// use watukuy_core::cursor::{AdvanceInput, Cursor, CursorStrategy, TimestampCursor};
-///
-/// let strategy = TimestampCursor::builder("updatedAt").tie_break("id").build()?;
-/// let items = [
-///     serde_json::json!({ "id": "a", "updatedAt": "2026-01-01T00:00:00Z" }),
-///     serde_json::json!({ "id": "b", "updatedAt": "2026-01-01T00:00:00Z" }),
-/// ];
-/// let input = AdvanceInput { items: &items, page_cursor: None, has_more: None, now_ms: 1_767_225_600_000 };
-/// let step = strategy.advance(&strategy.initial(), input)?;
-/// assert_eq!(
-///     step.cursor,
-///     Cursor::Timestamp { value: Some("2026-01-01T00:00:00Z".into()), tie_break: Some("b".into()) }
-/// );
-/// assert!(step.done);
-/// # Ok::<(), watukuy_core::Error>(())
-/// ```
 #[derive(Clone)]
-pub struct TimestampCursor {
+pub(crate) struct TimestampCursor {
     field: String,
     tie_break: Option<String>,
     tie_break_order: TieBreakOrder,
@@ -258,37 +236,42 @@ pub struct TimestampCursor {
 
 impl TimestampCursor {
     /// A validated strategy on `field` with default options (see [`TimestampCursorBuilder`]).
-    pub fn new(field: impl Into<String>) -> Result<Self> {
+    pub(crate) fn new(field: impl Into<String>) -> Result<Self> {
         TimestampCursorBuilder::new(field).build()
     }
 
     /// The options, to set a tie-break, an initial value, lag, overlap, parse or format.
-    pub fn builder(field: impl Into<String>) -> TimestampCursorBuilder {
+    #[cfg(test)]
+    pub(crate) fn builder(field: impl Into<String>) -> TimestampCursorBuilder {
         TimestampCursorBuilder::new(field)
     }
 
     /// The watermark field (dot path).
-    pub fn field(&self) -> &str {
+    #[cfg(test)]
+    pub(crate) fn field(&self) -> &str {
         &self.field
     }
 
     /// The tie-break field (dot path), if any.
-    pub fn tie_break_field(&self) -> Option<&str> {
+    #[cfg(test)]
+    pub(crate) fn tie_break_field(&self) -> Option<&str> {
         self.tie_break.as_deref()
     }
 
     /// The configured lag, in ms.
-    pub fn lag_window_ms(&self) -> i64 {
+    #[cfg(test)]
+    pub(crate) fn lag_window_ms(&self) -> i64 {
         self.lag_ms
     }
 
     /// The configured overlap, in ms.
-    pub fn overlap_ms(&self) -> i64 {
+    #[cfg(test)]
+    pub(crate) fn overlap_ms(&self) -> i64 {
         self.overlap_ms
     }
 
     /// Parses a field value with the configured (or default) parser, into epoch ms.
-    pub fn parse_value(&self, raw: &str) -> Option<i64> {
+    pub(crate) fn parse_value(&self, raw: &str) -> Option<i64> {
         match &self.parse {
             Some(parse) => parse(raw),
             None => parse_timestamp(raw),
@@ -296,7 +279,7 @@ impl TimestampCursor {
     }
 
     /// Wraps the strategy for a poller.
-    pub fn into_strategy(self) -> SharedStrategy {
+    pub(crate) fn into_strategy(self) -> SharedStrategy {
         Arc::new(self)
     }
 
@@ -339,7 +322,7 @@ impl fmt::Debug for TimestampCursor {
 
 /// The newest kept item of a page: its timestamp, the server's string and the largest
 /// tie-break at that timestamp.
-/// How a [`TimestampCursor`] compares tie-break values.
+/// How a `timestamp` cursor compares tie-break values.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum TieBreakOrder {
@@ -648,6 +631,59 @@ impl CursorStrategy for TimestampCursor {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_custom_parser_reads_the_apis_format() -> crate::error::Result<()> {
+        use crate::cursor::TimestampCursor;
+
+        // The API writes "2026/01/01 00:00".
+        let cursor = TimestampCursor::builder("updated")
+            .parse(|raw| crate::cursor::parse_timestamp(&raw.replace('/', "-")))
+            .build()?;
+        assert_eq!(
+            cursor.parse_value("2026/01/01 00:00"),
+            Some(1_767_225_600_000)
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn an_empty_field_is_a_config_error() -> crate::error::Result<()> {
+        use crate::cursor::TimestampCursor;
+
+        let err = TimestampCursor::builder("").build().unwrap_err();
+        assert!(err.to_string().contains("`cursor.field`"));
+        Ok(())
+    }
+
+    #[test]
+    fn timestamp_cursor_advances_to_the_last_item() -> crate::error::Result<()> {
+        use crate::cursor::{AdvanceInput, Cursor, CursorStrategy, TimestampCursor};
+
+        let strategy = TimestampCursor::builder("updatedAt")
+            .tie_break("id")
+            .build()?;
+        let items = [
+            serde_json::json!({ "id": "a", "updatedAt": "2026-01-01T00:00:00Z" }),
+            serde_json::json!({ "id": "b", "updatedAt": "2026-01-01T00:00:00Z" }),
+        ];
+        let input = AdvanceInput {
+            items: &items,
+            page_cursor: None,
+            has_more: None,
+            now_ms: 1_767_225_600_000,
+        };
+        let step = strategy.advance(&strategy.initial(), input)?;
+        assert_eq!(
+            step.cursor,
+            Cursor::Timestamp {
+                value: Some("2026-01-01T00:00:00Z".into()),
+                tie_break: Some("b".into())
+            }
+        );
+        assert!(step.done);
+        Ok(())
+    }
+
     use super::*;
     use crate::error::ErrorCode;
     use serde_json::{Value, json};

@@ -14,17 +14,6 @@ const NAME: &str = "token";
 /// Per page: a non-empty `page_cursor` becomes the next token, and the listing is done only when
 /// the page says `has_more: false`; no (or an empty) `page_cursor` resets the token to `initial`
 /// and ends the listing.
-///
-/// ```
-/// use watukuy_core::cursor::{AdvanceInput, Cursor, CursorStrategy, TokenCursor};
-///
-/// let strategy = TokenCursor::new(None);
-/// let input = AdvanceInput { items: &[], page_cursor: Some("abc"), has_more: None, now_ms: 0 };
-/// let step = strategy.advance(&strategy.initial(), input)?;
-/// assert_eq!(step.cursor, Cursor::Token { value: Some("abc".into()) });
-/// assert!(!step.done);
-/// # Ok::<(), watukuy_core::Error>(())
-/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TokenCursor {
     initial: Option<String>,
@@ -37,7 +26,7 @@ impl TokenCursor {
     }
 
     /// Wraps the strategy for a poller.
-    pub fn into_strategy(self) -> SharedStrategy {
+    pub(crate) fn into_strategy(self) -> SharedStrategy {
         Arc::new(self)
     }
 }
@@ -110,6 +99,28 @@ impl CursorStrategy for TokenCursor {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn token_cursor_takes_the_page_cursor() -> crate::error::Result<()> {
+        use crate::cursor::{AdvanceInput, Cursor, CursorStrategy, TokenCursor};
+
+        let strategy = TokenCursor::new(None);
+        let input = AdvanceInput {
+            items: &[],
+            page_cursor: Some("abc"),
+            has_more: None,
+            now_ms: 0,
+        };
+        let step = strategy.advance(&strategy.initial(), input)?;
+        assert_eq!(
+            step.cursor,
+            Cursor::Token {
+                value: Some("abc".into())
+            }
+        );
+        assert!(!step.done);
+        Ok(())
+    }
+
     use super::*;
     use crate::error::ErrorCode;
     use serde_json::{Value, json};
