@@ -22,7 +22,7 @@ const MAX_TRACKED_REQUESTERS: usize = 4096;
 
 /// A request for tokens from a budget.
 #[derive(Clone, Debug)]
-pub struct Request {
+pub(crate) struct Request {
     /// Who asks, as `"poller/partition"`: fairness is per requester.
     pub requester: String,
     /// The requester's share under [`Fairness::Weighted`] (finite, > 0; default 1).
@@ -40,7 +40,7 @@ pub struct Request {
 
 impl Request {
     /// One token for `requester` on the live lane, weight 1, no cancellation, the policy's wait.
-    pub fn new(requester: impl Into<String>) -> Self {
+    pub(crate) fn new(requester: impl Into<String>) -> Self {
         Self {
             requester: requester.into(),
             weight: 1.0,
@@ -53,35 +53,35 @@ impl Request {
 
     /// Sets the weight.
     #[must_use]
-    pub fn with_weight(mut self, weight: f64) -> Self {
+    pub(crate) fn with_weight(mut self, weight: f64) -> Self {
         self.weight = weight;
         self
     }
 
     /// Sets the lane.
     #[must_use]
-    pub fn with_lane(mut self, lane: Lane) -> Self {
+    pub(crate) fn with_lane(mut self, lane: Lane) -> Self {
         self.lane = lane;
         self
     }
 
     /// Sets the cost in tokens.
     #[must_use]
-    pub fn with_cost(mut self, cost: u64) -> Self {
+    pub(crate) fn with_cost(mut self, cost: u64) -> Self {
         self.cost = cost;
         self
     }
 
     /// Withdraws the request when `cancel` is cancelled.
     #[must_use]
-    pub fn with_cancel(mut self, cancel: CancellationToken) -> Self {
+    pub(crate) fn with_cancel(mut self, cancel: CancellationToken) -> Self {
         self.cancel = Some(cancel);
         self
     }
 
     /// Sets the longest wait.
     #[must_use]
-    pub fn with_max_wait(mut self, max_wait: Duration) -> Self {
+    pub(crate) fn with_max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = Some(max_wait);
         self
     }
@@ -109,7 +109,7 @@ impl Request {
 
 /// A granted request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Grant {
+pub(crate) struct Grant {
     /// How long the request waited, in ms (0 when served at once); the engine reports a positive
     /// wait with `on_budget_wait`.
     pub waited_ms: i64,
@@ -139,7 +139,7 @@ pub struct Grant {
 ///
 /// Tokens the store granted to a request that was withdrawn in the same instant are not returned:
 /// the budget errs on the side of the API's limit.
-pub struct BudgetManager {
+pub(crate) struct BudgetManager {
     budgets: BTreeMap<String, Arc<Budget>>,
     store: Arc<dyn BudgetStore>,
     clock: Arc<dyn Clock>,
@@ -155,7 +155,7 @@ impl fmt::Debug for BudgetManager {
 
 impl BudgetManager {
     /// A manager without budgets, counting in `store` and timing with `clock`.
-    pub fn new(store: Arc<dyn BudgetStore>, clock: Arc<dyn Clock>) -> Self {
+    pub(crate) fn new(store: Arc<dyn BudgetStore>, clock: Arc<dyn Clock>) -> Self {
         Self {
             budgets: BTreeMap::new(),
             store,
@@ -164,7 +164,11 @@ impl BudgetManager {
     }
 
     /// Adds budget `name` after validating `policy`; a name used twice is a `Config` error.
-    pub fn with_budget(mut self, name: impl Into<String>, policy: BudgetPolicy) -> Result<Self> {
+    pub(crate) fn with_budget(
+        mut self,
+        name: impl Into<String>,
+        policy: BudgetPolicy,
+    ) -> Result<Self> {
         let name = name.into();
         policy.validate(&name)?;
         if self.budgets.contains_key(&name) {
@@ -182,17 +186,18 @@ impl BudgetManager {
     }
 
     /// Whether budget `name` exists (a poller naming an unknown budget is a `Config` error).
-    pub fn contains(&self, name: &str) -> bool {
+    pub(crate) fn contains(&self, name: &str) -> bool {
         self.budgets.contains_key(name)
     }
 
     /// The policy of budget `name`.
-    pub fn policy(&self, name: &str) -> Option<&BudgetPolicy> {
+    pub(crate) fn policy(&self, name: &str) -> Option<&BudgetPolicy> {
         self.budgets.get(name).map(|b| &b.policy)
     }
 
     /// The budgets' names, sorted.
-    pub fn names(&self) -> impl Iterator<Item = &str> {
+    #[cfg(test)]
+    pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
         self.budgets.keys().map(String::as_str)
     }
 
@@ -203,7 +208,7 @@ impl BudgetManager {
     /// backoff and without counting towards the circuit), [`Error::NotRunning`] when the request is cancelled, `Config` for an
     /// unknown budget, a weight that is not a finite number > 0 or an absurd cost, `Unsupported`
     /// when it must wait outside a tokio runtime, and with the store's error when the store fails.
-    pub async fn acquire(&self, name: &str, request: Request) -> Result<Grant> {
+    pub(crate) async fn acquire(&self, name: &str, request: Request) -> Result<Grant> {
         let budget = self.budget(name)?;
         request.validate(&budget.bucket)?;
         if request.cost == 0 {
@@ -304,7 +309,7 @@ impl BudgetManager {
 
     /// When the driver of budget `name` next expects tokens for the head of its queue (epoch ms),
     /// or `None` when nothing waits. A daemon can sleep until then.
-    pub fn next_refill_at(&self, name: &str) -> Option<i64> {
+    pub(crate) fn next_refill_at(&self, name: &str) -> Option<i64> {
         let queue = self.budgets.get(name)?.lock();
         if queue.waiters.is_empty() {
             None
@@ -317,7 +322,7 @@ impl BudgetManager {
     /// refill time, or the queue's next refill when requests already wait, whichever is later.
     /// Useful to defer a key after a [`Error::BudgetTimeout`]; the estimate may be early (others
     /// may be served first), never a promise.
-    pub async fn ready_in_ms(&self, name: &str, cost: u64) -> Result<i64> {
+    pub(crate) async fn ready_in_ms(&self, name: &str, cost: u64) -> Result<i64> {
         let budget = self.budget(name)?;
         let now = self.clock.now_ms();
         let tokens = self.store.peek(name, &budget.bucket, now).await?;
@@ -336,7 +341,8 @@ impl BudgetManager {
     }
 
     /// How many requests wait on budget `name`.
-    pub fn waiting(&self, name: &str) -> usize {
+    #[cfg(test)]
+    pub(crate) fn waiting(&self, name: &str) -> usize {
         self.budgets
             .get(name)
             .map_or(0, |budget| budget.lock().waiters.len())
@@ -344,7 +350,8 @@ impl BudgetManager {
 
     /// How many budgets have a driver task (and so at most one timer) right now; 0 once every
     /// request is answered.
-    pub fn active_drivers(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn active_drivers(&self) -> usize {
         self.budgets
             .values()
             .filter(|budget| budget.lock().driver.is_some())

@@ -6,18 +6,21 @@
 //! - [`BudgetStore`] is where buckets live: [`MemoryBudgetStore`] in this process, a Redis store
 //!   across processes. Every store counts with the same exact integer arithmetic,
 //!   spelled out (and implemented) by [`BucketState`].
-//! - [`BudgetManager`] queues the requests of an engine's pollers per budget, by lane, then
-//!   fairness, then arrival, with one timer per budget.
+//! - The engine queues its pollers' requests per budget, by lane, then fairness, then arrival,
+//!   with one timer per budget; a fetch takes its tokens through
+//!   [`FetchContext::charge_budget`](crate::FetchContext::charge_budget).
 //!
 //! A [`BudgetTimeout`](crate::Error::BudgetTimeout) is a deferral, not a failure: it counts
-//! towards neither the backoff nor the circuit, and the caller reschedules the key, e.g. after
-//! [`BudgetManager::ready_in_ms`].
+//! towards neither the backoff nor the circuit, and the engine reschedules the key for when the
+//! budget has tokens again.
 
 mod manager;
 mod policy;
 mod store;
 
-pub use manager::{BudgetManager, Grant, Request};
+#[cfg(test)]
+use manager::Grant;
+pub(crate) use manager::{BudgetManager, Request};
 pub use policy::{BucketPolicy, BudgetPolicy, Fairness, MAX_CAPACITY_TOKEN_MS};
 pub use store::{BucketState, BudgetStore, MemoryBudgetStore, Take};
 
