@@ -18,8 +18,8 @@ use watukuy_core::{
     },
 };
 
-use crate::PgQuery;
 use crate::error::classify;
+use crate::store::PgQuery;
 
 /// Serializes a value the store writes as JSON text.
 pub(crate) use watukuy_core::json::encode_for_store as encode;
