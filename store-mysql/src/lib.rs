@@ -55,16 +55,15 @@
 mod codec;
 mod consumer;
 mod error;
+mod options;
 mod schema;
 mod sql;
 mod store;
 
-use std::str::FromStr;
-
-use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
-use watukuy_core::{Error, Result};
-
 pub use schema::SCHEMA_VERSION;
+
+pub use crate::options::MySqlOptions;
+pub use crate::store::MySqlStore;
 
 pub use crate::consumer::{
     DEFAULT_PROCESSED_EVENTS_TABLE, PROCESSED_EVENTS_VERSION, ProcessedEvents, apply_once,
@@ -73,181 +72,6 @@ pub use crate::consumer::{
 /// The sqlx pool type [`MySqlStore::from_pool`] and [`ProcessedEvents`] take, re-exported so
 /// callers can name it without matching this crate's sqlx version by hand.
 pub use sqlx::MySqlPool;
-
-use crate::error::OrStore;
-use crate::sql::Tables;
-
-/// How a [`MySqlStore`] is set up: `MySqlOptions::default()`, then the setters.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct MySqlOptions {
-    /// Prefix of every table name (letters, digits and `_`, at most 48 bytes); several stores
-    /// can share one database with different prefixes. Default `watukuy_`.
-    pub table_prefix: String,
-    /// Connections of the pool [`MySqlStore::connect`] opens. Default 10.
-    pub max_connections: u32,
-    /// How long `migrate` waits for another process's migration to finish, in seconds.
-    /// Default 60.
-    pub migrate_lock_timeout_secs: u32,
-}
-
-impl Default for MySqlOptions {
-    fn default() -> Self {
-        Self {
-            table_prefix: "watukuy_".to_owned(),
-            max_connections: 10,
-            migrate_lock_timeout_secs: 60,
-        }
-    }
-}
-
-impl MySqlOptions {
-    /// Sets the table prefix.
-    #[must_use]
-    pub fn table_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.table_prefix = prefix.into();
-        self
-    }
-
-    /// Sets the pool size of [`MySqlStore::connect`].
-    #[must_use]
-    pub fn max_connections(mut self, max: u32) -> Self {
-        self.max_connections = max;
-        self
-    }
-
-    /// Sets how long `migrate` waits for the migration lock, in seconds.
-    #[must_use]
-    pub fn migrate_lock_timeout_secs(mut self, secs: u32) -> Self {
-        self.migrate_lock_timeout_secs = secs;
-        self
-    }
-
-    fn validate(&self) -> Result<()> {
-        let prefix = &self.table_prefix;
-        if prefix.len() > sql::MAX_PREFIX {
-            return Err(Error::config(
-                "table_prefix",
-                format!(
-                    "{prefix:?} is {} bytes long; at most {} (MySQL names are at most 64 characters)",
-                    prefix.len(),
-                    sql::MAX_PREFIX
-                ),
-            ));
-        }
-        if let Some(bad) = prefix
-            .chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || *c == '_'))
-        {
-            return Err(Error::config(
-                "table_prefix",
-                format!("{prefix:?} contains {bad:?}; use ASCII letters, digits and `_`"),
-            ));
-        }
-        if self.max_connections == 0 {
-            return Err(Error::config(
-                "max_connections",
-                "must be at least 1, got 0",
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// A watukuy store on MySQL 5.7+/8.x or MariaDB 10.3+. Cheap to clone (a pool handle).
-#[derive(Clone, Debug)]
-pub struct MySqlStore {
-    pool: MySqlPool,
-    tables: std::sync::Arc<Tables>,
-    migrate_lock_timeout_secs: u32,
-}
-
-impl MySqlStore {
-    /// Opens a pool on `url` (`mysql://user:password@host:port/database`, with the driver's
-    /// parameters such as `ssl-mode=REQUIRED`, `ssl-ca=/path/ca.pem` or `socket=/run/mysqld.sock`)
-    /// and checks that one connection works. Call [`migrate`](watukuy_core::store::Store::migrate)
-    /// before use.
-    ///
-    /// A URL that does not parse or options that are out of range are `Config` errors; a server
-    /// that cannot be reached is a transient `Store` error.
-    pub async fn connect(url: &str, options: MySqlOptions) -> Result<Self> {
-        options.validate()?;
-        let connect = MySqlConnectOptions::from_str(url)
-            .map_err(|e| Error::config("url", format!("not a MySQL URL: {e}")))?;
-        let pool = MySqlPoolOptions::new()
-            .max_connections(options.max_connections)
-            .connect_with(connect)
-            .await
-            .store("connect to MySQL")?;
-        Self::from_pool(pool, options)
-    }
-
-    /// A store on a pool you built (its size, timeouts and TLS are yours; `max_connections` of
-    /// `options` is not used). The store needs nothing of the pool's sessions: isolation is set
-    /// per transaction.
-    pub fn from_pool(pool: MySqlPool, options: MySqlOptions) -> Result<Self> {
-        options.validate()?;
-        Ok(Self {
-            pool,
-            tables: std::sync::Arc::new(Tables::new(&options.table_prefix)),
-            migrate_lock_timeout_secs: options.migrate_lock_timeout_secs,
-        })
-    }
-
-    /// Creates or upgrades the tables (the `Store` method, callable without importing the
-    /// trait): safe when many instances run it at once.
-    pub async fn migrate(&self) -> Result<()> {
-        watukuy_core::store::Store::migrate(self).await
-    }
-
-    /// Closes the pool (the `Store` method, callable without importing the trait); later calls
-    /// fail with a permanent store error.
-    pub async fn close(&self) -> Result<()> {
-        watukuy_core::store::Store::close(self).await
-    }
-
-    /// The complete, idempotent DDL `migrate` applies for `options`' table prefix, for teams
-    /// that manage schemas themselves: the version table, every version's tables in order and
-    /// the version row, one script of `;`-terminated statements (for the `mysql` client or a
-    /// migration tool), so that `migrate` then finds the schema current and changes nothing.
-    /// Running it twice is harmless.
-    ///
-    /// Fails with a `Config` error when the prefix is not an identifier.
-    ///
-    /// ```
-    /// use watukuy_store_mysql::{MySqlOptions, MySqlStore};
-    ///
-    /// let ddl = MySqlStore::ddl(&MySqlOptions::default().table_prefix("orders_"))?;
-    /// assert!(ddl.contains("CREATE TABLE IF NOT EXISTS `orders_outbox`"));
-    /// # Ok::<(), watukuy_core::Error>(())
-    /// ```
-    pub fn ddl(options: &MySqlOptions) -> Result<String> {
-        options.validate()?;
-        Ok(schema::ddl(&Tables::new(&options.table_prefix)))
-    }
-
-    /// The pool, for queries of your own next to the store's.
-    pub fn pool(&self) -> &MySqlPool {
-        &self.pool
-    }
-
-    /// The store's table names, quoted, each `<prefix><name>` (for tests and operators).
-    pub fn table_names(&self) -> Vec<String> {
-        let t = &self.tables;
-        [
-            &t.keys,
-            &t.items,
-            &t.outbox,
-            &t.parked,
-            &t.validators,
-            &t.log,
-            &t.schema_version,
-        ]
-        .into_iter()
-        .cloned()
-        .collect()
-    }
-}
 
 #[cfg(test)]
 mod tests {

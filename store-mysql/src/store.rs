@@ -1,11 +1,12 @@
-//! The [`Store`] implementation.
+//! The store: [`MySqlStore`], its connection and migration, and its [`Store`] implementation.
 
 use std::collections::{BTreeSet, HashMap};
+use std::str::FromStr;
 
 use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use sqlx::mysql::MySql;
+use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{Executor, MySqlConnection, MySqlPool, Transaction};
 use watukuy_core::{
     Error, Event, Result,
@@ -16,10 +17,106 @@ use watukuy_core::{
     },
 };
 
-use crate::MySqlStore;
 use crate::codec::{count, decode, encode, kind_from, opt_decode, opt_text, raw_json, text};
 use crate::error::OrStore;
-use crate::sql::{MAX_ROWS, MyQuery, check_len, limit, marks, padded, write_rows};
+use crate::options::MySqlOptions;
+use crate::schema;
+use crate::sql::{MAX_ROWS, MyQuery, Tables, check_len, limit, marks, padded, write_rows};
+
+/// A watukuy store on MySQL 5.7+/8.x or MariaDB 10.3+. Cheap to clone (a pool handle).
+#[derive(Clone, Debug)]
+pub struct MySqlStore {
+    pool: MySqlPool,
+    tables: std::sync::Arc<Tables>,
+    migrate_lock_timeout_secs: u32,
+}
+
+impl MySqlStore {
+    /// Opens a pool on `url` (`mysql://user:password@host:port/database`, with the driver's
+    /// parameters such as `ssl-mode=REQUIRED`, `ssl-ca=/path/ca.pem` or `socket=/run/mysqld.sock`)
+    /// and checks that one connection works. Call [`migrate`](watukuy_core::store::Store::migrate)
+    /// before use.
+    ///
+    /// A URL that does not parse or options that are out of range are `Config` errors; a server
+    /// that cannot be reached is a transient `Store` error.
+    pub async fn connect(url: &str, options: MySqlOptions) -> Result<Self> {
+        options.validate()?;
+        let connect = MySqlConnectOptions::from_str(url)
+            .map_err(|e| Error::config("url", format!("not a MySQL URL: {e}")))?;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(options.max_connections)
+            .connect_with(connect)
+            .await
+            .store("connect to MySQL")?;
+        Self::from_pool(pool, options)
+    }
+
+    /// A store on a pool you built (its size, timeouts and TLS are yours; `max_connections` of
+    /// `options` is not used). The store needs nothing of the pool's sessions: isolation is set
+    /// per transaction.
+    pub fn from_pool(pool: MySqlPool, options: MySqlOptions) -> Result<Self> {
+        options.validate()?;
+        Ok(Self {
+            pool,
+            tables: std::sync::Arc::new(Tables::new(&options.table_prefix)),
+            migrate_lock_timeout_secs: options.migrate_lock_timeout_secs,
+        })
+    }
+
+    /// Creates or upgrades the tables (the `Store` method, callable without importing the
+    /// trait): safe when many instances run it at once.
+    pub async fn migrate(&self) -> Result<()> {
+        watukuy_core::store::Store::migrate(self).await
+    }
+
+    /// Closes the pool (the `Store` method, callable without importing the trait); later calls
+    /// fail with a permanent store error.
+    pub async fn close(&self) -> Result<()> {
+        watukuy_core::store::Store::close(self).await
+    }
+
+    /// The complete, idempotent DDL `migrate` applies for `options`' table prefix, for teams
+    /// that manage schemas themselves: the version table, every version's tables in order and
+    /// the version row, one script of `;`-terminated statements (for the `mysql` client or a
+    /// migration tool), so that `migrate` then finds the schema current and changes nothing.
+    /// Running it twice is harmless.
+    ///
+    /// Fails with a `Config` error when the prefix is not an identifier.
+    ///
+    /// ```
+    /// use watukuy_store_mysql::{MySqlOptions, MySqlStore};
+    ///
+    /// let ddl = MySqlStore::ddl(&MySqlOptions::default().table_prefix("orders_"))?;
+    /// assert!(ddl.contains("CREATE TABLE IF NOT EXISTS `orders_outbox`"));
+    /// # Ok::<(), watukuy_core::Error>(())
+    /// ```
+    pub fn ddl(options: &MySqlOptions) -> Result<String> {
+        options.validate()?;
+        Ok(schema::ddl(&Tables::new(&options.table_prefix)))
+    }
+
+    /// The pool, for queries of your own next to the store's.
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    /// The store's table names, quoted, each `<prefix><name>` (for tests and operators).
+    pub fn table_names(&self) -> Vec<String> {
+        let t = &self.tables;
+        [
+            &t.keys,
+            &t.items,
+            &t.outbox,
+            &t.parked,
+            &t.validators,
+            &t.log,
+            &t.schema_version,
+        ]
+        .into_iter()
+        .cloned()
+        .collect()
+    }
+}
 
 /// Every transaction: `READ COMMITTED` (no gap locks, so keys never block each other), set for
 /// this transaction only, in the same round trip as `START TRANSACTION`.
