@@ -136,6 +136,41 @@ pub fn router(state: AdminState) -> Router {
         .with_state(Arc::new(state))
 }
 
+/// A router with one route, `GET /health`, for liveness and readiness probes: `200` with the
+/// [`HealthReport`](watukuy_core::ops::HealthReport) as JSON while `engine` is healthy by
+/// `options`, `503` with the same JSON (its `reasons` say why) when it is not, and `503` with
+/// `{ "error": … }` when the store cannot be read. It needs no token and changes nothing; merge
+/// it into your application's router (or [`router`]'s).
+///
+/// ```
+/// use watukuy_admin::health_router;
+/// use watukuy_core::Engine;
+/// use watukuy_core::ops::HealthOptions;
+///
+/// fn app(engine: Engine) -> axum::Router {
+///     // Down when the daemon is not running or a circuit is open.
+///     health_router(engine, HealthOptions::default().require_running(true))
+/// }
+/// ```
+pub fn health_router(engine: Engine, options: watukuy_core::ops::HealthOptions) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .with_state(Arc::new((engine, options)))
+}
+
+async fn health(State(probe): State<Arc<(Engine, watukuy_core::ops::HealthOptions)>>) -> Response {
+    let (engine, options) = &*probe;
+    match engine.health(options).await {
+        Ok(report) if report.healthy => (StatusCode::OK, axum::Json(report)).into_response(),
+        Ok(report) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(report)).into_response(),
+        Err(error) => {
+            let mut api = ApiError::from(error);
+            api.status = StatusCode::SERVICE_UNAVAILABLE;
+            api.into_response()
+        }
+    }
+}
+
 type Shared = Arc<AdminState>;
 
 /// An API error: a status, a stable code and a message.

@@ -4,6 +4,8 @@
 mod common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -11,10 +13,14 @@ use axum::http::{Request, StatusCode, header};
 use common::{example, failing};
 use serde_json::{Value, json};
 use tower::ServiceExt as _;
-use watukuy_admin::{AdminState, Mode, router};
+use watukuy_admin::{AdminState, Mode, health_router, router};
 use watukuy_conformance::world::POLLER;
 use watukuy_conformance::world::{Consumer, key};
+use watukuy_core::clock::ManualClock;
+use watukuy_core::ops::HealthOptions;
+use watukuy_core::schedule::CircuitOptions;
 use watukuy_core::store::{PKey, StatePatch, Store};
+use watukuy_core::{BoxError, Engine, FetchContext, Page, Poller, TickOptions, cursor};
 use watukuy_store_memory::MemoryStore;
 
 struct Reply {
@@ -339,4 +345,94 @@ async fn it_nests_under_a_prefix() {
         StatusCode::OK
     );
     assert_eq!(send(&app, get("/admin")).await.status, StatusCode::OK);
+}
+
+/// A poller whose API fails while `down` is set, with a circuit that opens at the first failure.
+fn flaky_engine(down: &Arc<AtomicBool>, clock: &Arc<ManualClock>) -> Engine {
+    let down = Arc::clone(down);
+    let poller = Poller::builder::<Value>("orders")
+        .identity(|order: &Value| order["id"].as_str().unwrap_or_default().to_owned())
+        .cursor(cursor::page(1))
+        .circuit(
+            CircuitOptions::default()
+                .failures(1)
+                .probe_every(Duration::from_secs(60)),
+        )
+        .fetch(move |_ctx: FetchContext| {
+            let down = down.load(Ordering::SeqCst);
+            async move {
+                if down {
+                    Err(BoxError::from("the API answered 500"))
+                } else {
+                    Ok(Page::new(vec![json!({ "id": "o-1" })]))
+                }
+            }
+        })
+        .build()
+        .unwrap();
+    Engine::builder(memory())
+        .poller(poller)
+        .clock(Arc::clone(clock) as Arc<dyn watukuy_core::clock::Clock>)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn health_is_503_with_the_reason_while_a_circuit_is_open_and_200_once_it_closes() {
+    let clock = Arc::new(ManualClock::new(1_767_225_600_000));
+    let down = Arc::new(AtomicBool::new(true));
+    let engine = flaky_engine(&down, &clock);
+    let app = health_router(engine.clone(), HealthOptions::default());
+
+    engine.tick(TickOptions::default()).await.unwrap();
+    let reply = send(&app, get("/health")).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        reply.text
+    );
+    assert_eq!(reply.body["healthy"], json!(false));
+    assert_eq!(
+        reply.body["reasons"],
+        json!([
+            "orders: the circuit is open after 1 failed poll; the last error: fetch failed: the API answered 500"
+        ])
+    );
+    assert_eq!(reply.body["pollers"][0]["circuit"], json!("open"));
+
+    // An open circuit the service accepts is on its row, and the check passes.
+    let tolerant = health_router(
+        engine.clone(),
+        HealthOptions::default().allow_open_circuit(true),
+    );
+    assert_eq!(send(&tolerant, get("/health")).await.status, StatusCode::OK);
+
+    // The API is back; the probe after `probe_every` succeeds and closes the circuit.
+    down.store(false, Ordering::SeqCst);
+    clock.advance(Duration::from_secs(61));
+    engine.tick(TickOptions::default()).await.unwrap();
+    let reply = send(&app, get("/health")).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert_eq!(reply.body["healthy"], json!(true));
+    assert_eq!(reply.body["reasons"], json!([]));
+    assert_eq!(reply.body["pollers"][0]["circuit"], json!("closed"));
+}
+
+#[tokio::test]
+async fn health_requires_a_running_daemon_when_asked() {
+    let clock = Arc::new(ManualClock::new(1_767_225_600_000));
+    let engine = flaky_engine(&Arc::new(AtomicBool::new(false)), &clock);
+    let daemon = health_router(
+        engine.clone(),
+        HealthOptions::default().require_running(true),
+    );
+    let reply = send(&daemon, get("/health")).await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        reply.body["reasons"],
+        json!(["the engine is not running (it is idle)"])
+    );
+    let cron = health_router(engine, HealthOptions::default());
+    assert_eq!(send(&cron, get("/health")).await.status, StatusCode::OK);
 }

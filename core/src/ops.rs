@@ -19,8 +19,8 @@ use crate::clock::Clock;
 use crate::error::{Error, Result, StoreErrorKind};
 use crate::event::Event;
 use crate::model::{
-    CommitBatch, Lane, LaneCursor, Lease, LogQuery, OutboxRow, PKey, PollSummary, PollerState,
-    ScheduleState, StatePatch,
+    Circuit, CommitBatch, Lane, LaneCursor, Lease, LogQuery, OutboxRow, PKey, PollSummary,
+    PollerState, ScheduleState, StatePatch,
 };
 use crate::schedule;
 
@@ -345,4 +345,163 @@ async fn copy_log(
         }
     }
     Ok(replayed)
+}
+
+/// What [`health`] checks: `HealthOptions::default()` (any status, no circuit open, no lag
+/// limit), then the setters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HealthOptions {
+    /// The engine must be running its daemon (`start`ed, not stopped): for a service whose
+    /// engine runs as a daemon. Off for `tick`-driven (cron) services.
+    pub require_running: bool,
+    /// An open circuit is reported on its row but does not make the check fail.
+    pub allow_open_circuit: bool,
+    /// The most a timestamp cursor may lag behind now (`lag_ms` of a key); `None`: no limit.
+    pub max_lag: Option<Duration>,
+}
+
+impl HealthOptions {
+    /// Sets [`require_running`](Self::require_running).
+    #[must_use]
+    pub fn require_running(mut self, require: bool) -> Self {
+        self.require_running = require;
+        self
+    }
+
+    /// Sets [`allow_open_circuit`](Self::allow_open_circuit).
+    #[must_use]
+    pub fn allow_open_circuit(mut self, allow: bool) -> Self {
+        self.allow_open_circuit = allow;
+        self
+    }
+
+    /// Sets [`max_lag`](Self::max_lag).
+    #[must_use]
+    pub fn max_lag(mut self, max: Duration) -> Self {
+        self.max_lag = Some(max);
+        self
+    }
+}
+
+/// The answer of a health check: up or down, why, and one row per `(poller, partition)`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct HealthReport {
+    /// No reason below: every check passed.
+    pub healthy: bool,
+    /// The engine's status when checked.
+    pub status: crate::Status,
+    /// Why the check failed, one sentence each, written for people (empty when healthy).
+    pub reasons: Vec<String>,
+    /// Every active `(poller, partition)`.
+    pub pollers: Vec<HealthRow>,
+}
+
+/// One `(poller, partition)` of a [`HealthReport`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct HealthRow {
+    /// The poller.
+    pub poller: String,
+    /// The partition (`""` when unpartitioned).
+    pub partition: String,
+    /// Paused by an operator.
+    pub paused: bool,
+    /// The key's circuit.
+    pub circuit: Circuit,
+    /// How far its timestamp cursor is behind now, in ms (other cursors: `None`).
+    pub lag_ms: Option<i64>,
+    /// Events waiting in its outbox.
+    pub outbox_pending: u64,
+    /// Parked rows (poison events and quarantined items).
+    pub parked: u64,
+    /// The instance holding its lease, if any (expired or not).
+    pub lease_owner: Option<String>,
+}
+
+/// The health of an engine from its [`InspectReport`] (what [`Engine::health`](crate::Engine::health)
+/// reads): down when `require_running` and the engine is not running, when a circuit is open
+/// (unless `allow_open_circuit`), or when a key's lag exceeds `max_lag`. A paused key, pending
+/// events and parked rows are reported on its row and do not fail the check.
+///
+/// ```
+/// use std::time::Duration;
+/// use watukuy_core::ops::{HealthOptions, InspectReport, health};
+///
+/// # fn check(report: &InspectReport) {
+/// let options = HealthOptions::default().require_running(true).max_lag(Duration::from_secs(600));
+/// let answer = health(report, &options);
+/// if !answer.healthy {
+///     eprintln!("unhealthy: {}", answer.reasons.join("; "));
+/// }
+/// # }
+/// ```
+pub fn health(report: &InspectReport, options: &HealthOptions) -> HealthReport {
+    let mut reasons = Vec::new();
+    if options.require_running && report.status != crate::Status::Running {
+        let status = serde_json::to_value(report.status)
+            .ok()
+            .and_then(|value| value.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        reasons.push(format!("the engine is not running (it is {status})"));
+    }
+    let max_lag_ms = options.max_lag.map(crate::clock::duration_ms);
+    let mut pollers = Vec::with_capacity(report.pollers.len());
+    for entry in &report.pollers {
+        let key = &entry.key;
+        let name = if key.partition.is_empty() {
+            key.poller.clone()
+        } else {
+            format!("{}/{}", key.poller, key.partition)
+        };
+        let circuit = key.schedule.circuit;
+        if circuit == Circuit::Open && !options.allow_open_circuit {
+            let failures = key.schedule.consecutive_failures;
+            let polls = if failures == 1 {
+                "1 failed poll".to_owned()
+            } else {
+                format!("{failures} failed polls in a row")
+            };
+            let last = key
+                .schedule
+                .last_error
+                .as_ref()
+                .map(|error| format!("; the last error: {}", error.message))
+                .unwrap_or_default();
+            reasons.push(format!("{name}: the circuit is open after {polls}{last}"));
+        }
+        if let (Some(lag), Some(max)) = (key.lag_ms, max_lag_ms)
+            && lag > max
+        {
+            reasons.push(format!(
+                "{name}: the cursor lags {} behind, more than the {} allowed",
+                seconds(lag),
+                seconds(max)
+            ));
+        }
+        pollers.push(HealthRow {
+            poller: key.poller.clone(),
+            partition: key.partition.clone(),
+            paused: key.paused,
+            circuit,
+            lag_ms: key.lag_ms,
+            outbox_pending: key.outbox_pending,
+            parked: key.parked,
+            lease_owner: key.lease.as_ref().map(|lease| lease.owner.clone()),
+        });
+    }
+    HealthReport {
+        healthy: reasons.is_empty(),
+        status: report.status,
+        reasons,
+        pollers,
+    }
+}
+
+/// `ms` as whole seconds for a sentence (`90 s`).
+fn seconds(ms: i64) -> String {
+    format!("{} s", ms / 1000)
 }

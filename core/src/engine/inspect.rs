@@ -83,6 +83,17 @@ impl Engine {
         })
     }
 
+    /// The health check of this engine ([`ops::health`](crate::ops::health) over
+    /// [`inspect`](Self::inspect)): up or down, each reason in a sentence, and one row per
+    /// `(poller, partition)`. For liveness and readiness probes (`watukuy-admin` serves it as a
+    /// route answering 200 or 503).
+    pub async fn health(
+        &self,
+        options: &crate::ops::HealthOptions,
+    ) -> Result<crate::ops::HealthReport> {
+        Ok(crate::ops::health(&self.inspect().await?, options))
+    }
+
     /// One key's entry of [`inspect`](Self::inspect).
     async fn inspect_one(
         &self,
