@@ -436,3 +436,46 @@ async fn health_requires_a_running_daemon_when_asked() {
     let cron = health_router(engine, HealthOptions::default());
     assert_eq!(send(&cron, get("/health")).await.status, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn health_is_503_when_a_timestamp_cursor_lags_past_the_maximum() {
+    // The API's newest change is an hour old when the engine polls it.
+    let clock = Arc::new(ManualClock::new(1_767_229_200_000)); // 2026-01-01T01:00:00Z
+    let poller = Poller::builder::<Value>("orders")
+        .identity(|order: &Value| order["id"].as_str().unwrap_or_default().to_owned())
+        .cursor(cursor::timestamp("updatedAt"))
+        .fetch(|_ctx: FetchContext| async {
+            Ok(Page::new(vec![
+                json!({ "id": "o-1", "updatedAt": "2026-01-01T00:00:00Z" }),
+            ]))
+        })
+        .build()
+        .unwrap();
+    let engine = Engine::builder(memory())
+        .poller(poller)
+        .clock(Arc::clone(&clock) as Arc<dyn watukuy_core::clock::Clock>)
+        .build()
+        .unwrap();
+    engine.tick(TickOptions::default()).await.unwrap();
+    let strict = health_router(
+        engine.clone(),
+        HealthOptions::default().max_lag(Duration::from_secs(600)),
+    );
+    let reply = send(&strict, get("/health")).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        reply.text
+    );
+    assert_eq!(
+        reply.body["reasons"],
+        json!(["orders: the cursor lags 3600 s behind, more than the 600 s allowed"])
+    );
+    assert_eq!(reply.body["pollers"][0]["lagMs"], json!(3_600_000));
+    let relaxed = health_router(
+        engine,
+        HealthOptions::default().max_lag(Duration::from_secs(7200)),
+    );
+    assert_eq!(send(&relaxed, get("/health")).await.status, StatusCode::OK);
+}
