@@ -14,7 +14,7 @@ pub use classify::{
     classify_network_error,
 };
 pub use consumer::{AckHandle, DeliveryOutcome, Handler, HandlerErrorKind, Subscription, Timeout};
-// At the crate root, where handlers meet them.
+// Handlers meet `Partition` and `DeliveryOptions` at the crate root, their one public path.
 pub(crate) use consumer::Partition;
 pub use dispatcher::{
     DEFAULT_DISPATCH_BATCH_SIZE, DeliveryCounters, Dispatcher, DrainContext, DrainReport,
