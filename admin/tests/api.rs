@@ -370,6 +370,11 @@ fn flaky_engine(down: &Arc<AtomicBool>, clock: &Arc<ManualClock>) -> Engine {
         })
         .build()
         .unwrap();
+    engine_on_clock(poller, clock)
+}
+
+/// An engine on a fresh memory store, reading time from `clock`.
+fn engine_on_clock(poller: Poller, clock: &Arc<ManualClock>) -> Engine {
     Engine::builder(memory())
         .poller(poller)
         .clock(Arc::clone(clock) as Arc<dyn watukuy_core::clock::Clock>)
@@ -451,11 +456,7 @@ async fn health_is_503_when_a_timestamp_cursor_lags_past_the_maximum() {
         })
         .build()
         .unwrap();
-    let engine = Engine::builder(memory())
-        .poller(poller)
-        .clock(Arc::clone(&clock) as Arc<dyn watukuy_core::clock::Clock>)
-        .build()
-        .unwrap();
+    let engine = engine_on_clock(poller, &clock);
     engine.tick(TickOptions::default()).await.unwrap();
     let strict = health_router(
         engine.clone(),

@@ -347,8 +347,8 @@ async fn copy_log(
     Ok(replayed)
 }
 
-/// What [`health`] checks: `HealthOptions::default()` (any status, no circuit open, no lag
-/// limit), then the setters.
+/// What [`health`] checks: `HealthOptions::default()` (the engine in any status, no circuit
+/// open, no lag limit), then the setters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HealthOptions {

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::{
-    CustomCursor, CustomStrategy, PageCursor, SharedStrategy, SnapshotDiffCursor, TimestampCursor,
+    CustomCursor, CustomStrategy, PageCursor, SharedStrategy, SnapshotDiffCursor,
     TimestampCursorBuilder, TokenCursor,
 };
 use crate::error::Result;
@@ -44,7 +44,7 @@ pub fn snapshot_diff() -> SnapshotDiffCursor {
 /// A `custom` strategy over the user's [`CustomCursor`]: a Config error naming
 /// `cursor.initial` when its initial cursor cannot be serialized (or read back).
 pub fn custom<C: CustomCursor>(cursor: C) -> Result<CursorConfig> {
-    CustomStrategy::new(cursor).map(CursorConfig::from)
+    CustomStrategy::new(cursor).map(|strategy| CursorConfig::strategy(Arc::new(strategy)))
 }
 
 /// The cursor option of a poller, built by [`timestamp`], [`token`], [`page`],
@@ -90,6 +90,11 @@ impl CursorConfig {
         }
     }
 
+    /// An already built strategy (a custom cursor's).
+    pub(crate) fn strategy(strategy: SharedStrategy) -> Self {
+        CursorConfig(Kind::Strategy(strategy))
+    }
+
     /// Validates the options (Config errors name them, e.g. `cursor.field`) and builds the
     /// strategy.
     pub(crate) fn into_strategy(self) -> Result<SharedStrategy> {
@@ -121,12 +126,6 @@ impl From<TimestampCursorBuilder> for CursorConfig {
     }
 }
 
-impl From<TimestampCursor> for CursorConfig {
-    fn from(cursor: TimestampCursor) -> Self {
-        CursorConfig(Kind::Strategy(Arc::new(cursor)))
-    }
-}
-
 impl From<TokenCursor> for CursorConfig {
     fn from(cursor: TokenCursor) -> Self {
         CursorConfig(Kind::Token(cursor))
@@ -145,22 +144,10 @@ impl From<SnapshotDiffCursor> for CursorConfig {
     }
 }
 
-impl<C: CustomCursor> From<CustomStrategy<C>> for CursorConfig {
-    fn from(cursor: CustomStrategy<C>) -> Self {
-        CursorConfig(Kind::Strategy(Arc::new(cursor)))
-    }
-}
-
-impl From<SharedStrategy> for CursorConfig {
-    fn from(strategy: SharedStrategy) -> Self {
-        CursorConfig(Kind::Strategy(strategy))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cursor::{Cursor, CustomAdvance, FnCustomCursor};
+    use crate::cursor::{Cursor, CustomAdvance, FnCustomCursor, TimestampCursor};
     use crate::error::ErrorCode;
 
     #[test]
@@ -173,7 +160,7 @@ mod tests {
         });
         let configs: Vec<CursorConfig> = vec![
             timestamp("updatedAt").into(),
-            TimestampCursor::new("updatedAt").unwrap().into(),
+            CursorConfig::strategy(Arc::new(TimestampCursor::new("updatedAt").unwrap())),
             token(Some("t".into())).into(),
             page(0).into(),
             snapshot_diff().into(),
@@ -201,7 +188,7 @@ mod tests {
             let strategy = config.into_strategy().unwrap();
             assert_eq!(strategy.name(), name);
             assert_eq!(strategy.serialize(&strategy.initial()), initial);
-            let back = CursorConfig::from(strategy.clone())
+            let back = CursorConfig::strategy(strategy.clone())
                 .into_strategy()
                 .unwrap();
             assert_eq!(back.initial(), strategy.initial());
