@@ -293,8 +293,18 @@ impl AdminState {
         }
         let keys = self.store.list_keys(Some(poller)).await?;
         if keys.is_empty() {
+            let mut known: Vec<String> = self
+                .store
+                .list_keys(None)
+                .await?
+                .into_iter()
+                .map(|k| k.poller)
+                .collect();
+            known.sort();
+            known.dedup();
             return Err(watukuy_core::Error::UnknownPoller {
                 name: poller.to_owned(),
+                known,
             }
             .into());
         }

@@ -507,14 +507,18 @@ mod tests {
 
     #[test]
     fn store_errors_keep_their_code() {
-        let error: CliError = watukuy_core::Error::UnknownPoller { name: "x".into() }.into();
+        let error: CliError = watukuy_core::Error::UnknownPoller {
+            name: "x".into(),
+            known: vec!["orders".into()],
+        }
+        .into();
         assert_eq!(
             (error.code.as_str(), error.exit_code),
             ("UNKNOWN_POLLER", 1)
         );
         assert_eq!(
             error.to_string(),
-            "error (UNKNOWN_POLLER): unknown poller 'x'"
+            "error (UNKNOWN_POLLER): unknown poller 'x' (known pollers: 'orders')"
         );
     }
 }

@@ -540,9 +540,22 @@ async fn a_backfill_with_a_target_stops_once_it_reached_it() {
     );
     let lane = backfill_lane(&store).await;
     assert_eq!(lane.done, Some(true), "{lane:?}");
+    let reached = json!({ "value": target, "tieBreak": "item-004" });
+    let inspect = only(&engine).await;
+    assert_eq!(inspect.cursors.backfill, Some(reached.clone()));
+    let progress = inspect.backfill.expect("the backfill's progress");
     assert_eq!(
-        only(&engine).await.cursors.backfill,
-        Some(json!({ "value": target, "tieBreak": "item-004" }))
+        (
+            progress.cursor,
+            progress.done,
+            progress.force,
+            progress.failures
+        ),
+        (Some(reached), true, true, 0)
+    );
+    assert_eq!(
+        progress.target.and_then(|t| t.get("value").cloned()),
+        Some(json!(target))
     );
     // Nothing more, ever.
     world.advance(Duration::from_secs(31));

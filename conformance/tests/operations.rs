@@ -861,8 +861,32 @@ async fn an_unknown_poller_name_is_unknown_poller() {
     ];
     for error in errors {
         assert_eq!(error.code(), ErrorCode::UnknownPoller, "{error}");
-        assert!(error.to_string().contains("nope"), "{error}");
+        assert_eq!(
+            error.to_string(),
+            format!("unknown poller 'nope' (known pollers: '{TENANTS}')")
+        );
     }
+    // A tick limited to a name the engine does not know fails the same way, before polling.
+    let error = engine
+        .tick(TickOptions::default().only(["nope"]))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::UnknownPoller, "{error}");
+    assert!(lock(&t.fetched).is_empty(), "nothing was fetched");
+}
+
+#[tokio::test]
+async fn a_tick_limited_to_one_partition_runs_that_key_only() {
+    let t = Tenants::new(&["a", "b", "c"]);
+    let engine = t.engine();
+    let result = engine
+        .tick(TickOptions::default().only([TENANTS]).partition("b"))
+        .await
+        .unwrap();
+    assert_eq!(polled(&result), ["b"]);
+    assert_eq!(result.skipped_not_due, 0);
+    let result = t.tick(&engine).await;
+    assert_eq!(polled(&result), ["a", "c"], "the others were still due");
 }
 
 #[tokio::test]

@@ -183,10 +183,13 @@ pub enum Error {
         message: String,
     },
     /// No poller has that name.
-    #[error("unknown poller '{name}'")]
+    #[error("unknown poller '{name}' ({})", known_pollers(known))]
     UnknownPoller {
         /// The name asked for.
         name: String,
+        /// The names that exist, sorted (the engine's pollers, or the pollers a store holds keys
+        /// for).
+        known: Vec<String>,
     },
     /// Unsupported operation.
     #[error("unsupported: {message}")]
@@ -194,6 +197,15 @@ pub enum Error {
         /// Details.
         message: String,
     },
+}
+
+/// `known pollers: 'a', 'b'`, or that there are none.
+fn known_pollers(known: &[String]) -> String {
+    if known.is_empty() {
+        return "there are no pollers".to_owned();
+    }
+    let names: Vec<String> = known.iter().map(|name| format!("'{name}'")).collect();
+    format!("known pollers: {}", names.join(", "))
 }
 
 impl Error {

@@ -44,6 +44,26 @@ pub struct LaneCursors {
     pub replay: Option<serde_json::Value>,
 }
 
+/// A backfill's progress, as an inspection shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct BackfillProgress {
+    /// The cursor the backfill reached (parsed JSON, or the raw text if it does not parse;
+    /// `None`: the strategy's beginning).
+    pub cursor: Option<serde_json::Value>,
+    /// Where it stops (`None`: at the end of the listing).
+    pub target: Option<serde_json::Value>,
+    /// Whether it finished.
+    pub done: bool,
+    /// Whether known, unchanged items are re-emitted as `updated`.
+    pub force: bool,
+    /// Consecutive failures of the backfill lane.
+    pub failures: u32,
+    /// After a failure, when the lane tries again (epoch ms).
+    pub retry_at: Option<i64>,
+}
+
 /// One key as its store holds it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -76,6 +96,8 @@ pub struct KeyInspect {
     /// tried again (see [`DeleteConfirmation`](crate::poller::DeleteConfirmation)). Summed over the
     /// lanes.
     pub suspects: u64,
+    /// The last backfill started on the key, finished or not (`None`: never one).
+    pub backfill: Option<BackfillProgress>,
 }
 
 /// The key's state, or `initial` when it was never saved.
@@ -124,6 +146,14 @@ pub async fn inspect_key(
             .filter_map(|lane| state.lanes.get(*lane)?.suspects.as_ref())
             .map(|suspects| suspects.len() as u64)
             .sum(),
+        backfill: state.lanes.backfill.as_ref().map(|lane| BackfillProgress {
+            cursor: parsed(lane.cursor.clone()),
+            target: parsed(lane.target.clone()),
+            done: lane.done == Some(true),
+            force: lane.force == Some(true),
+            failures: lane.failures.unwrap_or(0),
+            retry_at: lane.retry_at,
+        }),
     })
 }
 

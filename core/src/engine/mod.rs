@@ -116,8 +116,11 @@ impl std::fmt::Debug for Engine {
 pub struct TickOptions {
     /// Stop starting new keys and pages after this long (a running page is never interrupted).
     pub max_duration: Option<Duration>,
-    /// Only these pollers (by name).
+    /// Only these pollers (by name; a name the engine does not know fails the tick with
+    /// [`Error::UnknownPoller`]).
     pub only: Option<Vec<String>>,
+    /// Only this partition of the pollers run (`""` is the key of an unpartitioned poller).
+    pub partition: Option<String>,
     /// How many keys run at once (default 4; at least 1).
     pub concurrency: Option<usize>,
 }
@@ -134,6 +137,13 @@ impl TickOptions {
     #[must_use]
     pub fn only(mut self, pollers: impl IntoIterator<Item = impl Into<String>>) -> Self {
         self.only = Some(pollers.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Runs only this partition of the pollers run (with [`only`](Self::only), one key).
+    #[must_use]
+    pub fn partition(mut self, partition: impl Into<String>) -> Self {
+        self.partition = Some(partition.into());
         self
     }
 
@@ -237,12 +247,18 @@ impl Engine {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The names of this engine's pollers, sorted.
+    pub fn poller_names(&self) -> Vec<String> {
+        self.inner.pollers.keys().cloned().collect()
+    }
+
     fn runtime(&self, name: &str) -> Result<&Runtime> {
         self.inner
             .pollers
             .get(name)
             .ok_or_else(|| Error::UnknownPoller {
                 name: name.to_owned(),
+                known: self.poller_names(),
             })
     }
 
@@ -300,6 +316,9 @@ impl Engine {
                 "must be at least 1, got 0",
             ));
         }
+        for name in options.only.iter().flatten() {
+            self.runtime(name)?;
+        }
         let inner = &self.inner;
         let started = inner.now();
         let deadline = options
@@ -321,6 +340,7 @@ impl Engine {
                 inner
                     .partition_list(name)
                     .into_iter()
+                    .filter(|p| options.partition.as_ref().is_none_or(|only| *only == p.key))
                     .map(|p| (name.clone(), p)),
             );
         }
