@@ -63,6 +63,16 @@ pub enum Command {
     ResetCursor(ResetCursor),
     /// Copy logged events into the outbox; the next run of the key delivers them again.
     Replay(Replay),
+    /// Serve the admin page (read-only unless WATUKUY_ADMIN_TOKEN is set) until SIGINT/SIGTERM.
+    Admin(Admin),
+}
+
+/// `admin --listen`.
+#[derive(Clone, Debug, Args)]
+pub struct Admin {
+    /// The address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: String,
 }
 
 /// `--poller` and an optional `--partition`, to narrow `inspect`.
@@ -170,4 +180,133 @@ pub struct Replay {
     /// ...and at or before this time (default: now).
     #[arg(long)]
     pub to: Option<String>,
+}
+
+/// The command line of a service's own binary (see [`crate::Service`]): the store options of
+/// `watukuy`, the commands that run the service's pollers, and every command of `watukuy`.
+#[derive(Clone, Debug, Parser)]
+#[command(long_about = None)]
+#[command(after_help = "\
+Store URLs: sqlite:<path>, postgres://user[:password]@host[:port]/database, mysql://user[:password]@host[:port]/database, redis://host:port[/db].
+Durations: 500ms, 50s, 10m, 2h.
+Exit codes: 0 ok, 1 error (printed as `error (<CODE>): message`), 2 usage, 130 stopped by a second signal.")]
+pub struct ServiceCli {
+    /// The store URL (or set WATUKUY_STORE).
+    #[arg(
+        long,
+        short = 's',
+        env = "WATUKUY_STORE",
+        global = true,
+        hide_env_values = true
+    )]
+    pub store: Option<String>,
+    /// PostgreSQL: the schema holding watukuy's tables (default `public`).
+    #[arg(long, global = true)]
+    pub schema: Option<String>,
+    /// The table prefix (SQL stores; default `watukuy_`) or key prefix (Redis; default `watukuy:`).
+    #[arg(long, global = true)]
+    pub prefix: Option<String>,
+    /// PostgreSQL: the URL is a pooler in transaction mode (PgBouncer `pool_mode = transaction`).
+    #[arg(long, global = true)]
+    pub transaction_pooling: bool,
+    /// This process's lease owner id (or set WATUKUY_INSTANCE_ID). Give each process slot a
+    /// stable one (a pod name) and a restarted process takes its keys back at once instead of
+    /// waiting for its old leases to expire; never give two live processes the same one.
+    #[arg(long, env = "WATUKUY_INSTANCE_ID", global = true)]
+    pub instance_id: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: ServiceCommand,
+}
+
+/// The commands of a service's binary.
+#[derive(Clone, Debug, Subcommand)]
+pub enum ServiceCommand {
+    /// Run every due key once and deliver what it commits (for cron and serverless); exit 1
+    /// when a poll failed.
+    Tick(Tick),
+    /// Run the daemon until SIGINT or SIGTERM, then stop, letting running cycles finish.
+    Run(Run),
+    /// Re-read a poller's history on the backfill lane, to its end, with progress.
+    Backfill(Backfill),
+    /// Every command of `watukuy`.
+    #[command(flatten)]
+    Store(Command),
+}
+
+/// `tick`.
+#[derive(Clone, Debug, Args)]
+pub struct Tick {
+    /// Stop starting keys and pages after this long (a running page finishes).
+    #[arg(long, value_parser = parse_duration)]
+    pub max_duration: Option<std::time::Duration>,
+    /// Only this poller.
+    #[arg(long)]
+    pub poller: Option<String>,
+    /// Only this partition (with `--poller`).
+    #[arg(long, requires = "poller")]
+    pub partition: Option<String>,
+}
+
+/// `run`.
+#[derive(Clone, Debug, Args)]
+pub struct Run {
+    /// After a signal, how long running cycles may take to finish before they are aborted
+    /// (their events are delivered again later).
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub drain_timeout: std::time::Duration,
+    /// Also serve `GET /health` (200 or 503) and the admin page under `/admin/` on this
+    /// address, until the stop.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Health: the most a timestamp cursor may lag before `/health` answers 503.
+    #[arg(long, value_parser = parse_duration, requires = "listen")]
+    pub max_lag: Option<std::time::Duration>,
+    /// Health: an open circuit does not make `/health` answer 503.
+    #[arg(long, requires = "listen")]
+    pub allow_open_circuit: bool,
+}
+
+/// `backfill`.
+#[derive(Clone, Debug, Args)]
+pub struct Backfill {
+    /// The key.
+    #[command(flatten)]
+    pub target: Target,
+    /// Where to start, as the API writes its cursor (a time, a token), or `null` for the
+    /// beginning.
+    #[arg(long, allow_hyphen_values = true, required_unless_present = "resume")]
+    pub from: Option<String>,
+    /// Where to stop, as the API writes its cursor (default: the live cursor now).
+    #[arg(long, allow_hyphen_values = true, conflicts_with = "resume")]
+    pub to: Option<String>,
+    /// Re-emit known, unchanged items as `updated`.
+    #[arg(long, conflicts_with = "resume")]
+    pub force: bool,
+    /// Continue the key's unfinished backfill from the cursor it reached (after an
+    /// interruption).
+    #[arg(long, conflicts_with = "from")]
+    pub resume: bool,
+}
+
+/// A duration: a whole number and a unit, `ms`, `s`, `m` or `h` (`500ms`, `50s`, `10m`).
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let bad = || format!("'{text}' is not a duration (a whole number and ms, s, m or h: 50s)");
+    let number: u64 = number.parse().map_err(|_| bad())?;
+    let ms = match unit.trim() {
+        "ms" => Some(number),
+        "s" => number.checked_mul(1_000),
+        "m" => number.checked_mul(60_000),
+        "h" => number.checked_mul(3_600_000),
+        _ => return Err(bad()),
+    };
+    ms.map(std::time::Duration::from_millis).ok_or_else(bad)
 }

@@ -3,6 +3,8 @@
 pub mod args;
 mod ops;
 mod render;
+mod serve;
+mod service;
 mod url;
 
 use std::ffi::OsString;
@@ -19,6 +21,7 @@ use watukuy_core::{
 
 use args::{Cli, Command};
 pub use ops::{CLI_LEASE_TTL_MS, CLI_OWNER, KeyInspect, REPLAY_PAGE, Report, Session};
+pub use service::{BuildFuture, Service};
 pub use url::{StoreOptions, StoreUrl};
 
 /// Exit code of a successful command.
@@ -27,6 +30,9 @@ pub const EXIT_OK: u8 = 0;
 pub const EXIT_ERROR: u8 = 1;
 /// Exit code of a command line that does not parse, or of options that do not fit together.
 pub const EXIT_USAGE: u8 = 2;
+/// Exit code of `run` (or `admin`) stopped by a second SIGINT or SIGTERM before the first stop
+/// finished (128 + SIGINT, as shells report an interrupted program).
+pub const EXIT_INTERRUPTED: u8 = 130;
 
 /// Why a command failed: a stable code, a message for people, and the process exit code.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,7 +106,7 @@ pub struct Output {
 }
 
 impl Output {
-    fn new(text: impl Into<String>, json: serde_json::Value) -> Self {
+    pub(crate) fn new(text: impl Into<String>, json: serde_json::Value) -> Self {
         let mut text = text.into();
         if !text.ends_with('\n') {
             text.push('\n');
@@ -205,9 +211,16 @@ pub async fn execute(cli: &Cli, options: RunOptions) -> Result<Output, CliError>
         schema: cli.schema.clone(),
         prefix: cli.prefix.clone(),
         transaction_pooling: cli.transaction_pooling,
+        max_connections: None,
     };
     let create = matches!(cli.command, Command::Migrate);
     let store = url.open(&store_options, create).await?;
+    if let Command::Admin(admin) = &cli.command {
+        let state = watukuy_admin::AdminState::from_store(Arc::clone(&store));
+        let outcome = serve::until_signal(&admin.listen, serve::admin_app(state)).await;
+        let _ = store.close().await;
+        return outcome;
+    }
     let session = Session::new(Arc::clone(&store), url.to_string())
         .with_clock(options.clock)
         .with_lease_retry(options.lease_tries, std::time::Duration::from_millis(250));
@@ -229,7 +242,7 @@ pub async fn command(session: &Session, command: &Command) -> Result<Output, Cli
             let report = session
                 .inspect(select.poller.as_deref(), select.partition.as_deref())
                 .await?;
-            Ok(Output::new(render::report(&report), to_json(&report)?))
+            report_output(&report)
         }
         Command::Keys(filter) => {
             let keys = session.keys(filter.poller.as_deref()).await?;
@@ -292,30 +305,12 @@ pub async fn command(session: &Session, command: &Command) -> Result<Output, Cli
         }
         Command::Pause(t) | Command::Resume(t) | Command::Trigger(t) => {
             let key = session.key(&t.poller, t.partition.as_deref()).await?;
-            let (action, text) = match command {
-                Command::Pause(_) => {
-                    session.pause(&key).await?;
-                    (
-                        "paused",
-                        "paused: it is not polled and its outbox is not delivered until resumed",
-                    )
-                }
-                Command::Resume(_) => {
-                    session.resume(&key).await?;
-                    ("resumed", "resumed and due now")
-                }
-                _ => {
-                    session.trigger(&key).await?;
-                    (
-                        "triggered",
-                        "due now (an open circuit stays open: the next run is a probe)",
-                    )
-                }
-            };
-            Ok(Output::new(
-                format!("{}: {text}", key_label(&key)),
-                json!({ "action": action, "poller": key.poller, "partition": key.partition }),
-            ))
+            match command {
+                Command::Pause(_) => session.pause(&key).await?,
+                Command::Resume(_) => session.resume(&key).await?,
+                _ => session.trigger(&key).await?,
+            }
+            Ok(key_action_output(command, &key))
         }
         Command::ResetCursor(r) => {
             let key = session
@@ -378,10 +373,53 @@ pub async fn command(session: &Session, command: &Command) -> Result<Output, Cli
             };
             Ok(Output::new(text, json!({ "replayed": replayed })))
         }
+        Command::Admin(_) => Err(CliError::usage(
+            "`admin` serves until a signal: run it through `execute` or the binary",
+        )),
     }
 }
 
-fn to_json<T: serde::Serialize>(value: &T) -> Result<serde_json::Value, CliError> {
+/// What `pause`, `resume` and `trigger` print once done on `key`.
+pub(crate) fn key_action_output(command: &Command, key: &PKey) -> Output {
+    let (action, text) = match command {
+        Command::Pause(_) => (
+            "paused",
+            "paused: it is not polled and its outbox is not delivered until resumed",
+        ),
+        Command::Resume(_) => ("resumed", "resumed and due now"),
+        _ => (
+            "triggered",
+            "due now (an open circuit stays open: the next run is a probe)",
+        ),
+    };
+    Output::new(
+        format!("{}: {text}", key_label(key)),
+        json!({ "action": action, "poller": key.poller, "partition": key.partition }),
+    )
+}
+
+/// What `inspect` prints for `report`.
+pub(crate) fn report_output(report: &Report) -> Result<Output, CliError> {
+    Ok(Output::new(render::report(report), to_json(report)?))
+}
+
+/// The poller a command names, if it names one.
+pub(crate) fn poller_of(command: &Command) -> Option<&str> {
+    use args::ParkedAction;
+    match command {
+        Command::Migrate | Command::Admin(_) => None,
+        Command::Inspect(select) => select.poller.as_deref(),
+        Command::Keys(filter) => filter.poller.as_deref(),
+        Command::Parked {
+            action: ParkedAction::Ls(a) | ParkedAction::Retry(a) | ParkedAction::Discard(a),
+        } => Some(&a.target.poller),
+        Command::Pause(t) | Command::Resume(t) | Command::Trigger(t) => Some(&t.poller),
+        Command::ResetCursor(r) => Some(&r.target.poller),
+        Command::Replay(r) => Some(&r.target.poller),
+    }
+}
+
+pub(crate) fn to_json<T: serde::Serialize>(value: &T) -> Result<serde_json::Value, CliError> {
     serde_json::to_value(value).map_err(|e| CliError::new("INTERNAL", e.to_string()))
 }
 

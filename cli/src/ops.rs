@@ -90,6 +90,11 @@ impl Session {
         &self.store
     }
 
+    /// The store's label (its URL, password redacted).
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
     /// Now, on the session's clock.
     pub fn now(&self) -> i64 {
         self.clock.now_ms()

@@ -76,6 +76,9 @@ pub struct StoreOptions {
     /// PostgreSQL only: the URL is a pooler in transaction mode
     /// ([`PostgresOptions::transaction_pooling`]).
     pub transaction_pooling: bool,
+    /// PostgreSQL and MySQL: the pool's size (default 2, enough for one command; a service's
+    /// daemon uses 10).
+    pub max_connections: Option<u32>,
 }
 
 impl StoreUrl {
@@ -151,7 +154,8 @@ impl StoreUrl {
                 Ok(Arc::new(SqliteStore::open(sqlite)?))
             }
             StoreUrl::Postgres(url) => {
-                let mut pg = PostgresOptions::default().max_connections(2);
+                let mut pg = PostgresOptions::default()
+                    .max_connections(options.max_connections.unwrap_or(2));
                 if let Some(schema) = &options.schema {
                     pg = pg.schema(schema.clone());
                 }
@@ -168,7 +172,8 @@ impl StoreUrl {
                 if options.transaction_pooling {
                     return Err(wrong("transaction-pooling", "MySQL"));
                 }
-                let mut my = MySqlOptions::default().max_connections(2);
+                let mut my =
+                    MySqlOptions::default().max_connections(options.max_connections.unwrap_or(2));
                 if let Some(prefix) = &options.prefix {
                     my = my.table_prefix(prefix.clone());
                 }

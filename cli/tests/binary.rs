@@ -186,3 +186,80 @@ fn usage_errors_exit_2() {
     assert_eq!(out.status.code(), Some(0));
     assert!(text(&out.stdout).starts_with("watukuy "));
 }
+
+/// `watukuy admin --listen`: the page of a store, read-only without `WATUKUY_ADMIN_TOKEN`,
+/// behind the token and writable with it; SIGTERM stops it with exit code 0.
+#[tokio::test]
+async fn admin_listens_until_sigterm_and_takes_its_token_from_the_environment() {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+    async fn get(base: &str, path: &str, token: Option<&str>) -> String {
+        let host = base.trim_start_matches("http://");
+        let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+        let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        response
+    }
+
+    let b = Arc::new(Backend::fresh(Kind::Sqlite, "admin").await.unwrap());
+    let world = World::new(2, 10).unwrap();
+    let consumer = failing(&[]);
+    world
+        .tick(&engine(&world, &b.store, &consumer))
+        .await
+        .unwrap();
+    for token in [None, Some("s3cret-token")] {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_watukuy"));
+        command
+            .args(b.argv(&["admin", "--listen", "127.0.0.1:0"]))
+            .env_remove("WATUKUY_STORE")
+            .env_remove("WATUKUY_ADMIN_TOKEN")
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(token) = token {
+            command.env("WATUKUY_ADMIN_TOKEN", token);
+        }
+        let mut child = command.spawn().unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let line = lines.next_line().await.unwrap().unwrap();
+        let base = line
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("{line}"))
+            .to_owned();
+        match token {
+            None => {
+                let info = get(&base, "/api/info", None).await;
+                assert!(info.contains("\"mode\":\"read-only\""), "{info}");
+                let pollers = get(&base, "/api/pollers", None).await;
+                assert!(
+                    pollers.contains(&format!("\"poller\":\"{POLLER}\"")),
+                    "{pollers}"
+                );
+            }
+            Some(token) => {
+                let denied = get(&base, "/api/info", None).await;
+                assert!(denied.starts_with("HTTP/1.1 401"), "{denied}");
+                assert!(!denied.contains(token), "the token is never echoed");
+                let info = get(&base, "/api/info", Some(token)).await;
+                assert!(info.contains("\"mode\":\"read-write\""), "{info}");
+            }
+        }
+        let pid = child.id().unwrap().to_string();
+        let killed = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let status = child.wait().await.unwrap();
+        assert_eq!(status.code(), Some(0));
+        assert_eq!(
+            lines.next_line().await.unwrap().as_deref(),
+            Some("SIGTERM: stopping")
+        );
+    }
+}

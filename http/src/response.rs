@@ -102,16 +102,10 @@ impl HttpResponse {
     }
 
     /// The error this response stands for: `None` for 2xx and 304, otherwise [`Error::Http`]
-    /// with the message `<METHOD> <url> responded <status>[: <title or detail>]`.
+    /// with the message `<METHOD> <url> responded <status>[: <title>][: <detail>]` (the
+    /// problem document's title and detail, those that are there).
     pub fn error(&self) -> Option<Error> {
-        (!self.ok()).then(|| {
-            self.http_error(
-                self.problem
-                    .as_ref()
-                    .and_then(|p| p.summary())
-                    .map(str::to_owned),
-            )
-        })
+        (!self.ok()).then(|| self.http_error(self.problem.as_ref().and_then(problem_message)))
     }
 
     /// `Err` with [`error`](Self::error) for an error status, the response otherwise (for
@@ -229,6 +223,15 @@ impl HttpResponse {
         }
         let body: T = self.json()?;
         Ok(self.annotate(build(body)))
+    }
+}
+
+/// `<title>: <detail>`, or the one of them that is there and not blank.
+fn problem_message(problem: &ProblemDetails) -> Option<String> {
+    let text = |s: &Option<String>| s.clone().filter(|t| !t.trim().is_empty());
+    match (text(&problem.title), text(&problem.detail)) {
+        (Some(title), Some(detail)) => Some(format!("{title}: {detail}")),
+        (title, detail) => title.or(detail),
     }
 }
 

@@ -285,7 +285,10 @@ async fn a_500_is_a_failure_with_backoff_and_its_problem_details_name_it() {
     let error = result.error.unwrap();
     assert_eq!(
         error.message,
-        format!("GET {} responded 500: Database unavailable", h.url)
+        format!(
+            "GET {} responded 500: Database unavailable: the primary is failing over",
+            h.url
+        )
     );
     assert_eq!(error.code.as_deref(), Some("HTTP"));
     let schedule = h.assert_backed_off_once(T0).await;
