@@ -1,5 +1,7 @@
 #![doc = include_str!("../README.md")]
 
+#[cfg(feature = "bullmq")]
+mod bullmq;
 mod format;
 #[cfg(feature = "nats")]
 mod nats;
@@ -9,6 +11,11 @@ mod signature;
 #[cfg(feature = "webhook")]
 mod webhook;
 
+#[cfg(feature = "bullmq")]
+pub use bullmq::{
+    BULLMQ_VERSIONS, BullMqConfigError, BullMqSink, DEFAULT_BULLMQ_PREFIX, DEFAULT_BULLMQ_TIMEOUT,
+    JobAdded,
+};
 pub use format::{
     CLOUDEVENTS_CONTENT_TYPE, EventFormat, JSON_CONTENT_TYPE, KeyFn, SerializedEvent, default_key,
     serialize_event,

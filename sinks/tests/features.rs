@@ -22,3 +22,10 @@ fn nats_tests_need_the_nats_feature() {
 fn rabbitmq_tests_need_the_rabbitmq_feature() {
     panic!("built without the `rabbitmq` feature: tests/rabbit.rs did not run");
 }
+
+#[cfg(not(feature = "bullmq"))]
+#[test]
+#[ignore = "the BullMQ sink's tests (tests/bullmq.rs) need the `bullmq` feature: cargo test -p watukuy-sinks --features bullmq"]
+fn bullmq_tests_need_the_bullmq_feature() {
+    panic!("built without the `bullmq` feature: tests/bullmq.rs did not run");
+}

@@ -10,17 +10,13 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
-
-use common::{broker_url, ctx, event, free_port, unique};
+use common::{Relay, broker_url, ctx, event, free_port, unique};
 use futures::StreamExt as _;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinHandle;
 use watukuy_core::{
     CloudEvent, Event, EventType,
     delivery::{Handler, HandlerErrorKind},
@@ -208,47 +204,6 @@ async fn a_publish_the_broker_cannot_route_fails_when_mandatory() {
     assert_eq!(err.kind(), &HandlerErrorKind::Transient, "{err}");
     assert!(err.to_string().contains("unroutable"), "{err}");
     assert!(ctx.ack(), "not acknowledged");
-}
-
-/// A TCP relay from a local port to the broker: the broker as the sink sees it.
-struct Relay {
-    accept: JoinHandle<()>,
-    connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
-}
-
-impl Relay {
-    async fn start(port: u16, upstream: String) -> Self {
-        let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
-        let connections = Arc::new(Mutex::new(Vec::new()));
-        let tracked = Arc::clone(&connections);
-        let accept = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                let upstream = upstream.clone();
-                let relay = tokio::spawn(async move {
-                    if let Ok(mut outbound) = TcpStream::connect(upstream.as_str()).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                    }
-                });
-                tracked.lock().unwrap().push(relay);
-            }
-        });
-        Self {
-            accept,
-            connections,
-        }
-    }
-
-    /// Stops listening and cuts every relayed connection (their sockets are closed once the
-    /// aborted tasks have finished, which this waits for).
-    async fn stop(self) {
-        self.accept.abort();
-        let _ = self.accept.await;
-        let connections: Vec<_> = std::mem::take(&mut *self.connections.lock().unwrap());
-        for connection in connections {
-            connection.abort();
-            let _ = connection.await;
-        }
-    }
 }
 
 /// The broker's `host:port`, from the AMQP URL.

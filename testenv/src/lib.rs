@@ -92,6 +92,16 @@ const BACKENDS: &[Backend] = &[
                  (docs/testing.md)",
     },
     Backend {
+        name: "bullmq",
+        needs: Needs::Programs(&[Program {
+            name: "node",
+            var: "WATUKUY_TEST_NODE_BIN",
+            dirs: &[],
+        }]),
+        reason: "needs Node.js (node on PATH, or WATUKUY_TEST_NODE_BIN) with BullMQ installed by \
+                 `npm ci --prefix sinks/tests/node-bullmq` (docs/testing.md)",
+    },
+    Backend {
         name: "browser",
         needs: Needs::Programs(&[
             Program {

@@ -1,6 +1,10 @@
 //! Shared test helpers: sample events, handler contexts, free ports.
 #![allow(dead_code, unreachable_pub)]
 
+use std::sync::{Arc, Mutex};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use watukuy_core::{Event, EventType, HandlerContext, Partition, json::Json};
 
@@ -45,4 +49,47 @@ pub async fn spawn_server(app: axum::Router) -> String {
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
     base
+}
+
+/// A TCP relay from a local port to a broker: the broker as the sink sees it. Before it starts
+/// nothing listens on the port (connection refused); stopping it cuts every live connection, as a
+/// broker crash would; starting it again on the same port is the broker coming back.
+pub struct Relay {
+    accept: JoinHandle<()>,
+    connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl Relay {
+    pub async fn start(port: u16, upstream: String) -> Self {
+        let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+        let connections = Arc::new(Mutex::new(Vec::new()));
+        let tracked = Arc::clone(&connections);
+        let accept = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let upstream = upstream.clone();
+                let relay = tokio::spawn(async move {
+                    if let Ok(mut outbound) = TcpStream::connect(upstream.as_str()).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                tracked.lock().unwrap().push(relay);
+            }
+        });
+        Self {
+            accept,
+            connections,
+        }
+    }
+
+    /// Stops listening and cuts every relayed connection (their sockets are closed once the
+    /// aborted tasks have finished, which this waits for).
+    pub async fn stop(self) {
+        self.accept.abort();
+        let _ = self.accept.await;
+        let connections: Vec<_> = std::mem::take(&mut *self.connections.lock().unwrap());
+        for connection in connections {
+            connection.abort();
+            let _ = connection.await;
+        }
+    }
 }
