@@ -8,6 +8,8 @@ mod nats;
 #[cfg(feature = "rabbitmq")]
 mod rabbit;
 mod signature;
+#[cfg(feature = "sqs")]
+mod sqs;
 #[cfg(feature = "webhook")]
 mod webhook;
 
@@ -28,6 +30,11 @@ pub use signature::{
     DEFAULT_WEBHOOK_TOLERANCE, WEBHOOK_SECRET_PREFIX, WebhookSecret, WebhookSecretError,
     WebhookVerifyError, decode_webhook_secret, sign_webhook, verify_webhook_signature,
     verify_webhook_signature_with_tolerance,
+};
+#[cfg(feature = "sqs")]
+pub use sqs::{
+    DEFAULT_SQS_TIMEOUT, SQS_CONTENT_TYPE_ATTRIBUTE, SQS_POLLER_ATTRIBUTE, SQS_TYPE_ATTRIBUTE,
+    SqsConfigError, SqsOptions, SqsSink,
 };
 #[cfg(feature = "webhook")]
 pub use webhook::{
