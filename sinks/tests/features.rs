@@ -29,3 +29,10 @@ fn rabbitmq_tests_need_the_rabbitmq_feature() {
 fn bullmq_tests_need_the_bullmq_feature() {
     panic!("built without the `bullmq` feature: tests/bullmq.rs did not run");
 }
+
+#[cfg(not(feature = "sqs"))]
+#[test]
+#[ignore = "the SQS sink's tests (tests/sqs.rs) need the `sqs` feature: cargo test -p watukuy-sinks --features sqs"]
+fn sqs_tests_need_the_sqs_feature() {
+    panic!("built without the `sqs` feature: tests/sqs.rs did not run");
+}

@@ -102,6 +102,16 @@ const BACKENDS: &[Backend] = &[
                  `npm ci --prefix sinks/tests/node-bullmq` (docs/testing.md)",
     },
     Backend {
+        name: "moto-server",
+        needs: Needs::Programs(&[Program {
+            name: "moto_server",
+            var: "WATUKUY_TEST_MOTO_SERVER_BIN",
+            dirs: &[],
+        }]),
+        reason: "needs moto's SQS server: moto_server on PATH (pip install 'moto[server]') or \
+                 WATUKUY_TEST_MOTO_SERVER_BIN, to start a private server (docs/testing.md)",
+    },
+    Backend {
         name: "browser",
         needs: Needs::Programs(&[
             Program {
