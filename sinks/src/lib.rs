@@ -3,6 +3,8 @@
 #[cfg(feature = "bullmq")]
 mod bullmq;
 mod format;
+#[cfg(feature = "kafka")]
+mod kafka;
 #[cfg(feature = "nats")]
 mod nats;
 #[cfg(feature = "rabbitmq")]
@@ -21,6 +23,11 @@ pub use bullmq::{
 pub use format::{
     CLOUDEVENTS_CONTENT_TYPE, EventFormat, JSON_CONTENT_TYPE, KeyFn, SerializedEvent, default_key,
     serialize_event,
+};
+#[cfg(feature = "kafka")]
+pub use kafka::{
+    DEFAULT_KAFKA_TIMEOUT, KAFKA_CONTENT_TYPE_HEADER, KafkaConfigError, KafkaFormat, KafkaOptions,
+    KafkaRecordAck, KafkaSink,
 };
 #[cfg(feature = "nats")]
 pub use nats::{DEFAULT_NATS_ACK_TIMEOUT, NatsSink};

@@ -145,18 +145,17 @@ async fn dump(prefix: &str, queue: &str) -> BTreeMap<String, Value> {
                 Value::Object(fields)
             }
             "stream" => {
-                let entries: redis::streams::StreamRangeReply =
-                    conn.xrange_all(&key).await.unwrap();
+                let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+                    .arg(&key)
+                    .arg("-")
+                    .arg("+")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
                 json!(
                     entries
-                        .ids
-                        .iter()
-                        .map(|entry| {
-                            let mut fields: Vec<(String, String)> = entry
-                                .map
-                                .iter()
-                                .map(|(k, v)| (k.clone(), redis::from_redis_value_ref(v).unwrap()))
-                                .collect();
+                        .into_iter()
+                        .map(|(_id, mut fields)| {
                             fields.sort();
                             fields
                         })

@@ -36,3 +36,10 @@ fn bullmq_tests_need_the_bullmq_feature() {
 fn sqs_tests_need_the_sqs_feature() {
     panic!("built without the `sqs` feature: tests/sqs.rs did not run");
 }
+
+#[cfg(not(feature = "kafka"))]
+#[test]
+#[ignore = "the Kafka sink's tests (tests/kafka.rs) need the `kafka` feature: cargo test -p watukuy-sinks --features kafka"]
+fn kafka_tests_need_the_kafka_feature() {
+    panic!("built without the `kafka` feature: tests/kafka.rs did not run");
+}

@@ -112,6 +112,25 @@ const BACKENDS: &[Backend] = &[
                  WATUKUY_TEST_MOTO_SERVER_BIN, to start a private server (docs/testing.md)",
     },
     Backend {
+        name: "kafka-server",
+        needs: Needs::Programs(&[
+            Program {
+                name: "tansu",
+                var: "WATUKUY_TEST_TANSU_BIN",
+                dirs: &[],
+            },
+            Program {
+                name: "python3",
+                var: "WATUKUY_TEST_PYTHON_BIN",
+                dirs: &[],
+            },
+        ]),
+        reason: "needs the Kafka-compatible broker Tansu (cargo install --locked tansu --features \
+                 dynostore; on PATH or at WATUKUY_TEST_TANSU_BIN) to start a private broker, and \
+                 python3 with kafka-python (pip install kafka-python) to read it back \
+                 (docs/testing.md)",
+    },
+    Backend {
         name: "browser",
         needs: Needs::Programs(&[
             Program {

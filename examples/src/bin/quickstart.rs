@@ -10,7 +10,7 @@
 //!
 //! Everything runs in this one process, offline:
 //!
-//! - a small "ERP" (axum on 127.0.0.1, a random port) serves `GET /orders?since=<ts>&after=<id>`,
+//! - a small "ERP" (`watukuy_examples::erp`: axum on 127.0.0.1, a random port) serves `GET /orders?since=<ts>&after=<id>`,
 //!   ordered by `updatedAt` then `id` (a keyset), while a background task creates orders and
 //!   moves them through `open → paid → shipped → delivered` every 1.5 s;
 //! - the poller asks for the changes since its cursor with `watukuy_http::HttpClient`; the cursor
@@ -24,41 +24,20 @@
 //! - every 3 s a status line from `engine.inspect()`: polls, events delivered, outbox, parked,
 //!   items and the cursor's lag behind now.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-use axum::Json;
-use axum::extract::{Query, State};
-use axum::http::StatusCode;
-use watukuy_core::clock::format_rfc3339_ms;
-use watukuy_core::cursor::Cursor;
 use watukuy_core::hooks::{HookContext, Hooks};
 use watukuy_core::schedule::ScheduleOptions;
 use watukuy_core::store::{ParkedRow, PollSummary, SerializedError};
 use watukuy_core::{
-    DeliveryOptions, Engine, Event, EventType, FetchContext, HandlerContext, HandlerError, Poller,
-    StopOptions,
+    DeliveryOptions, Engine, Event, EventType, HandlerContext, HandlerError, StopOptions,
     backoff::Backoff,
     clock::{Clock, SystemClock},
-    cursor,
 };
-use watukuy_http::HttpClient;
+use watukuy_examples::erp::{self, ErpState, Order, run_erp, serve_erp};
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
-
-/// The item type: what the ERP returns per order.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Order {
-    id: String,
-    status: String,
-    total: u32,
-    updated_at: String,
-}
-
-/// Page size of the ERP's listing.
-const LIMIT: usize = 50;
 
 /// The store: a SQLite file in the working folder, kept between runs.
 const DATABASE: &str = "./quickstart.sqlite";
@@ -66,128 +45,6 @@ const DATABASE: &str = "./quickstart.sqlite";
 /// The command that shows what the engine wrote to [`DATABASE`] (examples/tests/quickstart.rs
 /// runs it, and README.md shows it).
 const CLI_COMMAND: &str = "cargo run -p watukuy-cli -- inspect -s sqlite:./quickstart.sqlite";
-
-// ---------------------------------------------------------------------------------------------
-// The ERP: an in-memory order book behind one keyset-paginated route.
-// ---------------------------------------------------------------------------------------------
-
-#[derive(Default)]
-struct Erp {
-    orders: Vec<Order>,
-    /// The last timestamp handed out (epoch ms): writes never go back in time.
-    last_write_ms: i64,
-}
-
-type ErpState = Arc<Mutex<Erp>>;
-
-impl Erp {
-    fn stamp(&mut self) -> String {
-        let now = SystemClock.now_ms().max(self.last_write_ms);
-        self.last_write_ms = now;
-        format_rfc3339_ms(now)
-    }
-
-    fn create(&mut self, total: u32) -> String {
-        let id = format!("ord-{}", 1001 + self.orders.len());
-        let updated_at = self.stamp();
-        self.orders.push(Order {
-            id: id.clone(),
-            status: "open".into(),
-            total,
-            updated_at,
-        });
-        id
-    }
-
-    /// Moves an order to its next status; `None` once it is delivered.
-    fn advance(&mut self, index: usize) -> Option<(String, String)> {
-        let next = match self.orders.get(index)?.status.as_str() {
-            "open" => "paid",
-            "paid" => "shipped",
-            "shipped" => "delivered",
-            _ => return None,
-        };
-        let updated_at = self.stamp();
-        let order = &mut self.orders[index];
-        order.status = next.into();
-        order.updated_at = updated_at;
-        Some((order.id.clone(), next.into()))
-    }
-}
-
-#[derive(serde::Deserialize)]
-struct Since {
-    since: Option<String>,
-    after: Option<String>,
-}
-
-/// `GET /orders?since=<ts>&after=<id>`: orders with `(updatedAt, id) > (since, after)` (or
-/// `updatedAt >= since` without `after`), oldest first, at most [`LIMIT`]. Timestamps are all
-/// written by [`format_rfc3339_ms`] (fixed width, UTC), so they compare as strings.
-async fn list_orders(
-    State(erp): State<ErpState>,
-    headers: axum::http::HeaderMap,
-    Query(q): Query<Since>,
-) -> Result<Json<Vec<Order>>, StatusCode> {
-    if headers.get("authorization").and_then(|v| v.to_str().ok()) != Some("Bearer erp-demo-token") {
-        return Err(StatusCode::UNAUTHORIZED);
-    }
-    let erp = erp.lock().unwrap_or_else(PoisonError::into_inner);
-    let mut page: Vec<Order> = erp
-        .orders
-        .iter()
-        .filter(|o| match (&q.since, &q.after) {
-            (None, _) => true,
-            (Some(since), None) => o.updated_at.as_str() >= since.as_str(),
-            (Some(since), Some(after)) => {
-                (o.updated_at.as_str(), o.id.as_str()) > (since.as_str(), after.as_str())
-            }
-        })
-        .cloned()
-        .collect();
-    page.sort_by(|a, b| (&a.updated_at, &a.id).cmp(&(&b.updated_at, &b.id)));
-    page.truncate(LIMIT);
-    Ok(Json(page))
-}
-
-/// Changes the order book every 1.5 s: a new order every third step, else a status change.
-async fn run_erp(erp: ErpState) {
-    let mut every = tokio::time::interval(Duration::from_millis(1_500));
-    every.tick().await; // the first tick is immediate
-    for step in 0_usize.. {
-        every.tick().await;
-        let mut erp = erp.lock().unwrap_or_else(PoisonError::into_inner);
-        let change = if step % 3 == 2 || erp.orders.len() < 4 {
-            let total = u32::try_from(25 + (step * 37) % 400).unwrap_or(99);
-            let id = erp.create(total);
-            format!("{id} created (total {total})")
-        } else {
-            // Walk the orders, skipping finished ones (and ord-1003, whose events stay held).
-            let count = erp.orders.len();
-            let moved = (0..count)
-                .map(|i| (step + i) % count)
-                .filter(|&i| erp.orders[i].id != "ord-1003")
-                .collect::<Vec<_>>()
-                .into_iter()
-                .find_map(|i| erp.advance(i));
-            match moved {
-                Some((id, status)) => format!("{id} is now {status}"),
-                None => continue,
-            }
-        };
-        println!("  erp: {change}");
-    }
-}
-
-async fn serve_erp(erp: ErpState) -> Result<String, Box<dyn std::error::Error>> {
-    let app = axum::Router::new()
-        .route("/orders", axum::routing::get(list_orders))
-        .with_state(erp);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    Ok(format!("http://{addr}"))
-}
 
 // ---------------------------------------------------------------------------------------------
 // Hooks: count polls, print retries and parked events.
@@ -305,19 +162,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let earlier = path.exists();
     let store = Arc::new(SqliteStore::open(SqliteOptions::file(path))?);
 
-    // The poller: how to identify an order, where its cursor is, and how to fetch a page.
-    let http = HttpClient::builder()
-        .bearer_auth("erp-demo-token")
-        .build()?;
-    let url = format!("{base}/orders");
-    let orders = Poller::builder::<Order>("orders")
-        .identity(|order: &Order| order.id.clone())
-        .version(|order: &Order| order.updated_at.clone())
-        .cursor(
-            cursor::timestamp("updatedAt")
-                .tie_break("id")
-                .lag(Duration::from_millis(1)),
-        )
+    // The poller: how to identify an order, where its cursor is, and how to fetch a page
+    // (watukuy_examples::erp::poller), polled every 1-5 s, each event tried 3 times.
+    let orders = erp::poller("orders", &base)?
         .schedule(
             ScheduleOptions::default()
                 .min(Duration::from_secs(1))
@@ -328,24 +175,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             2.0,
             Duration::from_secs(2),
         )))
-        .fetch(move |ctx: FetchContext| {
-            let (http, url) = (http.clone(), url.clone());
-            async move {
-                let (since, after) = match &ctx.cursor {
-                    Cursor::Timestamp { value, tie_break } => (value.clone(), tie_break.clone()),
-                    _ => (None, None),
-                };
-                let response = http
-                    .get(&ctx, url)
-                    .query("since", since)
-                    .query("after", after)
-                    .send()
-                    .await?;
-                let page = response.items_page()?;
-                let full = page.items.len() == LIMIT;
-                Ok(page.has_more(full))
-            }
-        })
         .build()?;
 
     let printer = Arc::new(Printer::default());
