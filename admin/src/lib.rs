@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 use watukuy_core::{
     Engine,
     clock::{Clock, SystemClock},
-    store::{PKey, ParkedKind, ParkedQuery, PollerState, Store},
+    ops::ParkedSelection,
+    store::{PKey, ParkedKind, ParkedQuery, Store},
 };
 
 /// The page: plain HTML with a small inline script, served as is (no build step).
@@ -195,7 +196,9 @@ impl From<watukuy_core::Error> for ApiError {
     fn from(error: watukuy_core::Error) -> Self {
         use watukuy_core::ErrorCode;
         let status = match error.code() {
-            ErrorCode::UnknownPoller => StatusCode::NOT_FOUND,
+            ErrorCode::UnknownPoller | ErrorCode::UnknownPartition | ErrorCode::NotFound => {
+                StatusCode::NOT_FOUND
+            }
             ErrorCode::Config => StatusCode::BAD_REQUEST,
             ErrorCode::LeaseLost => StatusCode::CONFLICT,
             ErrorCode::Store if error.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
@@ -291,58 +294,14 @@ impl AdminState {
                 .await?;
             return Ok(PKey::new(poller, partition.unwrap_or_default()));
         }
-        let keys = self.store.list_keys(Some(poller)).await?;
-        if keys.is_empty() {
-            let mut known: Vec<String> = self
-                .store
-                .list_keys(None)
-                .await?
-                .into_iter()
-                .map(|k| k.poller)
-                .collect();
-            known.sort();
-            known.dedup();
-            return Err(watukuy_core::Error::UnknownPoller {
-                name: poller.to_owned(),
-                known,
-            }
-            .into());
-        }
-        let partition = partition.unwrap_or_default();
-        if keys.iter().any(|k| k.partition == partition) {
-            Ok(PKey::new(poller, partition))
-        } else {
-            Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                "UNKNOWN_PARTITION",
-                format!("poller '{poller}' has no partition '{partition}' in the store"),
-            ))
-        }
+        Ok(watukuy_core::ops::stored_key(&*self.store, poller, partition).await?)
     }
 
     async fn store_report(&self) -> Result<serde_json::Value, ApiError> {
         let now = self.now();
-        let mut keys = self.store.list_keys(None).await?;
-        keys.sort();
-        let mut pollers = Vec::with_capacity(keys.len());
-        for key in keys {
-            pollers.push(inspect_key(&*self.store, &key, now).await?);
-        }
+        let pollers = watukuy_core::ops::inspect_store(&*self.store, None, None, now).await?;
         Ok(serde_json::json!({ "generatedAt": now, "pollers": pollers }))
     }
-}
-
-use watukuy_core::ops::KeyInspect;
-
-/// One key read from the store alone, as the command line reads it.
-async fn inspect_key(
-    store: &dyn Store,
-    key: &PKey,
-    now: i64,
-) -> Result<KeyInspect, watukuy_core::Error> {
-    let initial = PollerState::zero(now);
-    let lag = watukuy_core::cursor::persisted_lag_ms;
-    watukuy_core::ops::inspect_key(store, key, now, initial, lag).await
 }
 
 async fn page() -> Response {
@@ -399,9 +358,11 @@ async fn parked(
     let Query(params) =
         params.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "BAD_REQUEST", e.body_text()))?;
     let key = state.key(&poller, params.partition.as_deref()).await?;
-    let mut query = ParkedQuery::default().limit(params.limit.unwrap_or(500).min(5_000));
-    query.kind = params.kind;
-    let rows = state.store.list_parked(&key, query).await?;
+    let mut selection = ParkedSelection::all().limit(params.limit.unwrap_or(500).min(5_000));
+    if let Some(kind) = params.kind {
+        selection = selection.kind(kind);
+    }
+    let rows = watukuy_core::ops::list_parked(&*state.store, &key, &selection).await?;
     Ok(json_ok(&rows))
 }
 
@@ -438,6 +399,8 @@ async fn operate(
     }
     let partition = body.partition.as_deref();
     let key = state.key(poller, partition).await?;
+    // The same rules either way (`ops`): the engine's methods also wake the key.
+    let selection = ParkedSelection::ids(body.ids.iter().cloned());
     let count = match (&state.engine, operation) {
         (Some(engine), Operation::Retry) => {
             engine.retry_parked(poller, partition, &body.ids).await?
@@ -446,16 +409,14 @@ async fn operate(
             engine.discard_parked(poller, partition, &body.ids).await?
         }
         (None, Operation::Retry) => {
-            state
-                .store
-                .resolve_parked(&key, &body.ids, watukuy_core::store::ParkedAction::Retry)
+            watukuy_core::ops::retry_parked(&*state.store, &key, &selection)
                 .await?
+                .len() as u64
         }
         (None, Operation::Discard) => {
-            state
-                .store
-                .resolve_parked(&key, &body.ids, watukuy_core::store::ParkedAction::Discard)
+            watukuy_core::ops::discard_parked(&*state.store, &key, &selection)
                 .await?
+                .len() as u64
         }
     };
     Ok(count)

@@ -145,13 +145,20 @@ async fn an_engine_page_shows_pollers_and_parked_rows_and_retries_in_read_write_
     assert!(consumer.delivered_ids().contains(&id));
     assert_eq!(store.counts(&key()).await.map(|c| c.pending).unwrap(), 0);
 
-    // Discarding what is no longer parked counts nothing.
+    // Discarding what is no longer parked is refused, naming the id (as the command line does).
     let discarded = send(
         &app,
         post("/api/pollers/items/parked/discard", &json!({ "ids": [id] })),
     )
     .await;
-    assert_eq!(discarded.body, json!({ "discarded": 0 }));
+    assert_eq!(discarded.status, StatusCode::NOT_FOUND);
+    assert_eq!(discarded.body["error"]["code"], "NOT_FOUND");
+    assert_eq!(
+        discarded.body["error"]["message"],
+        format!(
+            "nothing was discarded: this id does not apply on items/: {id} (no such parked row)"
+        )
+    );
 }
 
 #[tokio::test]

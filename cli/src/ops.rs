@@ -1,6 +1,5 @@
 //! The operations, on a store alone: what each command does, without rendering.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,7 +7,7 @@ use serde::Serialize;
 use watukuy_core::{
     clock::{Clock, SystemClock},
     ops,
-    store::{PKey, ParkedKind, ParkedQuery, ParkedRow, PollerState, Store},
+    store::{PKey, ParkedKind, ParkedRow, PollerState, Store},
 };
 
 use crate::CliError;
@@ -105,67 +104,19 @@ impl Session {
         Ok(self.store.migrate().await?)
     }
 
-    /// The keys of the store (of one poller), sorted.
+    /// The keys of the store (of one poller), sorted ([`ops::stored_keys`]).
     pub async fn keys(&self, poller: Option<&str>) -> Result<Vec<PKey>, CliError> {
-        let mut keys = self.store.list_keys(poller).await?;
-        keys.sort();
-        if let Some(name) = poller
-            && keys.is_empty()
-        {
-            return Err(self.unknown_poller(name).await);
-        }
-        Ok(keys)
+        Ok(ops::stored_keys(&*self.store, poller).await?)
     }
 
     /// The key a command works on: the poller must have keys in the store; a partitioned
-    /// poller needs `partition`, and the partition must exist.
+    /// poller needs `partition`, and the partition must exist ([`ops::stored_key`]).
     pub async fn key(&self, poller: &str, partition: Option<&str>) -> Result<PKey, CliError> {
-        let keys = self.keys(Some(poller)).await?;
-        let known = || {
-            keys.iter()
-                .map(|k| format!("'{}'", k.partition))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let partition = partition.unwrap_or("");
-        if keys.iter().any(|k| k.partition == partition) {
-            return Ok(PKey::new(poller, partition));
-        }
-        if partition.is_empty() {
-            return Err(CliError::config(format!(
-                "poller '{poller}' is partitioned; pass --partition (partitions in the store: {})",
-                known()
-            )));
-        }
-        Err(CliError::new(
-            "UNKNOWN_PARTITION",
-            format!(
-                "poller '{poller}' has no partition '{partition}' in the store (partitions: {})",
-                known()
-            ),
-        ))
+        Ok(ops::stored_key(&*self.store, poller, partition).await?)
     }
 
-    async fn unknown_poller(&self, name: &str) -> CliError {
-        let known: BTreeSet<String> = match self.store.list_keys(None).await {
-            Ok(keys) => keys.into_iter().map(|k| k.poller).collect(),
-            Err(error) => return error.into(),
-        };
-        let known = if known.is_empty() {
-            "the store holds no poller yet".to_owned()
-        } else {
-            format!(
-                "pollers in the store: {}",
-                known.into_iter().collect::<Vec<_>>().join(", ")
-            )
-        };
-        CliError::new(
-            "UNKNOWN_POLLER",
-            format!("unknown poller '{name}': the store has no key for it ({known})"),
-        )
-    }
-
-    /// What the store holds about every key (of one poller, of one partition).
+    /// What the store holds about every key (of one poller, of one partition), as
+    /// [`ops::inspect_store`] reads it.
     ///
     /// Every field is read from the store as [`watukuy_core::Engine::inspect`] reads it, with two
     /// differences that come from not having the pollers' code: a key whose state was never
@@ -177,26 +128,12 @@ impl Session {
         poller: Option<&str>,
         partition: Option<&str>,
     ) -> Result<Report, CliError> {
-        let keys = match (poller, partition) {
-            (Some(name), Some(_)) => vec![self.key(name, partition).await?],
-            _ => self.keys(poller).await?,
-        };
         let now = self.now();
-        let mut pollers = Vec::with_capacity(keys.len());
-        for key in keys {
-            pollers.push(self.inspect_key(&key, now).await?);
-        }
         Ok(Report {
             store: self.label.clone(),
             generated_at: now,
-            pollers,
+            pollers: ops::inspect_store(&*self.store, poller, partition, now).await?,
         })
-    }
-
-    async fn inspect_key(&self, key: &PKey, now: i64) -> Result<KeyInspect, CliError> {
-        let initial = PollerState::zero(now);
-        let lag = watukuy_core::cursor::persisted_lag_ms;
-        Ok(ops::inspect_key(&*self.store, key, now, initial, lag).await?)
     }
 
     /// Parked rows of a key, oldest first (filtered by id and kind).
@@ -207,105 +144,33 @@ impl Session {
         kind: Option<ParkedKind>,
         limit: Option<usize>,
     ) -> Result<Vec<ParkedRow>, CliError> {
-        let mut query = ParkedQuery::default();
-        query.kind = kind;
-        query.limit = if ids.is_some() { None } else { limit };
-        let mut rows = self.store.list_parked(key, query).await?;
-        if let Some(ids) = ids {
-            rows.retain(|row| ids.contains(&row.id));
-            if let Some(limit) = limit {
-                rows.truncate(limit);
-            }
-        }
-        Ok(rows)
+        let selection = selection(ids, kind, limit);
+        Ok(ops::list_parked(&*self.store, key, &selection).await?)
     }
 
     /// Moves poison rows back to the outbox (every poison row of the key when `ids` is
-    /// `None`). Returns the ids that moved. The key's next run delivers them.
+    /// `None`), with the rules of [`ops::retry_parked`]. Returns the ids that moved. The key's
+    /// next run delivers them.
     pub async fn retry_parked(
         &self,
         key: &PKey,
         ids: Option<&[String]>,
         kind: Option<ParkedKind>,
     ) -> Result<Vec<String>, CliError> {
-        if kind == Some(ParkedKind::Invalid) {
-            return Err(CliError::config(
-                "quarantined (invalid) items cannot be retried: they never became events; fix \
-                 the data or the poller's check (the next poll sees the item again), then \
-                 discard the rows",
-            ));
-        }
-        let rows = self
-            .parked(key, ids, Some(ParkedKind::Poison), None)
-            .await?;
-        self.check_ids(key, ids, &rows, "retried").await?;
-        let ids: Vec<String> = rows.into_iter().map(|r| r.id).collect();
-        if ids.is_empty() {
-            return Ok(ids);
-        }
-        self.store
-            .resolve_parked(key, &ids, watukuy_core::store::ParkedAction::Retry)
-            .await?;
-        Ok(ids)
+        let selection = selection(ids, kind, None);
+        Ok(ops::retry_parked(&*self.store, key, &selection).await?)
     }
 
-    /// Deletes parked rows (every row of the key, of `kind`, when `ids` is `None`). Returns the
-    /// ids removed.
+    /// Deletes parked rows (every row of the key, of `kind`, when `ids` is `None`), with the
+    /// rules of [`ops::discard_parked`]. Returns the ids removed.
     pub async fn discard_parked(
         &self,
         key: &PKey,
         ids: Option<&[String]>,
         kind: Option<ParkedKind>,
     ) -> Result<Vec<String>, CliError> {
-        let rows = self.parked(key, ids, kind, None).await?;
-        self.check_ids(key, ids, &rows, "discarded").await?;
-        let ids: Vec<String> = rows.into_iter().map(|r| r.id).collect();
-        if ids.is_empty() {
-            return Ok(ids);
-        }
-        self.store
-            .resolve_parked(key, &ids, watukuy_core::store::ParkedAction::Discard)
-            .await?;
-        Ok(ids)
-    }
-
-    /// Every asked id must name a row that the operation applies to.
-    async fn check_ids(
-        &self,
-        key: &PKey,
-        ids: Option<&[String]>,
-        rows: &[ParkedRow],
-        what: &str,
-    ) -> Result<(), CliError> {
-        let Some(ids) = ids else { return Ok(()) };
-        let missing: Vec<&String> = ids
-            .iter()
-            .filter(|id| !rows.iter().any(|r| &&r.id == id))
-            .collect();
-        if missing.is_empty() {
-            return Ok(());
-        }
-        let all = self.store.list_parked(key, ParkedQuery::default()).await?;
-        let explain = |id: &String| match all.iter().find(|r| &r.id == id) {
-            Some(row) => format!("{id} (kind {})", row.kind.as_str()),
-            None => format!("{id} (no such parked row)"),
-        };
-        Err(CliError::new(
-            "NOT_FOUND",
-            format!(
-                "nothing was {what}: {} on {key}: {}",
-                if missing.len() == 1 {
-                    "this id does not apply"
-                } else {
-                    "these ids do not apply"
-                },
-                missing
-                    .into_iter()
-                    .map(explain)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        ))
+        let selection = selection(ids, kind, None);
+        Ok(ops::discard_parked(&*self.store, key, &selection).await?)
     }
 
     async fn state(&self, key: &PKey) -> Result<PollerState, CliError> {
@@ -390,6 +255,25 @@ impl Session {
         )
         .await?)
     }
+}
+
+/// The parked rows `--ids`, `--kind` and `--limit` select.
+fn selection(
+    ids: Option<&[String]>,
+    kind: Option<ParkedKind>,
+    limit: Option<usize>,
+) -> ops::ParkedSelection {
+    let mut selection = match ids {
+        Some(ids) => ops::ParkedSelection::ids(ids.iter().cloned()),
+        None => ops::ParkedSelection::all(),
+    };
+    if let Some(kind) = kind {
+        selection = selection.kind(kind);
+    }
+    if let Some(limit) = limit {
+        selection = selection.limit(limit);
+    }
+    selection
 }
 
 /// The JSON kind and, for objects, the sorted keys: what must not change across a reset.

@@ -299,7 +299,7 @@ async fn tour(b: Arc<Backend>) {
         error.message
     );
     assert!(
-        error.message.contains("pollers in the store: items"),
+        error.message.contains("known pollers: 'items'"),
         "{}",
         error.message
     );
@@ -341,12 +341,13 @@ async fn partitions(b: Arc<Backend>) {
         .cli(&world, &["pause", "--poller", "tenants"])
         .await
         .unwrap_err();
-    assert_eq!((error.code.as_str(), error.exit_code), ("CONFIG", 1));
-    assert!(
-        error.message.contains("partitioned; pass --partition")
-            && error.message.contains("'acme', 'globex'"),
-        "{}",
-        error.message
+    assert_eq!(
+        (error.code.as_str(), error.exit_code),
+        ("UNKNOWN_PARTITION", 1)
+    );
+    assert_eq!(
+        error.message,
+        "poller 'tenants' is partitioned: name a partition (partitions: 'acme', 'globex')"
     );
     b.cli(
         &world,
@@ -451,7 +452,14 @@ async fn parked_kinds(b: Arc<Backend>) {
         )
         .await
         .unwrap_err();
-    assert!(error.message.contains("kind invalid"), "{}", error.message);
+    assert_eq!(error.code, "CONFIG");
+    assert!(
+        error.message.contains(&format!(
+            "{invalid_id} quarantined (invalid): quarantined items cannot be retried"
+        )),
+        "{}",
+        error.message
+    );
 
     consumer.heal();
     let out = b

@@ -38,6 +38,10 @@ pub enum ErrorCode {
     UnknownPoller,
     /// The store or configuration does not support the operation.
     Unsupported,
+    /// The key has no such partition.
+    UnknownPartition,
+    /// What an operation names does not exist (a parked row's id).
+    NotFound,
 }
 
 impl ErrorCode {
@@ -56,6 +60,8 @@ impl ErrorCode {
             ErrorCode::NotRunning => "NOT_RUNNING",
             ErrorCode::UnknownPoller => "UNKNOWN_POLLER",
             ErrorCode::Unsupported => "UNSUPPORTED",
+            ErrorCode::UnknownPartition => "UNKNOWN_PARTITION",
+            ErrorCode::NotFound => "NOT_FOUND",
         }
     }
 }
@@ -197,6 +203,43 @@ pub enum Error {
         /// Details.
         message: String,
     },
+    /// The store holds no key for that partition of the poller (`partition` is `""` when none
+    /// was named for a partitioned poller).
+    #[error("{}", unknown_partition(poller, partition, known))]
+    UnknownPartition {
+        /// The poller.
+        poller: String,
+        /// The partition asked for.
+        partition: String,
+        /// The poller's partitions that exist, sorted.
+        known: Vec<String>,
+    },
+    /// What an operation names does not exist, or is not what the operation applies to (a
+    /// parked row's id); the message names each and says why.
+    #[error("{message}")]
+    NotFound {
+        /// What was not found.
+        message: String,
+    },
+}
+
+/// Why a partition cannot be used, with the partitions that can.
+fn unknown_partition(poller: &str, partition: &str, known: &[String]) -> String {
+    let names: Vec<String> = known.iter().map(|name| format!("'{name}'")).collect();
+    match (partition, names.as_slice()) {
+        (_, []) => format!("poller '{poller}' has no key yet"),
+        ("", _) => format!(
+            "poller '{poller}' is partitioned: name a partition (partitions: {})",
+            names.join(", ")
+        ),
+        (_, [only]) if only == "''" => {
+            format!("poller '{poller}' is not partitioned; got partition '{partition}'")
+        }
+        _ => format!(
+            "poller '{poller}' has no partition '{partition}' (partitions: {})",
+            names.join(", ")
+        ),
+    }
 }
 
 /// `known pollers: 'a', 'b'`, or that there are none.
@@ -224,6 +267,8 @@ impl Error {
             Error::NotRunning { .. } => ErrorCode::NotRunning,
             Error::UnknownPoller { .. } => ErrorCode::UnknownPoller,
             Error::Unsupported { .. } => ErrorCode::Unsupported,
+            Error::UnknownPartition { .. } => ErrorCode::UnknownPartition,
+            Error::NotFound { .. } => ErrorCode::NotFound,
         }
     }
 

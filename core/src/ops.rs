@@ -7,6 +7,11 @@
 //! read of the state. A replay takes the key's lease (retrying while another instance holds it)
 //! and renews it between pages.
 //!
+//! Parked rows are listed, retried and discarded here too, with one set of rules (a
+//! quarantined item cannot be retried; an id that names no row is an error naming it), and a
+//! tool without the pollers' code finds the keys a request names, and inspects them, from the
+//! store alone ([`stored_key`], [`inspect_store`]).
+//!
 //! Each function takes the `initial` state to assume for a key whose state was never saved:
 //! the engine passes the poller's initial schedule, a tool without the poller's code
 //! [`PollerState::zero`].
@@ -26,6 +31,12 @@ use crate::schedule;
 
 pub use crate::engine::{InspectReport, PollerInspect};
 use crate::store::Store;
+
+mod keys;
+mod parked;
+
+pub use keys::{inspect_store, stored_key, stored_keys};
+pub use parked::{ParkedSelection, discard_parked, list_parked, retry_parked};
 
 /// Log entries copied per commit by [`replay`].
 pub const REPLAY_PAGE: usize = 500;

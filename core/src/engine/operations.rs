@@ -222,26 +222,32 @@ impl Engine {
     }
 
     /// Moves parked poison events back to the outbox (their hold released) and wakes the key.
+    /// Returns how many moved. Each id must name a poison row of the key: a quarantined item
+    /// cannot be retried ([`Error::Config`]) and an unknown id is [`Error::NotFound`], naming
+    /// it; then nothing moves (the rules of [`ops::retry_parked`](crate::ops::retry_parked)).
     pub async fn retry_parked(
         &self,
         name: &str,
         partition: Option<&str>,
         ids: &[String],
     ) -> Result<u64> {
-        let (key, rt) = self.key_for(name, partition)?;
-        self.woken(&key, rt.dispatcher.retry_parked(&key, ids))
-            .await
+        let (key, _) = self.key_for(name, partition)?;
+        let selection = crate::ops::ParkedSelection::ids(ids.iter().cloned());
+        let retried = crate::ops::retry_parked(&*self.inner.shared.store, &key, &selection);
+        Ok(self.woken(&key, retried).await?.len() as u64)
     }
 
-    /// Deletes parked rows (releasing their hold).
+    /// Deletes parked rows (releasing their hold). Returns how many were removed. Each id must
+    /// name a parked row of the key, else [`Error::NotFound`] names it and nothing is removed.
     pub async fn discard_parked(
         &self,
         name: &str,
         partition: Option<&str>,
         ids: &[String],
     ) -> Result<u64> {
-        let (key, rt) = self.key_for(name, partition)?;
-        self.woken(&key, rt.dispatcher.discard_parked(&key, ids))
-            .await
+        let (key, _) = self.key_for(name, partition)?;
+        let selection = crate::ops::ParkedSelection::ids(ids.iter().cloned());
+        let discarded = crate::ops::discard_parked(&*self.inner.shared.store, &key, &selection);
+        Ok(self.woken(&key, discarded).await?.len() as u64)
     }
 }

@@ -295,18 +295,22 @@ impl Dispatcher {
     }
 
     /// Moves parked poison events back to the outbox as pending (releasing their hold); the next
-    /// drain delivers them, then their key's successors in order. Returns how many moved.
+    /// drain delivers them, then their key's successors in order. Returns how many moved. The
+    /// rules of [`ops::retry_parked`](crate::ops::retry_parked): each id must name a poison row
+    /// of the key, else nothing moves.
     pub async fn retry_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
-        self.store
-            .resolve_parked(key, ids, crate::model::ParkedAction::Retry)
-            .await
+        let selection = crate::ops::ParkedSelection::ids(ids.iter().cloned());
+        let retried = crate::ops::retry_parked(&*self.store, key, &selection).await?;
+        Ok(retried.len() as u64)
     }
 
-    /// Deletes parked rows (releasing their hold). Returns how many were removed.
+    /// Deletes parked rows (releasing their hold). Returns how many were removed. Each id must
+    /// name a parked row of the key, else nothing is removed
+    /// ([`ops::discard_parked`](crate::ops::discard_parked)).
     pub async fn discard_parked(&self, key: &PKey, ids: &[String]) -> Result<u64> {
-        self.store
-            .resolve_parked(key, ids, crate::model::ParkedAction::Discard)
-            .await
+        let selection = crate::ops::ParkedSelection::ids(ids.iter().cloned());
+        let discarded = crate::ops::discard_parked(&*self.store, key, &selection).await?;
+        Ok(discarded.len() as u64)
     }
 }
 

@@ -1,0 +1,239 @@
+//! `ops` against the memory store: the rules of parked rows (list, retry, discard) and how a
+//! request names a key, which the engine, the command line and the admin page all go through.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use watukuy_conformance::world::{Consumer, POLLER, StrategyKind, World, key};
+use watukuy_core::store::{PKey, ParkedKind, Store, ValidationIssue};
+use watukuy_core::{Error, ErrorCode, ops};
+use watukuy_store_memory::MemoryStore;
+
+/// A store holding the parked rows of one tick: item-001 and item-003 poison (their handler
+/// fails), item-004 quarantined (its check fails). The rows' ids, by kind.
+struct Parked {
+    store: Arc<dyn Store>,
+    poison: Vec<String>,
+    invalid: String,
+}
+
+async fn parked() -> Parked {
+    let world = World::new(4, 10).unwrap();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let consumer = Consumer::failing("cannot handle", &["item-001", "item-003"]);
+    let poller = world
+        .poller(StrategyKind::Timestamp)
+        .check(|item: &Value| {
+            if item["id"] == "item-004" {
+                Err(vec![ValidationIssue {
+                    message: "value too large".into(),
+                    path: Some(vec!["value".into()]),
+                }])
+            } else {
+                Ok(())
+            }
+        })
+        .build()
+        .unwrap();
+    let engine = watukuy_core::Engine::builder(Arc::clone(&store))
+        .poller(poller)
+        .clock(Arc::new(world.clock.clone()))
+        .instance_id("node-a")
+        .build()
+        .unwrap();
+    consumer.attach(&engine).unwrap();
+    world.tick(&engine).await.unwrap();
+    let rows = ops::list_parked(&*store, &key(), &ops::ParkedSelection::all())
+        .await
+        .unwrap();
+    let ids = |kind: ParkedKind| -> Vec<String> {
+        rows.iter()
+            .filter(|row| row.kind == kind)
+            .map(|row| row.id.clone())
+            .collect()
+    };
+    let (poison, invalid) = (ids(ParkedKind::Poison), ids(ParkedKind::Invalid));
+    assert_eq!((poison.len(), invalid.len()), (2, 1), "{rows:#?}");
+    Parked {
+        store,
+        poison,
+        invalid: invalid[0].clone(),
+    }
+}
+
+async fn parked_count(store: &dyn Store) -> u64 {
+    store.counts(&key()).await.unwrap().parked
+}
+
+async fn listed(store: &dyn Store, selection: ops::ParkedSelection) -> Vec<String> {
+    ops::list_parked(store, &key(), &selection)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|row| row.id)
+        .collect()
+}
+
+#[tokio::test]
+async fn listing_selects_by_kind_id_and_limit() {
+    let p = parked().await;
+    let store = &*p.store;
+    let poison = ops::ParkedSelection::all().kind(ParkedKind::Poison);
+    assert_eq!(listed(store, poison).await, p.poison);
+    let invalid = ops::ParkedSelection::all().kind(ParkedKind::Invalid);
+    assert_eq!(
+        listed(store, invalid).await,
+        std::slice::from_ref(&p.invalid)
+    );
+    assert_eq!(
+        listed(store, ops::ParkedSelection::all().limit(1))
+            .await
+            .len(),
+        1
+    );
+    let by_id = ops::ParkedSelection::ids([p.poison[1].as_str(), "nope"]);
+    assert_eq!(listed(store, by_id).await, [p.poison[1].clone()]);
+}
+
+#[tokio::test]
+async fn a_quarantined_item_cannot_be_retried_and_nothing_moves() {
+    let p = parked().await;
+    let store = &*p.store;
+    let by_kind = ops::ParkedSelection::all().kind(ParkedKind::Invalid);
+    let error = ops::retry_parked(store, &key(), &by_kind)
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::Config);
+    assert!(
+        error
+            .to_string()
+            .contains("quarantined items cannot be retried"),
+        "{error}"
+    );
+    let by_id = ops::ParkedSelection::ids([p.invalid.clone()]);
+    let error = ops::retry_parked(store, &key(), &by_id).await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::Config);
+    assert!(
+        error
+            .to_string()
+            .contains(&format!("{} quarantined (invalid)", p.invalid)),
+        "{error}"
+    );
+    // A poison id and the quarantined one together: still nothing moves.
+    let mixed = ops::ParkedSelection::ids([p.poison[0].clone(), p.invalid.clone()]);
+    let error = ops::retry_parked(store, &key(), &mixed).await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::Config, "{error}");
+    assert_eq!(parked_count(store).await, 3);
+}
+
+#[tokio::test]
+async fn an_id_that_names_no_row_is_not_found_and_nothing_moves() {
+    let p = parked().await;
+    let store = &*p.store;
+    let selection = ops::ParkedSelection::ids([p.poison[0].clone(), "evt-nope".to_owned()]);
+    let error = ops::retry_parked(store, &key(), &selection)
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::NotFound);
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "nothing was retried: this id does not apply on {}: evt-nope (no such parked row)",
+            key()
+        )
+    );
+    let error = ops::discard_parked(store, &key(), &selection)
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::NotFound);
+    assert!(
+        error.to_string().starts_with("nothing was discarded: "),
+        "{error}"
+    );
+    assert_eq!(parked_count(store).await, 3);
+}
+
+#[tokio::test]
+async fn retry_moves_poison_rows_and_discard_removes_any_kind() {
+    let p = parked().await;
+    let store = &*p.store;
+    let retried = ops::retry_parked(store, &key(), &ops::ParkedSelection::all())
+        .await
+        .unwrap();
+    assert_eq!(
+        retried, p.poison,
+        "every poison row, none of the quarantined"
+    );
+    assert_eq!(store.counts(&key()).await.unwrap().pending, 2);
+    let discarded = ops::discard_parked(
+        store,
+        &key(),
+        &ops::ParkedSelection::ids([p.invalid.clone()]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(discarded, std::slice::from_ref(&p.invalid));
+    assert_eq!(parked_count(store).await, 0);
+    // Nothing left: a selection of everything does nothing, and its answer is empty.
+    let none = ops::discard_parked(store, &key(), &ops::ParkedSelection::all())
+        .await
+        .unwrap();
+    assert!(none.is_empty());
+}
+
+#[tokio::test]
+async fn a_request_names_a_key_the_store_holds() {
+    let p = parked().await;
+    let store = &*p.store;
+    assert_eq!(ops::stored_key(store, POLLER, None).await.unwrap(), key());
+    assert_eq!(ops::stored_keys(store, None).await.unwrap(), [key()]);
+
+    let error = ops::stored_key(store, "nope", None).await.unwrap_err();
+    assert!(
+        matches!(&error, Error::UnknownPoller { known, .. } if known == &[POLLER.to_owned()]),
+        "{error:?}"
+    );
+    assert_eq!(
+        error.to_string(),
+        format!("unknown poller 'nope' (known pollers: '{POLLER}')")
+    );
+    let error = ops::stored_key(store, POLLER, Some("eu"))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::UnknownPartition);
+    assert_eq!(
+        error.to_string(),
+        format!("poller '{POLLER}' is not partitioned; got partition 'eu'")
+    );
+
+    // A partitioned poller's keys: one must be named, and it must exist.
+    for key in [PKey::new("regions", "eu"), PKey::new("regions", "us")] {
+        ops::pause(store, &key, 0).await.unwrap();
+    }
+    let error = ops::stored_key(store, "regions", None).await.unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "poller 'regions' is partitioned: name a partition (partitions: 'eu', 'us')"
+    );
+    let error = ops::stored_key(store, "regions", Some("apac"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "poller 'regions' has no partition 'apac' (partitions: 'eu', 'us')"
+    );
+
+    let all = ops::inspect_store(store, None, None, 0).await.unwrap();
+    let names: Vec<(&str, &str)> = all
+        .iter()
+        .map(|k| (k.poller.as_str(), k.partition.as_str()))
+        .collect();
+    assert_eq!(names, [(POLLER, ""), ("regions", "eu"), ("regions", "us")]);
+    assert_eq!(all[0].parked, 3);
+    assert!(all[1].paused);
+    let one = ops::inspect_store(store, Some("regions"), Some("us"), 0)
+        .await
+        .unwrap();
+    assert_eq!(one.len(), 1);
+    assert_eq!(one[0].partition, "us");
+}
