@@ -14,8 +14,8 @@ use tower::ServiceExt as _;
 use watukuy_admin::{AdminState, Mode, router};
 use watukuy_cli::Session;
 use watukuy_cli::args::Cli;
-use watukuy_conformance::world::{Consumer, POLLER, StrategyKind, World, key};
-use watukuy_core::store::{ParkedKind, ParkedQuery, Store, ValidationIssue};
+use watukuy_conformance::world::{Consumer, POLLER, World, key};
+use watukuy_core::store::{ParkedKind, ParkedQuery, Store};
 use watukuy_core::{Engine, ops};
 use watukuy_store_memory::MemoryStore;
 
@@ -48,27 +48,7 @@ async fn parked() -> Parked {
     let world = World::new(4, 10).unwrap();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let consumer = Consumer::failing("cannot handle", &["item-001", "item-003"]);
-    let poller = world
-        .poller(StrategyKind::Timestamp)
-        .check(|item: &Value| {
-            if item["id"] == "item-004" {
-                Err(vec![ValidationIssue {
-                    message: "value too large".into(),
-                    path: None,
-                }])
-            } else {
-                Ok(())
-            }
-        })
-        .build()
-        .unwrap();
-    let engine = Engine::builder(Arc::clone(&store))
-        .poller(poller)
-        .clock(Arc::new(world.clock.clone()))
-        .instance_id("node-a")
-        .build()
-        .unwrap();
-    consumer.attach(&engine).unwrap();
+    let engine = world.parking_engine(Arc::clone(&store), &consumer).unwrap();
     world.tick(&engine).await.unwrap();
     let rows = store
         .list_parked(&key(), ParkedQuery::default())

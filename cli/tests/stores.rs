@@ -399,27 +399,7 @@ async fn parked_kinds(b: Arc<Backend>) {
     let world = World::new(4, 10).unwrap();
     let consumer = failing(&["item-001", "item-003"]);
     let store = &b.store;
-    let poller = world
-        .poller(watukuy_conformance::world::StrategyKind::Timestamp)
-        .check(|item: &Value| {
-            if item["id"] == "item-004" {
-                Err(vec![watukuy_core::store::ValidationIssue {
-                    message: "value too large".into(),
-                    path: Some(vec!["value".into()]),
-                }])
-            } else {
-                Ok(())
-            }
-        })
-        .build()
-        .unwrap();
-    let engine = watukuy_core::Engine::builder(Arc::clone(store))
-        .poller(poller)
-        .clock(Arc::new(world.clock.clone()))
-        .instance_id("node-a")
-        .build()
-        .unwrap();
-    consumer.attach(&engine).unwrap();
+    let engine = world.parking_engine(Arc::clone(store), &consumer).unwrap();
     world.tick(&engine).await.unwrap();
     let key = key();
     assert_eq!(store.counts(&key).await.map(|c| c.parked).unwrap(), 3);

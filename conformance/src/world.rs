@@ -12,7 +12,7 @@ use watukuy_core::{
     backoff::Backoff,
     clock::{Clock, ManualClock, TokioClock},
     rng::SeededRng,
-    store::{PKey, Store},
+    store::{PKey, Store, ValidationIssue},
 };
 
 use crate::cases::fixtures::T0;
@@ -228,6 +228,29 @@ impl World {
             .log(Duration::from_secs(86_400))
             .build()?;
         let engine = self.engine(store, "node-a", poller, seed)?;
+        consumer.attach(&engine)?;
+        Ok(engine)
+    }
+
+    /// An engine as node-a polling this world (of at least four items) into `store`, whose
+    /// first tick parks three rows: `item-001` and `item-003` poison (`consumer`, attached, fails
+    /// them: build it with [`Consumer::failing`]), `item-004` quarantined (its check fails with
+    /// "value too large"). What the operators' tools retry and discard.
+    pub fn parking_engine(&self, store: Arc<dyn Store>, consumer: &Consumer) -> Result<Engine> {
+        let poller = self
+            .poller(StrategyKind::Timestamp)
+            .check(|item: &serde_json::Value| {
+                if item["id"] == "item-004" {
+                    Err(vec![ValidationIssue {
+                        message: "value too large".into(),
+                        path: Some(vec!["value".into()]),
+                    }])
+                } else {
+                    Ok(())
+                }
+            })
+            .build()?;
+        let engine = self.engine(store, "node-a", poller, 1)?;
         consumer.attach(&engine)?;
         Ok(engine)
     }

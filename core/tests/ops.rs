@@ -3,9 +3,8 @@
 
 use std::sync::Arc;
 
-use serde_json::Value;
-use watukuy_conformance::world::{Consumer, POLLER, StrategyKind, World, key};
-use watukuy_core::store::{PKey, ParkedKind, Store, ValidationIssue};
+use watukuy_conformance::world::{Consumer, POLLER, World, key};
+use watukuy_core::store::{PKey, ParkedKind, Store};
 use watukuy_core::{Error, ErrorCode, ops};
 use watukuy_store_memory::MemoryStore;
 
@@ -21,27 +20,7 @@ async fn parked() -> Parked {
     let world = World::new(4, 10).unwrap();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let consumer = Consumer::failing("cannot handle", &["item-001", "item-003"]);
-    let poller = world
-        .poller(StrategyKind::Timestamp)
-        .check(|item: &Value| {
-            if item["id"] == "item-004" {
-                Err(vec![ValidationIssue {
-                    message: "value too large".into(),
-                    path: Some(vec!["value".into()]),
-                }])
-            } else {
-                Ok(())
-            }
-        })
-        .build()
-        .unwrap();
-    let engine = watukuy_core::Engine::builder(Arc::clone(&store))
-        .poller(poller)
-        .clock(Arc::new(world.clock.clone()))
-        .instance_id("node-a")
-        .build()
-        .unwrap();
-    consumer.attach(&engine).unwrap();
+    let engine = world.parking_engine(Arc::clone(&store), &consumer).unwrap();
     world.tick(&engine).await.unwrap();
     let rows = ops::list_parked(&*store, &key(), &ops::ParkedSelection::all())
         .await

@@ -16,20 +16,16 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Relay, broker_url, ctx, event, free_port};
+use common::{Outage, Relay, broker_url, ctx, event, free_port};
 use redis::AsyncCommands;
 use serde_json::{Value, json};
-use watukuy_conformance::world::{POLLER, StrategyKind, World};
 use watukuy_core::{
-    DeliveryOptions, EventType,
+    EventType,
     delivery::{Handler, HandlerErrorKind},
-    store::{ParkedQuery, Store},
 };
 use watukuy_sinks::{BULLMQ_VERSIONS, BullMqSink, JobAdded, serialize_event};
-use watukuy_store_memory::MemoryStore;
 
 fn redis_url() -> String {
     broker_url("WATUKUY_TEST_REDIS_URL", "BullMQ (Redis)")
@@ -346,43 +342,13 @@ async fn redis_cut_off_mid_run_keeps_events_in_the_outbox_then_adds_them_all() {
         .unwrap()
         .timeout(Duration::from_secs(2));
 
-    let world = World::new(3, 10).unwrap();
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let poller = world
-        .poller(StrategyKind::Timestamp)
-        .delivery(DeliveryOptions::default().attempts(1_000))
-        .build()
-        .unwrap();
-    let engine = world
-        .engine(Arc::clone(&store), "node-a", poller, 7)
-        .unwrap();
-    engine.on(POLLER, sink).unwrap();
-
-    // Redis goes away before the run delivers: the cycle commits, every delivery fails
-    // transiently, the events stay in the outbox.
+    let run = Outage::new(sink);
+    // Redis goes away before the run delivers.
     relay.stop().await;
-    let result = world.tick(&engine).await.unwrap();
-    assert_eq!(result.delivered, 0, "{result:?}");
-    let key = watukuy_conformance::world::key();
-    assert_eq!(store.counts(&key).await.unwrap().pending, 3);
-
+    run.tick_while_down().await;
     // Redis is back: retries deliver everything, nothing is parked.
     let relay = Relay::start(port, upstream).await;
-    let mut delivered = 0;
-    for _ in 0..50 {
-        world.advance(Duration::from_secs(60));
-        delivered += world.tick(&engine).await.unwrap().delivered;
-        if delivered >= 3 {
-            break;
-        }
-    }
-    assert_eq!(delivered, 3);
-    assert_eq!(store.counts(&key).await.unwrap().pending, 0);
-    let parked = engine
-        .list_parked(POLLER, None, ParkedQuery::default())
-        .await
-        .unwrap();
-    assert!(parked.is_empty(), "{parked:?}");
+    run.deliver_all().await;
     let mut conn = redis().await;
     let wait: Vec<String> = conn
         .lrange(format!("{prefix}:orders:wait"), 0, -1)

@@ -16,20 +16,16 @@ mod common;
 mod tansu;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Relay, ctx, event, free_port};
+use common::{Outage, Relay, ctx, event, free_port};
 use serde_json::Value;
 use tansu::{Read, Tansu};
-use watukuy_conformance::world::{POLLER, StrategyKind, World};
 use watukuy_core::{
-    DeliveryOptions, Event, EventType,
+    Event, EventType,
     delivery::{Handler, HandlerErrorKind},
-    store::{ParkedQuery, Store},
 };
 use watukuy_sinks::{KafkaFormat, KafkaOptions, KafkaSink};
-use watukuy_store_memory::MemoryStore;
 
 /// `2026-01-01T00:00:00.000Z`, the time of `common::event`, in milliseconds.
 const EVENT_TIME_MS: i64 = 1_767_225_600_000;
@@ -290,43 +286,13 @@ async fn broker_cut_off_mid_run_keeps_events_in_the_outbox_then_produces_them_al
     )
     .unwrap();
 
-    let world = World::new(3, 10).unwrap();
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let poller = world
-        .poller(StrategyKind::Timestamp)
-        .delivery(DeliveryOptions::default().attempts(1_000))
-        .build()
-        .unwrap();
-    let engine = world
-        .engine(Arc::clone(&store), "node-a", poller, 7)
-        .unwrap();
-    engine.on(POLLER, sink).unwrap();
-
-    // The broker goes away before the run delivers: the cycle commits, every delivery fails
-    // transiently, the events stay in the outbox.
+    let run = Outage::new(sink);
+    // The broker goes away before the run delivers.
     relay.stop().await;
-    let result = world.tick(&engine).await.unwrap();
-    assert_eq!(result.delivered, 0, "{result:?}");
-    let key = watukuy_conformance::world::key();
-    assert_eq!(store.counts(&key).await.unwrap().pending, 3);
-
+    run.tick_while_down().await;
     // The broker is back: retries deliver everything, nothing is parked.
     let relay = Relay::start(port, upstream).await;
-    let mut delivered = 0;
-    for _ in 0..50 {
-        world.advance(Duration::from_secs(60));
-        delivered += world.tick(&engine).await.unwrap().delivered;
-        if delivered >= 3 {
-            break;
-        }
-    }
-    assert_eq!(delivered, 3);
-    assert_eq!(store.counts(&key).await.unwrap().pending, 0);
-    let parked = engine
-        .list_parked(POLLER, None, ParkedQuery::default())
-        .await
-        .unwrap();
-    assert!(parked.is_empty(), "{parked:?}");
+    run.deliver_all().await;
     let records = tansu.read("outage").await;
     let mut ids: Vec<&str> = records.iter().filter_map(|r| r.header("ce_id")).collect();
     ids.sort_unstable();

@@ -21,18 +21,15 @@ use std::time::Duration;
 use aws_sdk_sqs::config::retry::RetryConfig;
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_sqs::types::{Message, MessageSystemAttributeName, QueueAttributeName};
-use common::{Relay, ctx, event, free_port};
+use common::{Outage, Relay, ctx, event, free_port};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-use watukuy_conformance::world::{POLLER, StrategyKind, World};
 use watukuy_core::{
-    DeliveryOptions, Event, EventType,
+    Event, EventType,
     delivery::{Handler, HandlerErrorKind},
     json::Json,
-    store::{ParkedQuery, Store},
 };
 use watukuy_sinks::{EventFormat, SqsOptions, SqsSink, serialize_event};
-use watukuy_store_memory::MemoryStore;
 
 const REGION: &str = "eu-west-1";
 
@@ -627,43 +624,13 @@ async fn sqs_cut_off_mid_run_keeps_events_in_the_outbox_then_sends_them_all() {
     )
     .unwrap();
 
-    let world = World::new(3, 10).unwrap();
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let poller = world
-        .poller(StrategyKind::Timestamp)
-        .delivery(DeliveryOptions::default().attempts(1_000))
-        .build()
-        .unwrap();
-    let engine = world
-        .engine(Arc::clone(&store), "node-a", poller, 7)
-        .unwrap();
-    engine.on(POLLER, sink).unwrap();
-
-    // SQS goes away before the run delivers: the cycle commits, every delivery fails
-    // transiently, the events stay in the outbox.
+    let run = Outage::new(sink);
+    // SQS goes away before the run delivers.
     relay.stop().await;
-    let result = world.tick(&engine).await.unwrap();
-    assert_eq!(result.delivered, 0, "{result:?}");
-    let key = watukuy_conformance::world::key();
-    assert_eq!(store.counts(&key).await.unwrap().pending, 3);
-
+    run.tick_while_down().await;
     // SQS is back: retries deliver everything, nothing is parked.
     let relay = Relay::start(port, upstream).await;
-    let mut delivered = 0;
-    for _ in 0..50 {
-        world.advance(Duration::from_secs(60));
-        delivered += world.tick(&engine).await.unwrap().delivered;
-        if delivered >= 3 {
-            break;
-        }
-    }
-    assert_eq!(delivered, 3);
-    assert_eq!(store.counts(&key).await.unwrap().pending, 0);
-    let parked = engine
-        .list_parked(POLLER, None, ParkedQuery::default())
-        .await
-        .unwrap();
-    assert!(parked.is_empty(), "{parked:?}");
+    run.deliver_all().await;
     relay.stop().await;
     let messages = moto.drain(&url).await;
     let mut ids: Vec<&str> = messages

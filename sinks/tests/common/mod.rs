@@ -6,7 +6,13 @@ use std::sync::{Arc, Mutex};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use watukuy_core::{Event, EventType, HandlerContext, Partition, json::Json};
+use watukuy_conformance::world::{POLLER, StrategyKind, World, key};
+use watukuy_core::delivery::Handler;
+use watukuy_core::store::{ParkedQuery, Store};
+use watukuy_core::{
+    DeliveryOptions, Engine, Event, EventType, HandlerContext, Partition, json::Json,
+};
+use watukuy_store_memory::MemoryStore;
 
 /// An event of poller `poller` with the given id suffix (ids are 64 hex characters).
 pub fn event(poller: &str, n: u32, event_type: EventType) -> Event {
@@ -91,5 +97,69 @@ impl Relay {
             connection.abort();
             let _ = connection.await;
         }
+    }
+}
+
+/// An engine run of three events into a sink whose destination goes away: each sink's outage
+/// test cuts its destination off (stops its [`Relay`]), calls [`tick_while_down`], brings it
+/// back, calls [`deliver_all`], then reads the destination.
+///
+/// [`tick_while_down`]: Outage::tick_while_down
+/// [`deliver_all`]: Outage::deliver_all
+pub struct Outage {
+    world: World,
+    store: Arc<dyn Store>,
+    engine: Engine,
+}
+
+impl Outage {
+    /// An engine on a memory store polling three items, `sink` attached, retrying up to 1,000
+    /// times (so nothing parks while the destination is away).
+    pub fn new(sink: impl Handler + 'static) -> Self {
+        let world = World::new(3, 10).unwrap();
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let poller = world
+            .poller(StrategyKind::Timestamp)
+            .delivery(DeliveryOptions::default().attempts(1_000))
+            .build()
+            .unwrap();
+        let engine = world
+            .engine(Arc::clone(&store), "node-a", poller, 7)
+            .unwrap();
+        engine.on(POLLER, sink).unwrap();
+        Self {
+            world,
+            store,
+            engine,
+        }
+    }
+
+    /// One tick with the destination away: the cycle commits, every delivery fails
+    /// transiently, the three events stay in the outbox.
+    pub async fn tick_while_down(&self) {
+        let result = self.world.tick(&self.engine).await.unwrap();
+        assert_eq!(result.delivered, 0, "{result:?}");
+        assert_eq!(self.store.counts(&key()).await.unwrap().pending, 3);
+    }
+
+    /// With the destination back: ticks (a minute apart, on the world's clock) until the
+    /// retries delivered all three; the outbox is empty and nothing is parked.
+    pub async fn deliver_all(&self) {
+        let mut delivered = 0;
+        for _ in 0..50 {
+            self.world.advance(std::time::Duration::from_secs(60));
+            delivered += self.world.tick(&self.engine).await.unwrap().delivered;
+            if delivered >= 3 {
+                break;
+            }
+        }
+        assert_eq!(delivered, 3);
+        assert_eq!(self.store.counts(&key()).await.unwrap().pending, 0);
+        let parked = self
+            .engine
+            .list_parked(POLLER, None, ParkedQuery::default())
+            .await
+            .unwrap();
+        assert!(parked.is_empty(), "{parked:?}");
     }
 }
