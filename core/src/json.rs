@@ -8,7 +8,7 @@ use serde_json::value::RawValue;
 
 /// Serializes `value` into the JSON text a store writes (`what` names it in the error). watukuy's
 /// own types always serialize; a failure is still an error, not a panic: a non-transient store
-/// error of kind [`Rejected`](crate::store::StoreErrorKind::Rejected).
+/// error of kind [`Rejected`](crate::error::StoreErrorKind::Rejected).
 ///
 /// ```
 /// use watukuy_core::json::encode_for_store;
@@ -18,7 +18,7 @@ use serde_json::value::RawValue;
 pub fn encode_for_store<T: Serialize + ?Sized>(what: &str, value: &T) -> crate::Result<String> {
     serde_json::to_string(value).map_err(|e| {
         crate::Error::store_with(
-            crate::store::StoreErrorKind::Rejected,
+            crate::error::StoreErrorKind::Rejected,
             false,
             format!("cannot encode {what} as JSON"),
             e,

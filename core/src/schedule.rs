@@ -11,7 +11,6 @@ use crate::error::{Error, Result};
 use crate::model::{
     Circuit, LaneCursor, PollSummary, PollerState, RateLimitInfo, ScheduleState, SerializedError,
 };
-use crate::poller::PollerDef;
 
 /// When and how often a poller runs: `ScheduleOptions::default()`, then the setters.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -610,10 +609,10 @@ pub(crate) fn lane_failed(lane: &mut LaneCursor, options: &ScheduleOptions, u: f
     lane.retry_at = Some(now_ms.saturating_add(delay.max(1)));
 }
 
-/// When the reconcile lane is next due, if the poller has one: `every` after its last complete
-/// (or page-capped) listing, and not before a failure's backoff ends.
-pub(crate) fn reconcile_due_at(def: &PollerDef, state: &PollerState) -> Option<i64> {
-    let every = crate::clock::duration_ms(def.reconcile.as_ref()?.every);
+/// When the reconcile lane is next due, if the poller has one (`every`: its interval): `every`
+/// after its last complete (or page-capped) listing, and not before a failure's backoff ends.
+pub(crate) fn reconcile_due_at(every: Option<Duration>, state: &PollerState) -> Option<i64> {
+    let every = crate::clock::duration_ms(every?);
     let lane = state.lanes.reconcile.as_ref();
     let after_last = lane
         .and_then(|l| l.last_run_at)
@@ -633,8 +632,8 @@ pub(crate) fn backfill_due_at(state: &PollerState) -> Option<i64> {
 }
 
 /// Whether the reconcile lane is due at `now_ms`.
-pub(crate) fn reconcile_due(def: &PollerDef, state: &PollerState, now_ms: i64) -> bool {
-    reconcile_due_at(def, state).is_some_and(|at| at <= now_ms)
+pub(crate) fn reconcile_due(every: Option<Duration>, state: &PollerState, now_ms: i64) -> bool {
+    reconcile_due_at(every, state).is_some_and(|at| at <= now_ms)
 }
 
 /// Whether an unfinished backfill may run at `now_ms`.
@@ -643,20 +642,27 @@ pub(crate) fn backfill_due(state: &PollerState, now_ms: i64) -> bool {
 }
 
 /// Whether any lane of the key is due at `now_ms`: the live schedule, the reconcile lane or an
-/// unfinished backfill.
-pub(crate) fn key_due(def: &PollerDef, state: &PollerState, now_ms: i64) -> bool {
+/// unfinished backfill (`reconcile_every`: the reconcile lane's interval, if the poller has one).
+pub(crate) fn key_due(reconcile_every: Option<Duration>, state: &PollerState, now_ms: i64) -> bool {
     is_due(&state.schedule, now_ms)
-        || reconcile_due(def, state, now_ms)
+        || reconcile_due(reconcile_every, state, now_ms)
         || backfill_due(state, now_ms)
 }
 
 /// When the key's earliest lane is next due (never before `now_ms`).
-pub(crate) fn key_due_at(def: &PollerDef, state: &PollerState, now_ms: i64) -> i64 {
+pub(crate) fn key_due_at(
+    reconcile_every: Option<Duration>,
+    state: &PollerState,
+    now_ms: i64,
+) -> i64 {
     let live = now_ms.saturating_add(time_until_due(&state.schedule, now_ms));
-    [reconcile_due_at(def, state), backfill_due_at(state)]
-        .into_iter()
-        .flatten()
-        .fold(live, |due, at| due.min(at.max(now_ms)))
+    [
+        reconcile_due_at(reconcile_every, state),
+        backfill_due_at(state),
+    ]
+    .into_iter()
+    .flatten()
+    .fold(live, |due, at| due.min(at.max(now_ms)))
 }
 
 #[cfg(test)]
@@ -1712,47 +1718,33 @@ mod tests {
         assert_eq!(change.state.throttled_until, Some(i64::MAX));
     }
 
-    fn reconcile_def(every_s: u64) -> std::sync::Arc<PollerDef> {
-        let poller = crate::Poller::builder::<serde_json::Value>("p")
-            .identity_field("id")
-            .cursor(crate::cursor::token(None))
-            .fetch(|_ctx: crate::FetchContext| async { Ok(crate::Page::default()) })
-            .reconcile(
-                Duration::from_secs(every_s),
-                |_ctx: crate::FetchContext| async { Ok(crate::Page::default()) },
-            )
-            .build()
-            .expect("a poller");
-        std::sync::Arc::clone(&poller.inner)
-    }
-
     #[test]
     fn lanes_are_due_after_every_and_after_their_backoff_and_the_key_at_the_earliest() {
-        let def = reconcile_def(60);
+        let def = Some(Duration::from_secs(60));
         let mut state = PollerState::zero(0);
         state.schedule.next_due_at = Some(50_000);
         // Never ran: the reconcile is due at once.
-        assert!(reconcile_due(&def, &state, 0));
-        assert_eq!(key_due_at(&def, &state, 10), 10);
+        assert!(reconcile_due(def, &state, 0));
+        assert_eq!(key_due_at(def, &state, 10), 10);
         let lane = state
             .lanes
             .reconcile
             .get_or_insert_with(LaneCursor::default);
         lane.last_run_at = Some(1_000);
-        assert_eq!(reconcile_due_at(&def, &state), Some(61_000));
-        assert!(!key_due(&def, &state, 49_999));
-        assert_eq!(key_due_at(&def, &state, 0), 50_000, "the live lane first");
+        assert_eq!(reconcile_due_at(def, &state), Some(61_000));
+        assert!(!key_due(def, &state, 49_999));
+        assert_eq!(key_due_at(def, &state, 0), 50_000, "the live lane first");
         // A failure's backoff pushes the lane past `every`.
         let lane = state
             .lanes
             .reconcile
             .get_or_insert_with(LaneCursor::default);
         lane.retry_at = Some(70_000);
-        assert_eq!(reconcile_due_at(&def, &state), Some(70_000));
+        assert_eq!(reconcile_due_at(def, &state), Some(70_000));
         // An unfinished backfill is due unless it backs off; a finished one never.
         let backfill = state.lanes.backfill.get_or_insert_with(LaneCursor::default);
         backfill.retry_at = Some(20_000);
-        assert_eq!(key_due_at(&def, &state, 0), 20_000);
+        assert_eq!(key_due_at(def, &state, 0), 20_000);
         assert!(backfill_due(&state, 20_000) && !backfill_due(&state, 19_999));
         state
             .lanes

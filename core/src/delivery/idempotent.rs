@@ -13,10 +13,7 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use smol_str::SmolStr;
 
-use super::reliable::{ApplyError, ApplyOutcome};
-#[cfg(doc)]
-use crate::error::Error;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::model::PKey;
 
@@ -195,6 +192,64 @@ where
     }
     consumer.commit(tx).await.map_err(ApplyError::Store)?;
     Ok(ApplyOutcome::Applied(value))
+}
+
+/// What an idempotent apply (`apply_once` in the SQL stores) did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApplyOutcome<T> {
+    /// The marker was inserted and the projection ran and committed with it; its value.
+    Applied(T),
+    /// The event's marker already existed: the projection did not run, nothing changed.
+    Deduplicated,
+}
+
+impl<T> ApplyOutcome<T> {
+    /// True for [`ApplyOutcome::Applied`].
+    pub fn is_applied(&self) -> bool {
+        matches!(self, ApplyOutcome::Applied(_))
+    }
+
+    /// True for [`ApplyOutcome::Deduplicated`].
+    pub fn is_deduplicated(&self) -> bool {
+        matches!(self, ApplyOutcome::Deduplicated)
+    }
+
+    /// The projection's value, when it ran.
+    pub fn applied(self) -> Option<T> {
+        match self {
+            ApplyOutcome::Applied(value) => Some(value),
+            ApplyOutcome::Deduplicated => None,
+        }
+    }
+}
+
+/// Why an idempotent apply failed. In both cases nothing was committed: neither the marker nor
+/// the projection's writes.
+#[derive(Debug)]
+pub enum ApplyError<E> {
+    /// The marker table or the transaction failed (connection, missing table, commit).
+    Store(Error),
+    /// The projection returned this error; its transaction, marker included, was rolled back.
+    Projection(E),
+}
+
+impl<E> ApplyError<E> {
+    /// The projection's error, if that is what failed.
+    pub fn projection(self) -> Option<E> {
+        match self {
+            ApplyError::Projection(e) => Some(e),
+            ApplyError::Store(_) => None,
+        }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for ApplyError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ApplyError::Store(e) => write!(f, "apply_once: {e}"),
+            ApplyError::Projection(e) => write!(f, "projection failed (rolled back): {e}"),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -20,13 +20,13 @@ pub use dispatcher::{
     DEFAULT_DISPATCH_BATCH_SIZE, DeliveryCounters, Dispatcher, DrainContext, DrainReport,
     Unsubscribe,
 };
-pub use idempotent::{ConsumerStore, Fence, apply_once};
+pub use idempotent::{ApplyError, ApplyOutcome, ConsumerStore, Fence, apply_once};
 pub(crate) use options::DeliveryOptions;
 pub use options::{
     AckMode, AckWindow, CorrelationIdFn, DEFAULT_HANDLER_TIMEOUT, OrderingKeyFn, PoisonAction,
     Redaction,
 };
 pub use reliable::{
-    ApplyError, ApplyOutcome, LastApplied, LiveOnly, SideEffectGate, idempotency_key, reapplies,
-    scoped_idempotency_key, side_effect_gate,
+    LastApplied, LiveOnly, SideEffectGate, idempotency_key, reapplies, scoped_idempotency_key,
+    side_effect_gate,
 };

@@ -5,44 +5,17 @@
 //! lease, a timeout, or on purpose (backfill, replay). See the guide `docs/reliable-handlers.md`
 //! for which recipe fits which handler.
 
-use std::fmt;
-
 use async_trait::async_trait;
 
 use super::consumer::{DeliveryOutcome, Handler, HandlerContext, HandlerError, HandlerResult};
+use super::idempotent::{ApplyError, ApplyOutcome};
 use crate::diff::sha256_hex;
-use crate::error::Error;
 use crate::event::{Event, EventType};
 use crate::model::Lane;
 
-/// What an idempotent apply (`apply_once` in the SQL stores) did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ApplyOutcome<T> {
-    /// The marker was inserted and the projection ran and committed with it; its value.
-    Applied(T),
-    /// The event's marker already existed: the projection did not run, nothing changed.
-    Deduplicated,
-}
-
+/// How an apply's outcome reaches the dispatcher (here, beside the handler's types, so the
+/// idempotent apply does not depend on them).
 impl<T> ApplyOutcome<T> {
-    /// True for [`ApplyOutcome::Applied`].
-    pub fn is_applied(&self) -> bool {
-        matches!(self, ApplyOutcome::Applied(_))
-    }
-
-    /// True for [`ApplyOutcome::Deduplicated`].
-    pub fn is_deduplicated(&self) -> bool {
-        matches!(self, ApplyOutcome::Deduplicated)
-    }
-
-    /// The projection's value, when it ran.
-    pub fn applied(self) -> Option<T> {
-        match self {
-            ApplyOutcome::Applied(value) => Some(value),
-            ApplyOutcome::Deduplicated => None,
-        }
-    }
-
     /// The matching [`DeliveryOutcome`].
     pub fn delivery_outcome(&self) -> DeliveryOutcome {
         match self {
@@ -56,35 +29,6 @@ impl<T> ApplyOutcome<T> {
     pub fn report(self, ctx: &HandlerContext) -> Self {
         ctx.report(self.delivery_outcome());
         self
-    }
-}
-
-/// Why an idempotent apply failed. In both cases nothing was committed: neither the marker nor
-/// the projection's writes.
-#[derive(Debug)]
-pub enum ApplyError<E> {
-    /// The marker table or the transaction failed (connection, missing table, commit).
-    Store(Error),
-    /// The projection returned this error; its transaction, marker included, was rolled back.
-    Projection(E),
-}
-
-impl<E> ApplyError<E> {
-    /// The projection's error, if that is what failed.
-    pub fn projection(self) -> Option<E> {
-        match self {
-            ApplyError::Projection(e) => Some(e),
-            ApplyError::Store(_) => None,
-        }
-    }
-}
-
-impl<E: fmt::Display> fmt::Display for ApplyError<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ApplyError::Store(e) => write!(f, "apply_once: {e}"),
-            ApplyError::Projection(e) => write!(f, "projection failed (rolled back): {e}"),
-        }
     }
 }
 
@@ -357,7 +301,7 @@ mod tests {
         );
         let io: ApplyError<std::io::Error> = ApplyError::Projection(std::io::Error::other("x"));
         assert_eq!(HandlerError::from(io).kind(), &HandlerErrorKind::Transient);
-        let store: ApplyError<HandlerError> = ApplyError::Store(Error::config("a", "b"));
+        let store: ApplyError<HandlerError> = ApplyError::Store(crate::Error::config("a", "b"));
         assert_eq!(
             HandlerError::from(store).kind(),
             &HandlerErrorKind::Transient

@@ -29,7 +29,7 @@ impl Inner {
         if state.paused {
             return now.saturating_add(duration_ms(MAX_SLEEP));
         }
-        let due = schedule::key_due_at(&rt.def, state, now);
+        let due = schedule::key_due_at(rt.def.reconcile_every(), state, now);
         let retry = if rt.dispatcher.has_consumer() {
             retry_at
         } else {

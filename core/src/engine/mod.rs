@@ -40,8 +40,6 @@ pub(crate) const DEFAULT_TICK_CONCURRENCY: usize = 4;
 /// How many keys the daemon runs at once unless
 /// [`EngineBuilder::max_concurrent_keys`] says otherwise.
 pub(crate) const DEFAULT_MAX_CONCURRENT_KEYS: usize = 64;
-/// The default event source prefix.
-pub(crate) const DEFAULT_SOURCE_PREFIX: &str = "urn:watukuy:";
 
 /// Where the engine is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -224,7 +222,7 @@ impl Engine {
             instance_id: None,
             lease_ttl: Duration::from_secs(30),
             renew_every: None,
-            source_prefix: DEFAULT_SOURCE_PREFIX.to_owned(),
+            source_prefix: crate::poller::DEFAULT_SOURCE_PREFIX.to_owned(),
             dispatch_batch_size: DEFAULT_DISPATCH_BATCH_SIZE,
             max_concurrent_keys: DEFAULT_MAX_CONCURRENT_KEYS,
             budgets: Vec::new(),

@@ -64,7 +64,7 @@ impl Poller {
     ) -> Result<PlannedPage> {
         let def = &self.inner;
         let key = crate::model::PKey::new(def.name.clone(), partition);
-        let source = def.source_for(crate::engine::DEFAULT_SOURCE_PREFIX);
+        let source = def.source_for(super::DEFAULT_SOURCE_PREFIX);
         let valid = items
             .iter()
             .map(|raw| crate::runner::prepare_item(def, &key, raw, now_ms))

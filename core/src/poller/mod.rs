@@ -253,7 +253,15 @@ pub(crate) fn validate_name(name: &str) -> Result<()> {
     }
 }
 
+/// The default event source prefix.
+pub(crate) const DEFAULT_SOURCE_PREFIX: &str = "urn:watukuy:";
+
 impl PollerDef {
+    /// The reconcile lane's interval, if the poller has one (what the schedule reads).
+    pub(crate) fn reconcile_every(&self) -> Option<Duration> {
+        self.reconcile.as_ref().map(|reconcile| reconcile.every)
+    }
+
     /// The event source of this poller under `prefix` (`urn:watukuy:` by default).
     pub(crate) fn source_for(&self, prefix: &str) -> String {
         self.source

@@ -187,7 +187,7 @@ pub(crate) async fn run_key(
         let live_due = options.force
             || state
                 .as_ref()
-                .is_none_or(|s| schedule::key_due(&rt.def, s, now));
+                .is_none_or(|s| schedule::key_due(rt.def.reconcile_every(), s, now));
         let drain_due = !live_due
             && rt.dispatcher.has_consumer()
             && !shared.store.load_pending(&key, 1).await?.is_empty();
@@ -334,7 +334,7 @@ impl Run<'_> {
         if let Some(reconcile) = def
             .reconcile
             .as_ref()
-            .filter(|_| schedule::reconcile_due(def, &state, self.now()))
+            .filter(|_| schedule::reconcile_due(def.reconcile_every(), &state, self.now()))
         {
             let spec = LaneSpec {
                 lane: Lane::Reconcile,
