@@ -29,8 +29,6 @@ pub struct FetchContext {
     pub partition: Partition,
     /// The lane this fetch serves.
     pub lane: Lane,
-    /// The 1-based attempt of this fetch within the cycle (reset to 1 after each page).
-    pub attempt: u32,
     /// Fires when the cycle is abandoned (stop without drain, lease loss, deadline).
     pub cancel: CancellationToken,
     /// The poller's rate budget, if it has one (see [`charge_budget`](Self::charge_budget)).
@@ -54,7 +52,6 @@ impl std::fmt::Debug for FetchContext {
             .field("page", &self.page)
             .field("partition", &self.partition)
             .field("lane", &self.lane)
-            .field("attempt", &self.attempt)
             .field("budget", &self.budget)
             .field("validators", &self.validators)
             .finish_non_exhaustive()
@@ -62,7 +59,7 @@ impl std::fmt::Debug for FetchContext {
 }
 
 impl FetchContext {
-    /// The context of a first request on the live lane: page 1, attempt 1, a fresh cancellation
+    /// The context of a first request on the live lane: page 1, a fresh cancellation
     /// token, no budget, validators or clock. For calling a `fetch` outside an engine (tests,
     /// tools); the fields are public, set the ones the call needs.
     ///
@@ -71,7 +68,7 @@ impl FetchContext {
     /// use watukuy_core::{FetchContext, Partition};
     ///
     /// let ctx = FetchContext::new(Cursor::Page { page: 3 }, Partition::new("tenant-a"));
-    /// assert_eq!((ctx.page, ctx.attempt, ctx.partition.key.as_str()), (1, 1, "tenant-a"));
+    /// assert_eq!((ctx.page, ctx.partition.key.as_str()), (1, "tenant-a"));
     /// ```
     pub fn new(cursor: Cursor, partition: Partition) -> Self {
         FetchContext {
@@ -79,7 +76,6 @@ impl FetchContext {
             page: 1,
             partition,
             lane: Lane::Live,
-            attempt: 1,
             cancel: CancellationToken::new(),
             budget: None,
             validators: None,

@@ -665,6 +665,14 @@ pub(crate) fn key_due_at(
     .fold(live, |due, at| due.min(at.max(now_ms)))
 }
 
+/// The earlier of two optional times (either, when only one is set).
+pub(crate) fn earliest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,7 +35,7 @@ impl Inner {
         } else {
             None
         };
-        runner::min_opt(Some(due), retry).unwrap_or(due)
+        schedule::earliest(Some(due), retry).unwrap_or(due)
     }
 
     /// Asks the daemon to look at `key` again (its state changed).
@@ -323,7 +323,6 @@ async fn run_one(
     };
     let key = PKey::new(name, partition.key.clone());
     let options = RunOptions {
-        force: false,
         // The schedule says the key is due: the run starts with its claim.
         precheck: false,
         deadline_ms: None,

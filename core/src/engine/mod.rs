@@ -354,7 +354,6 @@ impl Engine {
                     let rt = inner.pollers.get(&name)?;
                     let key = partition.key.clone();
                     let options = RunOptions {
-                        force: false,
                         precheck: true,
                         deadline_ms: deadline,
                         cancel,

@@ -96,7 +96,7 @@ impl Run<'_> {
             Err(e) => Err(e),
         };
         report.delivered += cycle.delivered;
-        report.next_retry_at = min_opt(report.next_retry_at, cycle.next_retry_at);
+        report.next_retry_at = crate::schedule::earliest(report.next_retry_at, cycle.next_retry_at);
         let now = self.now();
         let summary = PollSummary {
             lane,

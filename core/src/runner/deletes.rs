@@ -256,7 +256,6 @@ impl Run<'_> {
             page: number,
             partition: self.partition.clone(),
             lane: cycle.spec.lane,
-            attempt: 1,
             cancel: self.cancel.clone(),
             budget: self.budget_charge(cycle),
             validators: None,

@@ -120,8 +120,6 @@ pub(crate) struct RunReport {
 
 /// Options of one run.
 pub(crate) struct RunOptions {
-    /// Run the live lane even if not due (`trigger`).
-    pub(crate) force: bool,
     /// Read the state (and, when no poll is due, whether the outbox holds rows) before taking
     /// the lease, and skip a key with nothing to do; `false` where the caller knows the key is
     /// due (the daemon's schedule), so the run starts with its claim.
@@ -184,10 +182,9 @@ pub(crate) async fn run_key(
         if state.as_ref().is_some_and(|s| s.paused) {
             return Ok(KeyOutcome::Paused);
         }
-        let live_due = options.force
-            || state
-                .as_ref()
-                .is_none_or(|s| schedule::key_due(rt.def.reconcile_every(), s, now));
+        let live_due = state
+            .as_ref()
+            .is_none_or(|s| schedule::key_due(rt.def.reconcile_every(), s, now));
         let drain_due = !live_due
             && rt.dispatcher.has_consumer()
             && !shared.store.load_pending(&key, 1).await?.is_empty();
@@ -230,7 +227,7 @@ pub(crate) async fn run_key(
         hook,
         deadline_ms: options.deadline_ms,
     };
-    let outcome = run.execute(options.force, state, pending).await;
+    let outcome = run.execute(state, pending).await;
     let Run {
         key,
         lease,
@@ -265,12 +262,7 @@ impl Run<'_> {
 
     /// The run proper, from the state and pending flag its claim read under the lease (that
     /// read is authoritative).
-    async fn execute(
-        &self,
-        force: bool,
-        state: Option<PollerState>,
-        pending: bool,
-    ) -> Result<KeyOutcome> {
+    async fn execute(&self, state: Option<PollerState>, pending: bool) -> Result<KeyOutcome> {
         let state = match state {
             Some(state) if state.paused => return Ok(KeyOutcome::Paused),
             Some(state) => state,
@@ -309,7 +301,7 @@ impl Run<'_> {
         let mut state = PollerState { schedule, ..state };
         let def = &self.rt.def;
         // Lanes run one after another within a key: live, then reconcile, then backfill.
-        if force || schedule::is_due(&state.schedule, self.now()) {
+        if schedule::is_due(&state.schedule, self.now()) {
             if state.schedule.circuit == crate::model::Circuit::Open {
                 state.schedule = schedule::begin_probe(&state.schedule);
             }
@@ -466,7 +458,7 @@ impl Run<'_> {
     ) -> Result<(), CycleError> {
         let drained = drained?;
         cycle.delivered += drained.delivered;
-        cycle.next_retry_at = min_opt(cycle.next_retry_at, drained.next_retry_at);
+        cycle.next_retry_at = schedule::earliest(cycle.next_retry_at, drained.next_retry_at);
         if drained.halted {
             cycle.schedule = self.halt(&cycle.schedule).await?;
             cycle.halted = true;
@@ -475,12 +467,5 @@ impl Run<'_> {
             self.check_running()?;
         }
         Ok(())
-    }
-}
-
-pub(crate) fn min_opt(a: Option<i64>, b: Option<i64>) -> Option<i64> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
     }
 }

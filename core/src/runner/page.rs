@@ -24,7 +24,6 @@ impl Run<'_> {
             page: page_index,
             partition: self.partition.clone(),
             lane,
-            attempt: 1,
             cancel: self.cancel.clone(),
             budget: self.budget_charge(cycle),
             validators: cycle.validators.clone(),

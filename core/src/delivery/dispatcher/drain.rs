@@ -116,7 +116,8 @@ impl Dispatcher {
                 report.parked += outcome.parked;
                 report.failed += outcome.failed;
                 report.aborted |= outcome.aborted;
-                report.next_retry_at = min_opt(report.next_retry_at, outcome.next_retry_at);
+                report.next_retry_at =
+                    crate::schedule::earliest(report.next_retry_at, outcome.next_retry_at);
                 if outcome.blocked {
                     blocked.insert(group_key);
                 }

@@ -29,7 +29,7 @@ impl Dispatcher {
                 && at > self.clock.now_ms()
             {
                 outcome.blocked = true;
-                outcome.next_retry_at = min_opt(outcome.next_retry_at, Some(at));
+                outcome.next_retry_at = crate::schedule::earliest(outcome.next_retry_at, Some(at));
                 return Ok(outcome);
             }
             let turn = acks.handler_turn().await;
@@ -128,7 +128,8 @@ impl Dispatcher {
                                 .await;
                             outcome.failed += 1;
                             outcome.blocked = true;
-                            outcome.next_retry_at = min_opt(outcome.next_retry_at, Some(at));
+                            outcome.next_retry_at =
+                                crate::schedule::earliest(outcome.next_retry_at, Some(at));
                             return Ok(outcome);
                         }
                         FailureDecision::Park { hold_key, halt } => {

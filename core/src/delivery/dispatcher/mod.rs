@@ -313,10 +313,3 @@ impl Dispatcher {
         Ok(discarded.len() as u64)
     }
 }
-
-fn min_opt(a: Option<i64>, b: Option<i64>) -> Option<i64> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
