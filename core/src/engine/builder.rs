@@ -1,6 +1,21 @@
 //! Building an engine: its pollers, clock, randomness, hooks, lease, budgets, validated once.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::clock::{Clock, duration_ms};
+use crate::delivery::Dispatcher;
+use crate::engine::{Engine, Inner, Status};
+use crate::error::{Error, Result};
+use crate::hooks::{ComposedHooks, Hooks};
+use crate::poller::Poller;
+use crate::rng::Rng;
+use crate::runner;
+use crate::runner::{Runtime, Shared};
+use crate::store::Store;
 
 /// Builds an [`Engine`].
 pub struct EngineBuilder {

@@ -6,8 +6,17 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, PoisonError};
 
-use super::*;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::duration_ms;
+use crate::delivery::Partition;
+use crate::engine::{Inner, MAX_SLEEP};
+use crate::model::{PKey, PollerState};
+use crate::runner::{KeyOutcome, RunOptions, Runtime};
+use crate::{runner, schedule};
 
 impl Inner {
     /// When a key should next run, from its stored state.

@@ -2,7 +2,13 @@
 
 use futures::TryStreamExt;
 
-use super::*;
+use futures::StreamExt;
+use serde::Serialize;
+
+use crate::engine::{Engine, Status};
+use crate::error::Result;
+use crate::model::{PKey, PollerState};
+use crate::runner;
 
 /// What `inspect()` reports.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

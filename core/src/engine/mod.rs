@@ -10,17 +10,12 @@ use serde::Serialize;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::{Clock, SystemClock, duration_ms};
-use crate::delivery::{
-    DEFAULT_DISPATCH_BATCH_SIZE, Dispatcher, Handler, Partition, Subscription, Unsubscribe,
-};
+use crate::clock::{SystemClock, duration_ms};
+use crate::delivery::{DEFAULT_DISPATCH_BATCH_SIZE, Handler, Partition, Subscription, Unsubscribe};
 use crate::error::{Error, Result};
-use crate::hooks::{ComposedHooks, Hooks};
-use crate::model::{PKey, ParkedQuery, ParkedRow, PollerState, StatePatch};
-use crate::poller::Poller;
-use crate::rng::{Rng, SystemRng};
+use crate::model::PKey;
+use crate::rng::SystemRng;
 use crate::runner::{self, KeyOutcome, PollResult, RunOptions, Runtime, Shared};
-use crate::schedule;
 use crate::store::Store;
 
 mod builder;

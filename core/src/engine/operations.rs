@@ -1,7 +1,11 @@
 //! Operator operations on one key (see [`crate::ops`], which they call): trigger, pause,
 //! resume, reset the cursor, backfill, replay, parked rows.
 
-use super::*;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::model::{PKey, ParkedQuery, ParkedRow, PollerState, StatePatch};
+use crate::runner::Runtime;
+use crate::schedule;
 
 /// Options of [`Engine::backfill`].
 #[derive(Clone, Debug, Default)]

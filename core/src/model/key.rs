@@ -1,6 +1,10 @@
 //! Keys, leases and lanes: who owns a `(poller, partition)` and where each lane stands.
 
-use super::*;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::store::PollerState;
 
 /// Identifies one `(poller, partition)`: the unit of leasing, state, snapshot, outbox and parking.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

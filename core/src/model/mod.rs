@@ -3,14 +3,6 @@
 //! Every type here is plain data with a stable camelCase JSON shape (the same shape as the
 //! reference implementation), so a store may persist any of them as JSON text.
 
-use std::fmt;
-
-use serde::{Deserialize, Serialize};
-use smol_str::SmolStr;
-
-use crate::event::Event;
-use crate::json::{self, Json};
-
 mod key;
 mod rows;
 mod state;

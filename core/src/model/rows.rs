@@ -1,6 +1,11 @@
 //! The rows a store keeps: snapshot items, outbox rows, parked rows with their failure details, validators, the replay log.
 
-use super::*;
+use serde::{Deserialize, Serialize};
+use smol_str::SmolStr;
+
+use crate::event::Event;
+use crate::json;
+use crate::json::Json;
 
 /// An error as plain data: what the engine persists and reports.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

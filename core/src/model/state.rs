@@ -1,6 +1,10 @@
 //! A key's persisted state: the schedule, the last poll, and patches to them.
 
-use super::*;
+use serde::{Deserialize, Serialize};
+
+use crate::Lane;
+use crate::json::Json;
+use crate::store::{Lanes, SerializedError};
 
 /// The circuit breaker's position.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

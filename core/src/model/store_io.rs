@@ -1,6 +1,8 @@
 //! What goes into and comes out of a store call: a page's commit, queries, counts, capabilities.
 
-use super::*;
+use serde::{Deserialize, Serialize};
+
+use crate::store::{ItemRow, OutboxRow, ParkedKind, ParkedRow, StatePatch, Validator};
 
 /// Everything one page of a poll cycle commits, in one store transaction.
 ///

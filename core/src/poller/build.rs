@@ -1,6 +1,15 @@
 //! Building a poller: every option checked, the item type erased behind `prepare`.
 
-use super::*;
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::{Error, Result};
+use crate::poller::builder::{Identity, PollerBuilder, RawIdentityFn};
+use crate::poller::handle::Poller;
+use crate::poller::prepare::{field_string, make_prepare};
+use crate::poller::{DeleteConfirmation, LookupDef, PollerDef, Reconcile, validate_name};
 
 impl<T> PollerBuilder<T>
 where
@@ -221,6 +230,8 @@ fn confirmation(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::BoxError;
+    use crate::fetch::{FetchContext, Page};
 
     fn lookup(batch_size: usize) -> Option<LookupDef> {
         let lookup =

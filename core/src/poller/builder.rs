@@ -1,13 +1,29 @@
 //! The poller builder's options, each with its default.
 
-use super::*;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::cursor::CursorConfig;
+use crate::decide::OnSchemaChange;
+use crate::delivery::DeliveryOptions;
+use crate::diff::{CanonicalError, fingerprint};
+use crate::model::ValidationIssue;
+use crate::poller::{
+    DEFAULT_FULL_SCAN_PAGE_CAP, DEFAULT_MAX_PAGES_PER_CYCLE, DeleteConfirmation, Fetch,
+    FetchSource, FetchStream, Lookup, LookupDef, OnInvalid, Partitions, Retain,
+};
+use crate::schedule::{CircuitOptions, ScheduleOptions};
 
 pub(super) type IdentityFn<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 pub(super) type CheckFn<T> = Arc<dyn Fn(&T) -> Result<(), Vec<ValidationIssue>> + Send + Sync>;
 pub(super) type FingerprintFn<T> = Arc<dyn Fn(&T) -> Result<String, CanonicalError> + Send + Sync>;
 pub(super) type RawIdentityFn = Arc<dyn Fn(&serde_json::Value) -> Option<String> + Send + Sync>;
 
-/// Builds a [`Poller`] over the item type `T`. Each option's method documents its default;
+/// Builds a [`Poller`](crate::Poller) over the item type `T`. Each option's method documents its default;
 /// [`build`](Self::build) rejects a bad option with a `Config` error naming it.
 pub struct PollerBuilder<T> {
     pub(super) name: String,

@@ -4,15 +4,12 @@
 //! validates every option (a `Config` error names the first bad one) and erases `T` into a
 //! [`Poller`] the engine runs.
 
-use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 
 mod build;
 pub(crate) mod builder;
@@ -20,13 +17,10 @@ pub(crate) mod handle;
 mod prepare;
 
 pub(crate) use builder::PollerBuilder;
-use builder::{CheckFn, FingerprintFn, Identity, IdentityFn, RawIdentityFn};
 pub(crate) use handle::Poller;
 pub use prepare::MAX_ITEM_DEPTH;
-pub(crate) use prepare::field_string;
-use prepare::make_prepare;
 
-use crate::cursor::{CursorConfig, SharedStrategy};
+use crate::cursor::SharedStrategy;
 pub use crate::decide::OnSchemaChange;
 use crate::delivery::{DeliveryOptions, Partition};
 use crate::diff::{CanonicalError, fingerprint};

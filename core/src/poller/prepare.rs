@@ -1,6 +1,13 @@
 //! One raw item made into a candidate for the diff (or an invalid item with its issues).
 
-use super::*;
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::model::ValidationIssue;
+use crate::poller::builder::{CheckFn, FingerprintFn, Identity, IdentityFn, RawIdentityFn};
+use crate::poller::{Candidate, CustomFingerprint, Prepare, Prepared};
 
 /// The deepest nesting of arrays and objects an item may have (the item itself is level 1);
 /// a deeper item is invalid (quarantined by default). Stored rows wrap an item in a few more

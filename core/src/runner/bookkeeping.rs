@@ -1,7 +1,13 @@
 //! A lane cycle's book-keeping: the live lane drives the schedule (AIMD, backoff, throttle,
 //! circuit, a poison halt), reconcile and backfill record their progress and back off.
 
-use super::*;
+use crate::error::{Error, Result};
+use crate::hooks::Phase;
+use crate::model::{Lane, LaneCursor, PollSummary, ScheduleState, SerializedError, StatePatch};
+use crate::runner::cycle::Cycle;
+use crate::runner::{CycleError, Run};
+use crate::schedule;
+use crate::schedule::{FailureOutcome, SuccessOutcome};
 
 impl Run<'_> {
     /// A poison `halt` opens the circuit (persisted at once, fenced).

@@ -1,6 +1,23 @@
 //! One lane cycle: page by page, fetch, plan, one `commit_poll` per page, deliver.
 
-use super::*;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+
+use crate::cursor::{Cursor, SharedStrategy};
+use crate::delivery::DrainReport;
+use crate::error::{BoxError, Error, Result};
+use crate::event::Event;
+use crate::fetch::Page;
+use crate::full_scan::FullScan;
+use crate::hooks::{HookContext, Phase};
+use crate::model::{
+    EventCounts, ItemRow, Lane, ParkedRow, PollSummary, PollerState, RateLimitInfo, ScheduleState,
+};
+use crate::poller::FetchSource;
+use crate::runner::{CycleError, PollResult, Run, RunReport};
+use crate::store::DEFAULT_IDENTITY_BATCH;
 
 impl Run<'_> {
     /// The poller's share of its rate budget for this cycle's lane, if it has one.

@@ -2,9 +2,22 @@
 //! confirmed by looking the missing items up, as `DeleteConfirmation` says.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
-use super::*;
-use crate::poller::{Candidate, LookupDef};
+use tracing::Instrument;
+
+use crate::decide::dedupe_last_wins;
+use crate::error::{Error, Result};
+use crate::fetch::{FetchContext, Page};
+use crate::full_scan::FullScan;
+use crate::hooks::Phase;
+use crate::json::Json;
+use crate::model::{PKey, ParkedRow};
+use crate::poller::{Candidate, DeleteConfirmation, LookupDef, PollerDef, Prepared};
+use crate::runner::cycle::{Cycle, Processed, fetch_failure};
+use crate::runner::plan::{invalid, plan, plan_deletes};
+use crate::runner::{CycleError, Run};
+use crate::store::DEFAULT_IDENTITY_BATCH;
 
 impl Run<'_> {
     /// After a complete full listing: everything stored but not listed is deleted (the merge
@@ -429,6 +442,9 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::error::BoxError;
+    use crate::model::ParkedKind;
+    use crate::poller::OnInvalid;
     use crate::poller::Poller;
 
     const NOW: i64 = 1_767_225_600_000;

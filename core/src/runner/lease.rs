@@ -1,8 +1,14 @@
 //! The lease keeper: renews a run's lease in the background and on demand.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use super::*;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::model::{Lease, PKey};
+use crate::runner::Shared;
+use crate::store::Store;
 
 /// The epoch of this engine's last lease on each key it ran, to tell a lease taken anew from
 /// the next run of a key it already held.

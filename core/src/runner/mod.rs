@@ -1,35 +1,21 @@
 //! One run of one `(poller, partition)`: lease, drain the outbox first, the live
 //! cycle page by page (one `commit_poll` per page), full-scan deletes, the schedule, release.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
-use futures::StreamExt;
-use futures::future::BoxFuture;
-use futures::stream::BoxStream;
 use smol_str::SmolStr;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::clock::{Clock, format_rfc3339_ms};
-use crate::cursor::{AdvanceInput, Cursor, SharedStrategy};
-use crate::decide::{decide, dedupe_last_wins, unchanged_by_version};
+use crate::clock::Clock;
 use crate::delivery::{Dispatcher, DrainContext, DrainReport, Partition};
-use crate::diff::{EventIdParts, sha256_hex};
-use crate::error::{BoxError, Error, Result};
-use crate::event::{Event, EventType};
-use crate::fetch::{FetchContext, Page};
-use crate::full_scan::FullScan;
-use crate::hooks::{CommitInfo, FetchInfo, HookContext, Hooks, Phase};
-use crate::json::Json;
-use crate::model::{
-    Claim, CommitBatch, EventCounts, ItemRow, Lane, LaneCursor, Lease, OutboxRow, PKey,
-    ParkedError, ParkedKind, ParkedRow, PollSummary, PollerState, RateLimitInfo, ScheduleState,
-    SerializedError, StatePatch,
-};
-use crate::poller::{DeleteConfirmation, FetchSource, OnInvalid, PollerDef, Prepared, Retain};
+use crate::error::{Error, Result};
+use crate::hooks::{HookContext, Hooks, Phase};
+use crate::model::{Claim, Lane, Lease, PKey, PollerState, SerializedError};
+use crate::poller::PollerDef;
 use crate::rng::Rng;
-use crate::schedule::{self, FailureOutcome, SuccessOutcome};
-use crate::store::{DEFAULT_IDENTITY_BATCH, Store};
+use crate::schedule;
+use crate::store::Store;
 
 mod bookkeeping;
 mod cycle;
@@ -38,13 +24,11 @@ mod lease;
 mod page;
 mod plan;
 
-use cycle::{Cycle, LaneSpec, PageStep, Processed, fetch_failure};
+use cycle::{Cycle, LaneSpec};
 pub(crate) use lease::HeldLeases;
 use lease::LeaseKeeper;
-use plan::invalid;
 #[cfg(feature = "unstable")]
-pub(crate) use plan::{EventSource, prepare_item};
-pub(crate) use plan::{plan, plan_deletes};
+pub(crate) use plan::{EventSource, plan, prepare_item};
 
 /// What the engine shares with every run.
 pub(crate) struct Shared {

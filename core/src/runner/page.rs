@@ -1,7 +1,22 @@
 //! One page of a cycle: fetched (the stream form or one call), planned, committed with its
 //! validators in one `commit_poll`, and reported to the hooks.
 
-use super::*;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tracing::Instrument;
+
+use crate::cursor::{Cursor, SharedStrategy};
+use crate::error::{BoxError, Error};
+use crate::event::EventType;
+use crate::fetch::{FetchContext, Page};
+use crate::full_scan::FullScan;
+use crate::hooks::{CommitInfo, FetchInfo, Phase};
+use crate::model::{CommitBatch, Lane, LaneCursor, OutboxRow, StatePatch};
+use crate::poller::FetchSource;
+use crate::runner::cycle::{Cycle, PageStep, Processed, fetch_failure};
+use crate::runner::{CycleError, Run};
 
 impl Run<'_> {
     /// Fetches, processes and commits the next page (its events are delivered by the caller).

@@ -6,7 +6,22 @@ use std::collections::HashMap;
 
 use smol_str::SmolStr;
 
-use super::*;
+use std::sync::Arc;
+
+use crate::clock::format_rfc3339_ms;
+use crate::cursor::{AdvanceInput, Cursor, SharedStrategy};
+use crate::decide::{decide, dedupe_last_wins, unchanged_by_version};
+use crate::diff::{EventIdParts, sha256_hex};
+use crate::error::{Error, Result};
+use crate::event::{Event, EventType};
+use crate::fetch::Page;
+use crate::full_scan::FullScan;
+use crate::hooks::Phase;
+use crate::json::Json;
+use crate::model::{ItemRow, Lane, PKey, ParkedError, ParkedKind, ParkedRow, SerializedError};
+use crate::poller::{OnInvalid, PollerDef, Prepared, Retain};
+use crate::runner::cycle::{Cycle, Processed};
+use crate::runner::{CycleError, Run};
 
 /// Where a page's events come from: what their ids and envelopes are made of. The strings every
 /// event of the page shares are made once, and each event takes a cheap clone of them.

@@ -1,13 +1,18 @@
 //! What a dispatcher counts per partition, and the attempt log parked rows carry.
 
-use super::*;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use crate::delivery::dispatcher::{ATTEMPT_LOG_EVENTS, ATTEMPT_LOG_PER_EVENT};
+use crate::model::AttemptRecord;
 
 /// Delivery counters of one `(poller, partition)` since this engine started (in memory, per
 /// engine instance; they restart at zero with the process).
 ///
 /// `received` counts every delivery handed to the consumer (each attempt). A successful attempt
 /// counts as `applied`, `deduplicated` or `skipped` according to what the handler reported with
-/// [`HandlerContext::report`] (an unreported success is `applied`; `apply_once`'s outcome reports
+/// [`HandlerContext::report`](crate::HandlerContext::report) (an unreported success is `applied`; `apply_once`'s outcome reports
 /// itself with `ApplyOutcome::report`). `failed` counts failed attempts (errors, panics,
 /// timeouts, missing manual acks), whether retried or parked. Attempts cut short by cancellation
 /// or a vanished subscriber count only as received.

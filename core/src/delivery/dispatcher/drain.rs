@@ -1,7 +1,16 @@
 //! Draining a key's outbox: slices in sequence order, grouped by ordering key, up to
 //! `concurrency` handlers at once, acks group-committed (see `acks`).
 
-use super::*;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::{FutureExt, StreamExt};
+
+use crate::delivery::acks::Acks;
+use crate::delivery::dispatcher::{Dispatcher, DrainContext, DrainReport};
+use crate::delivery::policy;
+use crate::error::Result;
+use crate::model::{Lease, PKey};
 
 impl Dispatcher {
     /// Delivers the pending events of `key` under `lease`.

@@ -1,7 +1,31 @@
 //! One ordering key's group of events, delivered strictly in order, and one delivery attempt
 //! (handler timeout, panics, retry, park, halt).
 
-use super::*;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::FutureExt;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::delivery::acks::Acks;
+use crate::delivery::consumer::{
+    Consumer, Delivery, DeliveryOutcome, HandlerContext, HandlerError, HandlerErrorKind, Partition,
+    Timeout,
+};
+use crate::delivery::dispatcher::Dispatcher;
+use crate::delivery::dispatcher::counters::Counters;
+use crate::delivery::idempotent::Fence;
+use crate::delivery::options::AckMode;
+use crate::delivery::policy;
+use crate::delivery::policy::{FailureDecision, Group};
+use crate::error::Result;
+use crate::model::{
+    AttemptRecord, FailureClass, FailureDetails, Lease, OutboxRow, PKey, ParkReason, ParkedKind,
+    ParkedRow,
+};
 
 impl Dispatcher {
     #[allow(clippy::too_many_arguments)]

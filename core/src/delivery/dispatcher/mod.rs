@@ -1,32 +1,20 @@
 //! The dispatcher: drains a key's outbox to the poller's consumer with per-key ordering,
 //! concurrency across keys, retries, parking and hold-key.
 
-use std::collections::{HashMap, HashSet};
-use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use futures::{FutureExt, StreamExt};
 use smol_str::SmolStr;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
-use super::acks::Acks;
-use super::consumer::{
-    Consumer, Delivery, DeliveryOutcome, Handler, HandlerContext, HandlerError, HandlerErrorKind,
-    Partition, Subscription, Timeout,
-};
-use super::idempotent::Fence;
-use super::options::{AckMode, DeliveryOptions};
-use super::policy::{self, FailureDecision, Group};
+use super::consumer::{Consumer, Handler, Partition, Subscription};
+use super::options::DeliveryOptions;
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::hooks::{HookContext, Hooks, NoHooks};
-use crate::model::{
-    AttemptRecord, FailureClass, FailureDetails, Lease, OutboxRow, PKey, ParkReason, ParkedKind,
-    ParkedQuery, ParkedRow,
-};
+use crate::model::{PKey, ParkedQuery, ParkedRow};
 use crate::rng::Rng;
 use crate::store::Store;
 

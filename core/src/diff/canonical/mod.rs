@@ -1,10 +1,9 @@
 //! RFC 8785 (JSON Canonicalization Scheme) for any `serde::Serialize` value: see [`canonicalize`].
 
-use std::borrow::Cow;
 use std::fmt;
 
 use serde::Serialize;
-use serde::ser::{self, Impossible};
+use serde::ser;
 
 /// The struct name (and field name) `serde_json::value::RawValue` serializes under.
 const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";

@@ -1,6 +1,12 @@
 //! The canonicalizing `serde::Serializer`.
 
-use super::*;
+use std::borrow::Cow;
+
+use serde::Serialize;
+use serde::ser::{self, Impossible};
+
+use super::write::{write_f32, write_f64, write_i128, write_json_text, write_string, write_u128};
+use super::{Error, NUMBER_TOKEN, RAW_VALUE_TOKEN, Seg, check_depth, write_nested};
 
 /// Writes one value's canonical text into `out`; `path` leads from the root to it.
 pub(super) struct Canon<'a> {

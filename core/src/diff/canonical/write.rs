@@ -1,6 +1,9 @@
 //! Strings and numbers written as ECMAScript writes them.
 
-use super::*;
+use serde::Serialize;
+
+use super::serializer::Canon;
+use super::{Error, Seg};
 
 /// Writes `s` as a JSON string literal the way `JSON.stringify` does.
 pub(super) fn write_string(out: &mut String, s: &str) {
