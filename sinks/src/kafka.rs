@@ -231,7 +231,7 @@ impl KafkaSink {
     }
 
     /// The record an event becomes (what [`send`](Self::send) produces).
-    pub fn record(&self, event: &Event) -> Result<Record, HandlerError> {
+    fn record(&self, event: &Event) -> Result<Record, HandlerError> {
         let time = DateTime::parse_from_rfc3339(&event.time).map_err(|e| {
             HandlerError::permanent(format!(
                 "kafka: event {} has time {:?}, not an RFC 3339 timestamp: {e}",
