@@ -14,9 +14,9 @@ use tower::ServiceExt as _;
 use watukuy_admin::{AdminState, Mode, router};
 use watukuy_cli::Session;
 use watukuy_cli::args::Cli;
-use watukuy_conformance::world::{Consumer, POLLER, World, key};
-use watukuy_core::store::{ParkedKind, ParkedQuery, Store};
-use watukuy_core::{Engine, ops};
+use watukuy_conformance::world::{POLLER, Parked, World, key};
+use watukuy_core::ops;
+use watukuy_core::store::Store;
 use watukuy_store_memory::MemoryStore;
 
 /// An answer, whoever gave it: a count, or an error's code and message.
@@ -35,38 +35,11 @@ impl From<watukuy_core::Error> for Answer {
     }
 }
 
-/// A store with two poison rows (item-001, item-003) and one quarantined item (item-004), the
-/// engine that parked them, and the rows' ids.
-struct Parked {
-    store: Arc<dyn Store>,
-    engine: Engine,
-    poison: Vec<String>,
-    invalid: String,
-}
-
+/// A memory store holding the rows `World::park` parks: item-001 and item-003 poison, item-004
+/// quarantined.
 async fn parked() -> Parked {
-    let world = World::new(4, 10).unwrap();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let consumer = Consumer::failing("cannot handle", &["item-001", "item-003"]);
-    let engine = world.parking_engine(Arc::clone(&store), &consumer).unwrap();
-    world.tick(&engine).await.unwrap();
-    let rows = store
-        .list_parked(&key(), ParkedQuery::default())
-        .await
-        .unwrap();
-    let ids = |kind| {
-        rows.iter()
-            .filter(|row| row.kind == kind)
-            .map(|row| row.id.clone())
-            .collect::<Vec<_>>()
-    };
-    let invalid = ids(ParkedKind::Invalid).remove(0);
-    Parked {
-        poison: ids(ParkedKind::Poison),
-        invalid,
-        store,
-        engine,
-    }
+    World::new(4, 10).unwrap().park(store).await.unwrap()
 }
 
 #[derive(Clone, Copy, Debug)]

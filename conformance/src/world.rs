@@ -12,7 +12,7 @@ use watukuy_core::{
     backoff::Backoff,
     clock::{Clock, ManualClock, TokioClock},
     rng::SeededRng,
-    store::{PKey, Store, ValidationIssue},
+    store::{PKey, ParkedKind, ParkedQuery, Store, ValidationIssue},
 };
 
 use crate::cases::fixtures::T0;
@@ -255,6 +255,36 @@ impl World {
         Ok(engine)
     }
 
+    /// A [`parking_engine`](Self::parking_engine) on `store` with a consumer failing `item-001`
+    /// and `item-003`, ticked once: two poison rows and one quarantined item, their ids read
+    /// back from the store (oldest first). Anything else parked is an error.
+    pub async fn park(&self, store: Arc<dyn Store>) -> Result<Parked> {
+        let consumer = Consumer::failing("cannot handle", &["item-001", "item-003"]);
+        let engine = self.parking_engine(Arc::clone(&store), &consumer)?;
+        self.tick(&engine).await?;
+        let rows = store.list_parked(&key(), ParkedQuery::default()).await?;
+        let ids = |kind: ParkedKind| -> Vec<String> {
+            rows.iter()
+                .filter(|row| row.kind == kind)
+                .map(|row| row.id.clone())
+                .collect()
+        };
+        let (poison, mut invalid) = (ids(ParkedKind::Poison), ids(ParkedKind::Invalid));
+        if poison.len() != 2 || invalid.len() != 1 {
+            return Err(watukuy_core::Error::config(
+                "world",
+                format!("expected 2 poison rows and 1 quarantined item, found {rows:?}"),
+            ));
+        }
+        Ok(Parked {
+            store,
+            engine,
+            consumer,
+            poison,
+            invalid: invalid.remove(0),
+        })
+    }
+
     /// Moves the clock forward.
     pub fn advance(&self, by: Duration) {
         self.clock.advance(by);
@@ -402,6 +432,21 @@ impl Recorder {
             .clear();
         self.count.send_replace(0);
     }
+}
+
+/// What [`World::park`] left: the store, the engine, its failing consumer, and the parked rows'
+/// ids by kind.
+pub struct Parked {
+    /// The store holding the rows.
+    pub store: Arc<dyn Store>,
+    /// The engine that parked them.
+    pub engine: Engine,
+    /// The consumer failing `item-001` and `item-003` ([`Consumer::heal`] lets them through).
+    pub consumer: Consumer,
+    /// The poison rows (`item-001`, `item-003`).
+    pub poison: Vec<String>,
+    /// The quarantined item (`item-004`).
+    pub invalid: String,
 }
 
 /// A handler for [`POLLER`] that records what it delivered and fails permanently (so the event

@@ -3,41 +3,16 @@
 
 use std::sync::Arc;
 
-use watukuy_conformance::world::{Consumer, POLLER, World, key};
+use watukuy_conformance::world::{POLLER, Parked, World, key};
 use watukuy_core::store::{PKey, ParkedKind, Store};
 use watukuy_core::{Error, ErrorCode, ops};
 use watukuy_store_memory::MemoryStore;
 
-/// A store holding the parked rows of one tick: item-001 and item-003 poison (their handler
-/// fails), item-004 quarantined (its check fails). The rows' ids, by kind.
-struct Parked {
-    store: Arc<dyn Store>,
-    poison: Vec<String>,
-    invalid: String,
-}
-
+/// A memory store holding the rows `World::park` parks: item-001 and item-003 poison, item-004
+/// quarantined.
 async fn parked() -> Parked {
-    let world = World::new(4, 10).unwrap();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let consumer = Consumer::failing("cannot handle", &["item-001", "item-003"]);
-    let engine = world.parking_engine(Arc::clone(&store), &consumer).unwrap();
-    world.tick(&engine).await.unwrap();
-    let rows = ops::list_parked(&*store, &key(), &ops::ParkedSelection::all())
-        .await
-        .unwrap();
-    let ids = |kind: ParkedKind| -> Vec<String> {
-        rows.iter()
-            .filter(|row| row.kind == kind)
-            .map(|row| row.id.clone())
-            .collect()
-    };
-    let (poison, invalid) = (ids(ParkedKind::Poison), ids(ParkedKind::Invalid));
-    assert_eq!((poison.len(), invalid.len()), (2, 1), "{rows:#?}");
-    Parked {
-        store,
-        poison,
-        invalid: invalid[0].clone(),
-    }
+    World::new(4, 10).unwrap().park(store).await.unwrap()
 }
 
 async fn parked_count(store: &dyn Store) -> u64 {
