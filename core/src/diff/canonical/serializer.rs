@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use serde::Serialize;
 use serde::ser::{self, Impossible};
 
-use super::write::{write_f32, write_f64, write_i128, write_json_text, write_string, write_u128};
+use super::write::{write_f32, write_f64, write_i128, write_string, write_u128};
 use super::{Error, NUMBER_TOKEN, RAW_VALUE_TOKEN, Seg, check_depth, write_nested};
 
 /// Writes one value's canonical text into `out`; `path` leads from the root to it.
@@ -680,3 +680,14 @@ impl ser::Serializer for StringCapture {
         Err(self.reject("an enum variant with data"))
     }
 }
+
+/// Parses embedded JSON text and writes its canonical form.
+fn write_json_text(out: &mut String, path: &mut Vec<Seg>, text: &str) -> Result<(), Error> {
+    let value: serde_json::Value = serde_json::from_str(text)
+        .map_err(|error| Error::new(format!("embedded JSON text does not parse: {error}")))?;
+    value.serialize(Canon { out, path })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The serializer
+// ---------------------------------------------------------------------------------------------

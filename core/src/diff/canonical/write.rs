@@ -1,9 +1,6 @@
 //! Strings and numbers written as ECMAScript writes them.
 
-use serde::Serialize;
-
-use super::serializer::Canon;
-use super::{Error, Seg};
+use super::Error;
 
 /// Writes `s` as a JSON string literal the way `JSON.stringify` does.
 pub(super) fn write_string(out: &mut String, s: &str) {
@@ -102,18 +99,3 @@ pub(super) fn write_f32(out: &mut String, value: f32) -> Result<(), Error> {
         .map_err(|error| Error::new(format!("cannot read back f32 {value}: {error}")))?;
     write_f64(out, double)
 }
-
-/// Parses embedded JSON text and writes its canonical form.
-pub(super) fn write_json_text(
-    out: &mut String,
-    path: &mut Vec<Seg>,
-    text: &str,
-) -> Result<(), Error> {
-    let value: serde_json::Value = serde_json::from_str(text)
-        .map_err(|error| Error::new(format!("embedded JSON text does not parse: {error}")))?;
-    value.serialize(Canon { out, path })
-}
-
-// ---------------------------------------------------------------------------------------------
-// The serializer
-// ---------------------------------------------------------------------------------------------
