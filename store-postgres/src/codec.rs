@@ -19,7 +19,9 @@ use watukuy_core::{
 };
 
 use crate::error::classify;
-use crate::store::PgQuery;
+
+/// A query with its arguments bound so far.
+pub(crate) type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
 /// Serializes a value the store writes as JSON text.
 pub(crate) use watukuy_core::json::encode_for_store as encode;

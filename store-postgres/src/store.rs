@@ -5,8 +5,8 @@ use std::str::FromStr;
 
 use async_trait::async_trait;
 use futures::stream::{self, BoxStream, StreamExt};
-use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgQueryResult, PgRow};
-use sqlx::{Connection, Executor, PgConnection, PgPool, Postgres, Row};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgQueryResult, PgRow};
+use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
 use watukuy_core::{
     Error, Result,
     store::{
@@ -17,6 +17,7 @@ use watukuy_core::{
 };
 
 use crate::SCHEMA_VERSION;
+use crate::codec::PgQuery;
 use crate::codec::{
     self, ItemParams, LogParams, OutboxParams, ParkedParams, StateParams, ValidatorParams, count,
     last_wins, limit,
@@ -25,8 +26,6 @@ use crate::error::classify;
 use crate::options::PostgresOptions;
 use crate::sql::{self, Statements};
 use crate::tls;
-
-pub(crate) type PgQuery<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
 
 /// The PostgreSQL [`Store`]: many instances share one database, fenced by leases.
 ///
