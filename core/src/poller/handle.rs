@@ -78,10 +78,15 @@ impl Poller {
             }
         }
         let candidates = crate::decide::dedupe_last_wins(candidates);
-        let from = crate::runner::EventSource::new(&source, &key, crate::model::Lane::Live, None);
-        let planned = crate::runner::plan(
-            def, &from, candidates, stored, false, sequence, None, now_ms,
-        )?;
+        let at = crate::runner::At {
+            now: now_ms,
+            sequence: *sequence,
+            cursor: None,
+        };
+        let mut from =
+            crate::runner::EventSource::new(&source, &key, crate::model::Lane::Live, None, at);
+        let planned = crate::runner::plan(def, &mut from, candidates, stored, false)?;
+        *sequence = from.sequence();
         quarantined.extend(planned.quarantined);
         Ok(PlannedPage {
             upserts: planned.upserts,

@@ -8,14 +8,12 @@ use futures::stream::BoxStream;
 use crate::cursor::{Cursor, SharedStrategy};
 use crate::delivery::DrainReport;
 use crate::error::{BoxError, Error, Result};
-use crate::event::Event;
 use crate::fetch::Page;
 use crate::full_scan::FullScan;
 use crate::hooks::{HookContext, Phase};
-use crate::model::{
-    EventCounts, ItemRow, Lane, ParkedRow, PollSummary, PollerState, RateLimitInfo, ScheduleState,
-};
+use crate::model::{EventCounts, Lane, PollSummary, PollerState, RateLimitInfo, ScheduleState};
 use crate::poller::FetchSource;
+use crate::runner::plan::Progress;
 use crate::runner::{CycleError, PollResult, Run, RunReport};
 use crate::store::DEFAULT_IDENTITY_BATCH;
 
@@ -192,8 +190,7 @@ impl Run<'_> {
         mut scan: Option<&mut FullScan<'_>>,
     ) -> Result<(), CycleError> {
         let strategy = Arc::clone(&cycle.spec.strategy);
-        let fetch = cycle.spec.fetch.clone();
-        let (lane, cap) = (cycle.spec.lane, cycle.spec.cap);
+        let lane = cycle.spec.lane;
         // A full scan always lists from its first page: its deletes come from one complete
         // listing, so a scan interrupted at page k (a crash, a failed request, a deadline) starts
         // over instead of resuming with pages 1..k unseen.
@@ -222,13 +219,7 @@ impl Run<'_> {
         // page is fetched, validated and committed (each step joins the drain before it ends).
         let mut draining: Option<BoxFuture<'_, Result<DrainReport>>> = None;
         loop {
-            let step = self.page(
-                cycle,
-                scan.as_deref_mut(),
-                (&strategy, &fetch, lane, cap),
-                &mut cursor,
-                &mut stream,
-            );
+            let step = self.page(cycle, scan.as_deref_mut(), &mut cursor, &mut stream);
             let (drained, step) = match draining.take() {
                 Some(drain) => {
                     let (drained, step) = tokio::join!(drain, step);
@@ -249,8 +240,7 @@ impl Run<'_> {
                 if self.rt.def.overlap_delivery && !last {
                     draining = Some(Box::pin(self.drain()));
                 } else {
-                    let drained = self.drain().await;
-                    self.delivered(cycle, drained).await?;
+                    self.deliver(cycle).await?;
                     if cycle.halted {
                         return Ok(());
                     }
@@ -301,32 +291,6 @@ pub(super) fn fetch_failure(error: BoxError) -> CycleError {
         error,
         phase: Phase::Fetch,
         throttle,
-    }
-}
-
-/// The page work ready to commit.
-#[derive(Default)]
-pub(super) struct Processed {
-    pub(super) upserts: Vec<ItemRow>,
-    pub(super) deletes: Vec<String>,
-    pub(super) events: Vec<Event>,
-    /// Invalid items, parked with the page (`on_invalid: quarantine`).
-    pub(super) quarantined: Vec<ParkedRow>,
-    /// The validators of the responses the page was built from.
-    pub(super) validators: Vec<crate::model::UrlValidator>,
-    /// A full scan's new suspects, replacing the lane's (see `DeleteConfirmation`).
-    pub(super) suspects: Option<Vec<String>>,
-}
-
-impl Processed {
-    /// Nothing for the store: no row, event, parked item, validator or suspect change.
-    pub(super) fn writes_nothing(&self) -> bool {
-        self.upserts.is_empty()
-            && self.deletes.is_empty()
-            && self.events.is_empty()
-            && self.quarantined.is_empty()
-            && self.validators.is_empty()
-            && self.suspects.is_none()
     }
 }
 
@@ -384,6 +348,18 @@ pub(super) struct Cycle {
 }
 
 impl Cycle {
+    /// Moves the cycle to where a committed page leaves it (see `PagePlan`).
+    pub(super) fn apply(&mut self, progress: Progress) {
+        if let Some(sequence) = progress.sequence {
+            self.sequence = sequence;
+        }
+        if let Some(cursor) = progress.cursor {
+            self.cursor = Some(cursor);
+        }
+        self.done |= progress.done;
+        self.unknown_invalid |= progress.unknown_invalid;
+    }
+
     fn new(state: PollerState, schedule: ScheduleState, spec: LaneSpec, hook: HookContext) -> Self {
         Self {
             spec,

@@ -14,8 +14,8 @@ use crate::hooks::Phase;
 use crate::json::Json;
 use crate::model::{PKey, ParkedRow};
 use crate::poller::{Candidate, DeleteConfirmation, LookupDef, PollerDef, Prepared};
-use crate::runner::cycle::{Cycle, Processed, fetch_failure};
-use crate::runner::plan::{invalid, plan, plan_deletes};
+use crate::runner::cycle::{Cycle, fetch_failure};
+use crate::runner::plan::{At, PagePlan, Progress, invalid, plan, plan_deletes};
 use crate::runner::{CycleError, Run};
 use crate::store::DEFAULT_IDENTITY_BATCH;
 
@@ -73,35 +73,25 @@ impl Run<'_> {
         }
         let mut suspects = Some(suspects).filter(|s| *s != previous);
         let now = self.now();
-        let cursor_json = self.cursor_json(cycle);
         let mut chunks = confirmed.chunks(DEFAULT_IDENTITY_BATCH).peekable();
         if chunks.peek().is_none() {
             if let Some(suspects) = suspects.take() {
-                let processed = Processed {
+                let plan = PagePlan {
                     suspects: Some(suspects),
-                    ..Processed::default()
+                    ..PagePlan::default()
                 };
-                self.commit(cycle, processed).await?;
+                self.commit(cycle, plan).await?;
             }
             return Ok(());
         }
         while let Some(chunk) = chunks.next() {
             self.check_running()?;
             let rows = self.shared.store.load_versions(&self.key, chunk).await?;
-            let mut sequence = cycle.sequence;
-            let events = plan_deletes(
-                def,
-                &self.event_source(cycle),
-                chunk,
-                &rows,
-                &mut sequence,
-                cursor_json.as_ref(),
-                now,
-            );
-            cycle.sequence = sequence;
+            let mut from = self.event_source(cycle, self.at(cycle, now));
+            let events = plan_deletes(def, &mut from, chunk, &rows);
             // The new suspects land with the last chunk: a crash before it keeps the old ones,
             // so the confirmed deletes not yet committed are confirmed again next time.
-            let processed = Processed {
+            let plan = PagePlan {
                 deletes: chunk.to_vec(),
                 events,
                 suspects: if chunks.peek().is_none() {
@@ -109,12 +99,13 @@ impl Run<'_> {
                 } else {
                     None
                 },
-                ..Processed::default()
+                progress: Progress {
+                    sequence: Some(from.sequence()),
+                    ..Progress::default()
+                },
+                ..PagePlan::default()
             };
-            if self.commit(cycle, processed).await? > 0 {
-                let drained = self.drain().await;
-                self.delivered(cycle, drained).await?;
-            }
+            self.commit_and_deliver(cycle, plan).await?;
             if cycle.halted {
                 break;
             }
@@ -122,12 +113,17 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// The cursor the cycle ended on, as the JSON its events carry.
-    fn cursor_json(&self, cycle: &Cycle) -> Option<Json> {
-        cycle
-            .cursor
-            .as_ref()
-            .and_then(|c| Json::parse(&cycle.spec.strategy.serialize(c)).ok())
+    /// The deletes' events are made `now`, after the cycle's sequence, with the cursor the
+    /// cycle ended on.
+    fn at(&self, cycle: &Cycle, now: i64) -> At {
+        At {
+            now,
+            sequence: cycle.sequence,
+            cursor: cycle
+                .cursor
+                .as_ref()
+                .and_then(|c| Json::parse(&cycle.spec.strategy.serialize(c)).ok()),
+        }
     }
 
     /// `DeleteConfirmation::Lookup`: looks `missing` up batch by batch; each batch commits the
@@ -145,7 +141,6 @@ impl Run<'_> {
         let def = &self.rt.def;
         let lane = cycle.spec.lane;
         tracing::info!(key = %self.key, lane = lane.as_str(), missing = missing.len(), batch_size = lookup.batch_size, "looking up the items missing from a listing of several pages");
-        let cursor_json = self.cursor_json(cycle);
         let batches: Vec<&[String]> = missing.chunks(lookup.batch_size).collect();
         // Suspects no lookup could decide, in ascending order (`missing` is).
         let mut undecided: Vec<String> = Vec::new();
@@ -164,11 +159,11 @@ impl Run<'_> {
                     // Nothing of this batch or the later ones is decided: they stay suspects.
                     undecided.extend(rest());
                     if undecided != previous {
-                        let processed = Processed {
+                        let plan = PagePlan {
                             suspects: Some(undecided),
-                            ..Processed::default()
+                            ..PagePlan::default()
                         };
-                        self.commit(cycle, processed).await?;
+                        self.commit(cycle, plan).await?;
                     }
                     return match failed_or_stopped {
                         Some(Err(error)) => Err(error),
@@ -204,52 +199,32 @@ impl Run<'_> {
                 .store
                 .load_versions(&self.key, &identities)
                 .await?;
-            let mut sequence = cycle.sequence;
-            let from = self.event_source(cycle);
-            let planned = plan(
-                def,
-                &from,
-                resolved.found,
-                &rows,
-                false,
-                &mut sequence,
-                cursor_json.as_ref(),
-                now,
-            )
-            .map_err(|error| CycleError::Failed {
-                error,
-                phase: Phase::Fetch,
-                throttle: None,
+            let mut from = self.event_source(cycle, self.at(cycle, now));
+            let diff = plan(def, &mut from, resolved.found, &rows, false).map_err(|error| {
+                CycleError::Failed {
+                    error,
+                    phase: Phase::Fetch,
+                    throttle: None,
+                }
             })?;
-            let mut events = planned.events;
-            events.extend(plan_deletes(
-                def,
-                &from,
-                &resolved.gone,
-                &rows,
-                &mut sequence,
-                cursor_json.as_ref(),
-                now,
-            ));
-            cycle.sequence = sequence;
+            let mut events = diff.events;
+            events.extend(plan_deletes(def, &mut from, &resolved.gone, &rows));
             let mut quarantined = resolved.quarantined;
-            quarantined.extend(planned.quarantined);
+            quarantined.extend(diff.quarantined);
             let last = index + 1 == batches.len();
-            let processed = Processed {
-                upserts: planned.upserts,
+            let plan = PagePlan {
+                upserts: diff.upserts,
                 deletes: resolved.gone,
                 events,
                 quarantined,
                 suspects: (last && undecided != previous).then(|| undecided.clone()),
-                ..Processed::default()
+                progress: Progress {
+                    sequence: Some(from.sequence()),
+                    ..Progress::default()
+                },
+                ..PagePlan::default()
             };
-            let quarantined = processed.quarantined.len() as u64;
-            let committed = self.commit(cycle, processed).await?;
-            cycle.quarantined += quarantined;
-            if committed > 0 {
-                let drained = self.drain().await;
-                self.delivered(cycle, drained).await?;
-            }
+            self.commit_and_deliver(cycle, plan).await?;
         }
         Ok(())
     }

@@ -28,7 +28,7 @@ use cycle::{Cycle, LaneSpec};
 pub(crate) use lease::HeldLeases;
 use lease::LeaseKeeper;
 #[cfg(feature = "unstable")]
-pub(crate) use plan::{EventSource, plan, prepare_item};
+pub(crate) use plan::{At, EventSource, plan, prepare_item};
 
 /// What the engine shares with every run.
 pub(crate) struct Shared {

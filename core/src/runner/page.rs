@@ -7,15 +7,16 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use tracing::Instrument;
 
-use crate::cursor::{Cursor, SharedStrategy};
+use crate::cursor::Cursor;
 use crate::error::{BoxError, Error};
 use crate::event::EventType;
 use crate::fetch::{FetchContext, Page};
 use crate::full_scan::FullScan;
 use crate::hooks::{CommitInfo, FetchInfo, Phase};
-use crate::model::{CommitBatch, Lane, LaneCursor, OutboxRow, StatePatch};
+use crate::model::{CommitBatch, LaneCursor, OutboxRow, StatePatch};
 use crate::poller::FetchSource;
-use crate::runner::cycle::{Cycle, PageStep, Processed, fetch_failure};
+use crate::runner::cycle::{Cycle, PageStep, fetch_failure};
+use crate::runner::plan::PagePlan;
 use crate::runner::{CycleError, Run};
 
 impl Run<'_> {
@@ -24,21 +25,22 @@ impl Run<'_> {
         &self,
         cycle: &mut Cycle,
         scan: Option<&mut FullScan<'_>>,
-        (strategy, fetch, lane, cap): (&SharedStrategy, &FetchSource, Lane, u32),
         cursor: &mut Cursor,
         stream: &mut Option<BoxStream<'static, Result<Page, BoxError>>>,
     ) -> Result<PageStep, CycleError> {
         self.check_running()?;
-        if self.deadline_ms.is_some_and(|d| self.now() >= d) || u64::from(cap) <= cycle.pages {
+        if self.deadline_ms.is_some_and(|d| self.now() >= d)
+            || u64::from(cycle.spec.cap) <= cycle.pages
+        {
             cycle.truncated = true;
             return Ok(PageStep::End);
         }
         let page_index = u32::try_from(cycle.pages + 1).unwrap_or(u32::MAX);
         let ctx = FetchContext {
-            cursor: strategy.for_fetch(cursor, cycle.pages == 0),
+            cursor: cycle.spec.strategy.for_fetch(cursor, cycle.pages == 0),
             page: page_index,
             partition: self.partition.clone(),
-            lane,
+            lane: cycle.spec.lane,
             cancel: self.cancel.clone(),
             budget: self.budget_charge(cycle),
             validators: cycle.validators.clone(),
@@ -47,7 +49,7 @@ impl Run<'_> {
         let fetch_started = self.now();
         let span = tracing::info_span!("watukuy.fetch", page = page_index);
         let fetching = async {
-            match fetch {
+            match &cycle.spec.fetch {
                 FetchSource::Pages(fetch) => Some(fetch.fetch(ctx).await),
                 FetchSource::Stream(source) => {
                     stream.get_or_insert_with(|| source.pages(ctx)).next().await
@@ -105,11 +107,10 @@ impl Run<'_> {
             });
         }
         let fetched = page.items.len() + page.rejected.len();
-        let mut processed = self.process(cycle, scan, cursor, page).await?;
-        processed.validators = staged;
-        let quarantined = processed.quarantined.len();
-        let events = self.commit(cycle, processed).await?;
-        cycle.quarantined += quarantined as u64;
+        let mut plan = self.process(cycle, scan, cursor, page).await?;
+        plan.validators = staged;
+        let quarantined = plan.quarantined.len();
+        let events = self.commit(cycle, plan).await?;
         if quarantined > 0 && quarantined == fetched {
             // Silent otherwise: the cursor moved past items that all went to quarantine, which
             // is usually a wrong item type rather than bad data.
@@ -172,33 +173,43 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Commits one page's work in one `commit_poll` and reports it to the hooks; returns how
-    /// many events it committed (the caller delivers them).
+    /// Commits one page's plan in one `commit_poll`, then moves the cycle to it and reports it
+    /// to the hooks; returns how many events it committed (the caller delivers them). A failed
+    /// commit leaves the cycle as it was: the next cycle fetches the page again.
     pub(super) async fn commit(
         &self,
         cycle: &mut Cycle,
-        processed: Processed,
+        plan: PagePlan,
     ) -> Result<usize, CycleError> {
         let now = self.now();
-        let quiet = processed.writes_nothing()
-            && cycle.state.schema_version == Some(self.rt.def.schema_version);
+        let quiet =
+            plan.writes_nothing() && cycle.state.schema_version == Some(self.rt.def.schema_version);
+        let PagePlan {
+            upserts,
+            deletes,
+            events,
+            quarantined,
+            validators,
+            suspects,
+            progress,
+        } = plan;
         let mut lanes = cycle.state.lanes.clone();
         let slot = lanes
             .slot(cycle.spec.lane)
             .get_or_insert_with(LaneCursor::default);
-        if let Some(cursor) = &cycle.cursor {
+        if let Some(cursor) = progress.cursor.as_ref().or(cycle.cursor.as_ref()) {
             slot.cursor = Some(cycle.spec.strategy.serialize(cursor));
         }
-        if let Some(suspects) = processed.suspects {
+        if let Some(suspects) = suspects {
             slot.suspects = Some(suspects).filter(|s| !s.is_empty());
         }
-        let events = processed.events.len();
         if quiet {
             // A page that changed nothing (the idle poll) costs no commit: its cursor rides
             // with the cycle's next write, at the latest its bookkeeping. A crash before that
             // fetches the page again, which changes nothing again.
             cycle.state.lanes = lanes;
             cycle.unsaved_lanes = true;
+            cycle.apply(progress);
             return Ok(0);
         }
         let batch = CommitBatch {
@@ -207,20 +218,20 @@ impl Run<'_> {
                 schedule: Some(cycle.schedule.clone()),
                 paused: None,
                 schema_version: Some(self.rt.def.schema_version),
-                sequence: Some(cycle.sequence),
+                sequence: Some(progress.sequence.unwrap_or(cycle.sequence)),
                 updated_at: Some(now),
             },
-            upserts: processed.upserts,
-            deletes: processed.deletes,
-            events: processed
-                .events
+            upserts,
+            deletes,
+            events: events
                 .into_iter()
                 .map(|e| OutboxRow::pending(e, now))
                 .collect(),
             log: self.rt.def.log_retention.is_some(),
-            parked: processed.quarantined,
-            validators: processed.validators,
+            parked: quarantined,
+            validators,
         };
+        let events = batch.events.len();
         let started = self.now();
         match self
             .shared
@@ -237,9 +248,6 @@ impl Run<'_> {
             Ok(()) => {}
             Err(Error::LeaseLost { epoch, .. }) => return Err(CycleError::LeaseLost(epoch)),
             Err(error) => {
-                // Nothing of the page persisted; the cursor did not move, so the next cycle
-                // fetches the page again.
-                cycle.sequence -= i64::try_from(events).unwrap_or(0);
                 return Err(CycleError::Failed {
                     error,
                     phase: Phase::Commit,
@@ -249,7 +257,8 @@ impl Run<'_> {
         }
         cycle.state.lanes = lanes;
         cycle.unsaved_lanes = false;
-        // Counted only now: a failed commit leaves the cycle's counts describing nothing of it.
+        cycle.apply(progress);
+        cycle.quarantined += batch.parked.len() as u64;
         for row in &batch.events {
             match row.event.event_type {
                 EventType::Created => cycle.counts.created += 1,
@@ -277,5 +286,23 @@ impl Run<'_> {
                 .await;
         }
         Ok(events)
+    }
+
+    /// Commits a plan and delivers what it committed before the cycle goes on.
+    pub(super) async fn commit_and_deliver(
+        &self,
+        cycle: &mut Cycle,
+        plan: PagePlan,
+    ) -> Result<(), CycleError> {
+        if self.commit(cycle, plan).await? > 0 {
+            self.deliver(cycle).await?;
+        }
+        Ok(())
+    }
+
+    /// Drains the key's outbox and counts what it delivered into the cycle.
+    pub(super) async fn deliver(&self, cycle: &mut Cycle) -> Result<(), CycleError> {
+        let drained = self.drain().await;
+        self.delivered(cycle, drained).await
     }
 }

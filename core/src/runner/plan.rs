@@ -6,8 +6,6 @@ use std::collections::HashMap;
 
 use smol_str::SmolStr;
 
-use std::sync::Arc;
-
 use crate::clock::format_rfc3339_ms;
 use crate::cursor::{AdvanceInput, Cursor, SharedStrategy};
 use crate::decide::{decide, dedupe_last_wins, unchanged_by_version};
@@ -20,11 +18,12 @@ use crate::hooks::Phase;
 use crate::json::Json;
 use crate::model::{ItemRow, Lane, PKey, ParkedError, ParkedKind, ParkedRow, SerializedError};
 use crate::poller::{OnInvalid, PollerDef, Prepared, Retain};
-use crate::runner::cycle::{Cycle, Processed};
+use crate::runner::cycle::{Cycle, LaneSpec};
 use crate::runner::{CycleError, Run};
 
-/// Where a page's events come from: what their ids and envelopes are made of. The strings every
-/// event of the page shares are made once, and each event takes a cheap clone of them.
+/// Where and when a page's events are made: what their ids and envelopes are made of, the
+/// cursor they carry, and the sequence they continue. The strings every event of the page shares
+/// are made once, and each event takes a cheap clone of them.
 pub(crate) struct EventSource<'a> {
     /// The poller's event source (`urn:watukuy:…`).
     source: SmolStr,
@@ -36,11 +35,44 @@ pub(crate) struct EventSource<'a> {
     lane: Lane,
     /// The W3C traceparent of the cycle.
     traceparent: Option<SmolStr>,
+    /// The planning's time: the events' `time`, the rows' `seen_at`.
+    pub(crate) now: i64,
+    time: SmolStr,
+    /// The cursor the events carry.
+    cursor: Option<Json>,
+    /// The sequence of the last event made (the next one takes the one after).
+    sequence: i64,
+}
+
+/// When a page is planned: its time, the sequence its events continue and the cursor they carry.
+pub(crate) struct At {
+    /// The planning's time (epoch milliseconds).
+    pub(crate) now: i64,
+    /// The sequence of the last event before the page's.
+    pub(crate) sequence: i64,
+    /// The cursor the page's events carry.
+    pub(crate) cursor: Option<Json>,
+}
+
+/// One observation of an item, which an event reports.
+pub(crate) struct Observed<'i> {
+    pub(crate) identity: &'i str,
+    /// The item's version, or its content hash: part of the event id.
+    pub(crate) version_or_hash: &'i str,
+    pub(crate) event_type: EventType,
+    pub(crate) data: Option<Json>,
+    pub(crate) previous: Option<Json>,
 }
 
 impl<'a> EventSource<'a> {
-    /// The events of `key`'s pages read on `lane`.
-    pub(crate) fn new(source: &str, key: &'a PKey, lane: Lane, traceparent: Option<&str>) -> Self {
+    /// The events of `key`'s pages read on `lane`, made `at` a time, a sequence and a cursor.
+    pub(crate) fn new(
+        source: &str,
+        key: &'a PKey,
+        lane: Lane,
+        traceparent: Option<&str>,
+        at: At,
+    ) -> Self {
         Self {
             source: SmolStr::new(source),
             key,
@@ -48,44 +80,42 @@ impl<'a> EventSource<'a> {
             partition: SmolStr::new(&key.partition),
             lane,
             traceparent: traceparent.map(SmolStr::new),
+            now: at.now,
+            time: SmolStr::from(format_rfc3339_ms(at.now)),
+            cursor: at.cursor,
+            sequence: at.sequence,
         }
     }
 
+    /// The sequence of the last event made.
+    pub(crate) fn sequence(&self) -> i64 {
+        self.sequence
+    }
+
     /// The event of one observation, with the next sequence.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn event(
-        &self,
-        def: &PollerDef,
-        sequence: &mut i64,
-        identity: &str,
-        version_or_hash: &str,
-        event_type: EventType,
-        (data, previous): (Option<Json>, Option<Json>),
-        cursor: Option<Json>,
-        time: &SmolStr,
-    ) -> Event {
-        *sequence += 1;
+    pub(crate) fn event(&mut self, schema_version: u32, observed: Observed<'_>) -> Event {
+        self.sequence += 1;
         let id = crate::diff::event_id_text(&EventIdParts {
             source: &self.source,
             partition: &self.key.partition,
-            identity,
-            version_or_hash,
-            schema_version: def.schema_version,
-            event_type,
+            identity: observed.identity,
+            version_or_hash: observed.version_or_hash,
+            schema_version,
+            event_type: observed.event_type,
         });
         Event {
             id,
-            event_type,
+            event_type: observed.event_type,
             source: self.source.clone(),
-            subject: SmolStr::new(identity),
-            time: time.clone(),
+            subject: SmolStr::new(observed.identity),
+            time: self.time.clone(),
             poller: self.poller.clone(),
             partition: self.partition.clone(),
             lane: self.lane,
-            sequence: *sequence,
-            cursor,
-            data,
-            previous,
+            sequence: self.sequence,
+            cursor: self.cursor.clone(),
+            data: observed.data,
+            previous: observed.previous,
             attempt: 0,
             traceparent: self.traceparent.clone(),
         }
@@ -213,7 +243,7 @@ pub(crate) fn prepare(
 
 /// A page's snapshot delta and events.
 #[derive(Default)]
-pub(crate) struct PagePlan {
+pub(crate) struct Diff {
     /// Snapshot rows to write.
     pub(crate) upserts: Vec<ItemRow>,
     /// The page's events, with their sequences.
@@ -225,20 +255,16 @@ pub(crate) struct PagePlan {
 /// Diffs a page's valid items against their stored rows (pure: no store, no clock): the
 /// decision table decides each item's event and whether its row is written; unchanged rows are
 /// not rewritten; a forced backfill re-emits known, unchanged items as `updated`; every event
-/// takes the next `sequence`.
-#[allow(clippy::too_many_arguments)]
+/// takes the next sequence of `events`.
 pub(crate) fn plan(
     def: &PollerDef,
-    events_from: &EventSource<'_>,
+    events: &mut EventSource<'_>,
     valid: Vec<(String, crate::poller::Candidate)>,
     stored: &HashMap<String, ItemRow>,
     force: bool,
-    sequence: &mut i64,
-    cursor_json: Option<&Json>,
-    now: i64,
-) -> Result<PagePlan> {
-    let mut out = PagePlan::default();
-    let time = SmolStr::from(format_rfc3339_ms(now));
+) -> Result<Diff> {
+    let mut out = Diff::default();
+    let now = events.now;
     for (identity, mut candidate) in valid {
         let row = stored.get(&identity);
         let version = candidate.version.clone();
@@ -258,7 +284,7 @@ pub(crate) fn plan(
                     message: format!("item {identity:?} cannot be fingerprinted: {error}"),
                     path: None,
                 }];
-                let key = events_from.key;
+                let key = events.key;
                 let row = invalid(def, key, || Json::from_value(&value), issues, now)?;
                 out.quarantined.extend(row);
                 continue;
@@ -292,15 +318,15 @@ pub(crate) fn plan(
                 _ => None,
             };
             let version_or_hash = version.unwrap_or(hash);
-            out.events.push(events_from.event(
-                def,
-                sequence,
-                &identity,
-                &version_or_hash,
-                event_type,
-                (Some(data), previous),
-                cursor_json.cloned(),
-                &time,
+            out.events.push(events.event(
+                def.schema_version,
+                Observed {
+                    identity: &identity,
+                    version_or_hash: &version_or_hash,
+                    event_type,
+                    data: Some(data),
+                    previous,
+                },
             ));
         }
     }
@@ -312,14 +338,10 @@ pub(crate) fn plan(
 /// `previous`. Identities without a stored row are skipped.
 pub(crate) fn plan_deletes(
     def: &PollerDef,
-    events_from: &EventSource<'_>,
+    events: &mut EventSource<'_>,
     identities: &[String],
     stored: &HashMap<String, ItemRow>,
-    sequence: &mut i64,
-    cursor_json: Option<&Json>,
-    now: i64,
 ) -> Vec<Event> {
-    let time = SmolStr::from(format_rfc3339_ms(now));
     identities
         .iter()
         .filter_map(|identity| {
@@ -327,56 +349,136 @@ pub(crate) fn plan_deletes(
             let payload = (def.retain == Retain::Payload)
                 .then(|| row.payload.clone())
                 .flatten();
-            let version_or_hash = row.version.as_deref().unwrap_or(&row.hash);
-            Some(events_from.event(
-                def,
-                sequence,
-                identity,
-                version_or_hash,
-                EventType::Deleted,
-                (payload.clone(), payload),
-                cursor_json.cloned(),
-                &time,
+            Some(events.event(
+                def.schema_version,
+                Observed {
+                    identity,
+                    version_or_hash: row.version.as_deref().unwrap_or(&row.hash),
+                    event_type: EventType::Deleted,
+                    data: payload.clone(),
+                    previous: payload,
+                },
             ))
         })
         .collect()
 }
 
+/// A page's work as a value: what its one `commit_poll` writes, and what the cycle's running
+/// state becomes once that commit succeeded ([`Progress`]). Nothing of it touches the cycle
+/// before then: a failed commit leaves the cycle as it was.
+#[derive(Default)]
+pub(super) struct PagePlan {
+    pub(super) upserts: Vec<ItemRow>,
+    pub(super) deletes: Vec<String>,
+    pub(super) events: Vec<Event>,
+    /// Invalid items, parked with the page (`on_invalid: quarantine`).
+    pub(super) quarantined: Vec<ParkedRow>,
+    /// The validators of the responses the page was built from.
+    pub(super) validators: Vec<crate::model::UrlValidator>,
+    /// A full scan's new suspects, replacing the lane's (see `DeleteConfirmation`).
+    pub(super) suspects: Option<Vec<String>>,
+    /// The cycle after the commit.
+    pub(super) progress: Progress,
+}
+
+/// What a committed page moves the cycle to.
+#[derive(Default)]
+pub(super) struct Progress {
+    /// The sequence of the page's last event (`None`: the page made no event).
+    pub(super) sequence: Option<i64>,
+    /// Where the lane's cursor moves (`None`: it stays).
+    pub(super) cursor: Option<Cursor>,
+    /// The listing is complete (or a backfill reached its target).
+    pub(super) done: bool,
+    /// A full scan's page held an invalid item without a readable identity: no deletes this
+    /// cycle.
+    pub(super) unknown_invalid: bool,
+}
+
+impl PagePlan {
+    /// Nothing for the store: no row, event, parked item, validator or suspect change.
+    pub(super) fn writes_nothing(&self) -> bool {
+        self.upserts.is_empty()
+            && self.deletes.is_empty()
+            && self.events.is_empty()
+            && self.quarantined.is_empty()
+            && self.validators.is_empty()
+            && self.suspects.is_none()
+    }
+}
+
+/// Plans a listed page (pure): [`plan`] over the prepared items and their stored rows, the
+/// cursor's move (to the strategy's end-of-cycle cursor when the listing is complete), and
+/// whether the cycle is done (a backfill also stops once it reached its target).
+pub(super) fn page_plan(
+    def: &PollerDef,
+    spec: &LaneSpec,
+    prepared: PreparedPage,
+    stored: &HashMap<String, ItemRow>,
+    mut events: EventSource<'_>,
+) -> Result<PagePlan> {
+    let diff = plan(def, &mut events, prepared.valid, stored, spec.force)?;
+    let advance = prepared.advance;
+    let strategy = &spec.strategy;
+    let reached = spec
+        .target
+        .as_ref()
+        .is_some_and(|t| strategy.reached(&advance.cursor, t));
+    let cursor = if advance.done {
+        strategy.on_cycle_complete(&advance.cursor)
+    } else {
+        advance.cursor
+    };
+    let mut quarantined = prepared.quarantined;
+    quarantined.extend(diff.quarantined);
+    Ok(PagePlan {
+        upserts: diff.upserts,
+        events: diff.events,
+        quarantined,
+        progress: Progress {
+            sequence: Some(events.sequence()),
+            cursor: Some(cursor),
+            done: advance.done || reached,
+            unknown_invalid: spec.full_scan && prepared.unknown_invalid,
+        },
+        ..PagePlan::default()
+    })
+}
+
 impl Run<'_> {
-    /// Where this cycle's events come from.
-    pub(super) fn event_source<'c>(&'c self, cycle: &'c Cycle) -> EventSource<'c> {
+    /// Where this cycle's events come from, made `at` a time, a sequence and a cursor.
+    pub(super) fn event_source<'c>(&'c self, cycle: &'c Cycle, at: At) -> EventSource<'c> {
         EventSource::new(
             &self.rt.source,
             &self.key,
             cycle.spec.lane,
             cycle.traceparent.as_deref(),
+            at,
         )
     }
 
     /// Plans one page: [`prepare`], the full scan's merge of the listed identities (before the
-    /// page is committed), the stored rows of the page's items, [`plan`].
+    /// page is committed), the stored rows of the page's items, [`page_plan`]. Reads only: the
+    /// cycle moves when the plan is committed.
     pub(super) async fn process(
         &self,
-        cycle: &mut Cycle,
+        cycle: &Cycle,
         scan: Option<&mut FullScan<'_>>,
         cursor: &Cursor,
         page: Page,
-    ) -> Result<Processed, CycleError> {
+    ) -> Result<PagePlan, CycleError> {
         let def = &self.rt.def;
         let now = self.now();
-        let strategy = Arc::clone(&cycle.spec.strategy);
+        let strategy = &cycle.spec.strategy;
         let fetch_phase = |error| CycleError::Failed {
             error,
             phase: Phase::Fetch,
             throttle: None,
         };
-        let prepared =
-            prepare(def, &strategy, &self.key, cursor, &page, now).map_err(fetch_phase)?;
-        if cycle.spec.full_scan {
-            cycle.unknown_invalid |= prepared.unknown_invalid;
-        }
+        let mut prepared =
+            prepare(def, strategy, &self.key, cursor, &page, now).map_err(fetch_phase)?;
         if let Some(scan) = scan {
-            scan.list(prepared.listed).await?;
+            scan.list(std::mem::take(&mut prepared.listed)).await?;
         }
         let identities: Vec<String> = prepared.valid.iter().map(|(id, _)| id.clone()).collect();
         let stored = if identities.is_empty() {
@@ -387,41 +489,19 @@ impl Run<'_> {
                 .load_versions(&self.key, &identities)
                 .await?
         };
-        let advance = prepared.advance;
-        let cursor_json = Json::parse(&strategy.serialize(&advance.cursor)).ok();
-        let mut sequence = cycle.sequence;
-        let planned = plan(
-            def,
-            &self.event_source(cycle),
-            prepared.valid,
-            &stored,
-            cycle.spec.force,
-            &mut sequence,
-            cursor_json.as_ref(),
+        let at = At {
             now,
+            sequence: cycle.sequence,
+            cursor: Json::parse(&strategy.serialize(&prepared.advance.cursor)).ok(),
+        };
+        page_plan(
+            def,
+            &cycle.spec,
+            prepared,
+            &stored,
+            self.event_source(cycle, at),
         )
-        .map_err(fetch_phase)?;
-        cycle.sequence = sequence;
-        // A backfill also stops once it reached its target.
-        let reached = cycle
-            .spec
-            .target
-            .as_ref()
-            .is_some_and(|t| strategy.reached(&advance.cursor, t));
-        cycle.done = advance.done || reached;
-        cycle.cursor = Some(if advance.done {
-            strategy.on_cycle_complete(&advance.cursor)
-        } else {
-            advance.cursor
-        });
-        let mut quarantined = prepared.quarantined;
-        quarantined.extend(planned.quarantined);
-        Ok(Processed {
-            upserts: planned.upserts,
-            events: planned.events,
-            quarantined,
-            ..Processed::default()
-        })
+        .map_err(fetch_phase)
     }
 }
 
@@ -456,6 +536,8 @@ pub(super) fn quarantine_row(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use serde_json::json;
 
     use super::*;
@@ -486,8 +568,13 @@ mod tests {
         PKey::new("orders", "eu")
     }
 
-    fn source(key: &PKey) -> EventSource<'_> {
-        EventSource::new("urn:watukuy:orders", key, Lane::Live, None)
+    fn source(key: &PKey, sequence: i64) -> EventSource<'_> {
+        let at = At {
+            now: NOW,
+            sequence,
+            cursor: None,
+        };
+        EventSource::new("urn:watukuy:orders", key, Lane::Live, None, at)
     }
 
     fn page(items: serde_json::Value) -> Page {
@@ -587,18 +674,8 @@ mod tests {
             { "id": "new", "total": 3 },
         ]));
         let valid = prepared(&def, &page).expect("valid").valid;
-        let mut sequence = 41;
-        let planned = plan(
-            &def,
-            &source(&key),
-            valid,
-            &rows,
-            false,
-            &mut sequence,
-            None,
-            NOW,
-        )
-        .expect("a plan");
+        let mut from = source(&key, 41);
+        let planned = plan(&def, &mut from, valid, &rows, false).expect("a plan");
         let events: Vec<(EventType, &str, i64)> = planned
             .events
             .iter()
@@ -611,7 +688,7 @@ mod tests {
                 (EventType::Created, "new", 43)
             ]
         );
-        assert_eq!(sequence, 43);
+        assert_eq!(from.sequence(), 43);
         let upserted: Vec<&str> = planned
             .upserts
             .iter()
@@ -651,18 +728,7 @@ mod tests {
         let valid = prepared(&def, &page(json!([{ "id": "same", "total": 1 }])))
             .expect("valid")
             .valid;
-        let mut sequence = 0;
-        let planned = plan(
-            &def,
-            &source(&key),
-            valid,
-            &rows,
-            true,
-            &mut sequence,
-            None,
-            NOW,
-        )
-        .expect("a plan");
+        let planned = plan(&def, &mut source(&key, 0), valid, &rows, true).expect("a plan");
         assert_eq!(planned.events.len(), 1);
         assert_eq!(planned.events[0].event_type, EventType::Updated);
     }
@@ -673,17 +739,8 @@ mod tests {
         let key = key();
         let row = stored("gone", &def, 7);
         let rows: HashMap<String, ItemRow> = [(row.identity.clone(), row.clone())].into();
-        let mut sequence = 9;
         let identities = ["gone".to_owned(), "never-stored".to_owned()];
-        let events = plan_deletes(
-            &def,
-            &source(&key),
-            &identities,
-            &rows,
-            &mut sequence,
-            None,
-            NOW,
-        );
+        let events = plan_deletes(&def, &mut source(&key, 9), &identities, &rows);
         assert_eq!(events.len(), 1);
         let deleted = &events[0];
         assert_eq!(
