@@ -4,7 +4,7 @@
 //! backfill, a failing backfill's lane backoff, replay with the original ids, and log retention.
 //!
 //! Everything runs on the world's manual clock with fixed seeds and a handful of ticks, so the
-//! cases are deterministic and cheap on every backend. (`conformance/tests/lanes.rs` keeps what
+//! cases are deterministic and cheap on every backend. (`core/tests/lanes.rs` keeps what
 //! these do not cover: a page-capped reconcile, the daemon, backfill targets and config errors.)
 
 use std::sync::atomic::{AtomicBool, Ordering};
