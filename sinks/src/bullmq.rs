@@ -308,14 +308,6 @@ fn redacted_error(url: &str, error: &RedisError) -> String {
 #[async_trait]
 impl Handler for BullMqSink {
     async fn handle(&self, event: Event, ctx: HandlerContext) -> HandlerResult {
-        tokio::select! {
-            biased;
-            () = ctx.cancel.cancelled() => Err(HandlerError::transient("bullmq add cancelled")),
-            result = self.add(&event) => {
-                result?;
-                ctx.ack();
-                Ok(())
-            }
-        }
+        crate::send::ack_when_sent(&ctx, "bullmq add", self.add(&event)).await
     }
 }

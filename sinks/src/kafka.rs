@@ -567,15 +567,7 @@ fn check_topic(topic: &str) -> Result<(), KafkaConfigError> {
 #[async_trait]
 impl Handler for KafkaSink {
     async fn handle(&self, event: Event, ctx: HandlerContext) -> HandlerResult {
-        tokio::select! {
-            biased;
-            () = ctx.cancel.cancelled() => Err(HandlerError::transient("kafka produce cancelled")),
-            result = self.send(&event) => {
-                result?;
-                ctx.ack();
-                Ok(())
-            }
-        }
+        crate::send::ack_when_sent(&ctx, "kafka produce", self.send(&event)).await
     }
 }
 

@@ -9,6 +9,15 @@ mod kafka;
 mod nats;
 #[cfg(feature = "rabbitmq")]
 mod rabbit;
+#[cfg(any(
+    feature = "bullmq",
+    feature = "kafka",
+    feature = "nats",
+    feature = "rabbitmq",
+    feature = "sqs",
+    feature = "webhook"
+))]
+mod send;
 mod signature;
 #[cfg(feature = "sqs")]
 mod sqs;

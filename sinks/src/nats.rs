@@ -120,14 +120,6 @@ impl NatsSink {
 #[async_trait]
 impl Handler for NatsSink {
     async fn handle(&self, event: Event, ctx: HandlerContext) -> HandlerResult {
-        tokio::select! {
-            biased;
-            () = ctx.cancel.cancelled() => Err(HandlerError::transient("nats publish cancelled")),
-            result = self.publish(&event) => {
-                result?;
-                ctx.ack();
-                Ok(())
-            }
-        }
+        crate::send::ack_when_sent(&ctx, "nats publish", self.publish(&event)).await
     }
 }

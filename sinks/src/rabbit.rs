@@ -214,14 +214,6 @@ impl RabbitSink {
 #[async_trait]
 impl Handler for RabbitSink {
     async fn handle(&self, event: Event, ctx: HandlerContext) -> HandlerResult {
-        tokio::select! {
-            biased;
-            () = ctx.cancel.cancelled() => Err(HandlerError::transient("rabbitmq publish cancelled")),
-            result = self.publish(&event) => {
-                result?;
-                ctx.ack();
-                Ok(())
-            }
-        }
+        crate::send::ack_when_sent(&ctx, "rabbitmq publish", self.publish(&event)).await
     }
 }

@@ -554,15 +554,7 @@ fn unescape_xml(text: &str) -> String {
 #[async_trait]
 impl Handler for SqsSink {
     async fn handle(&self, event: Event, ctx: HandlerContext) -> HandlerResult {
-        tokio::select! {
-            biased;
-            () = ctx.cancel.cancelled() => Err(HandlerError::transient("sqs send cancelled")),
-            result = self.send(&event) => {
-                result?;
-                ctx.ack();
-                Ok(())
-            }
-        }
+        crate::send::ack_when_sent(&ctx, "sqs send", self.send(&event)).await
     }
 }
 

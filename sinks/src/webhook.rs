@@ -342,15 +342,7 @@ impl WebhookSink {
 #[async_trait]
 impl Handler for WebhookSink {
     async fn handle(&self, event: Event, ctx: HandlerContext) -> HandlerResult {
-        tokio::select! {
-            biased;
-            () = ctx.cancel.cancelled() => Err(HandlerError::transient("webhook delivery cancelled")),
-            result = self.deliver(&event) => {
-                result?;
-                ctx.ack();
-                Ok(())
-            }
-        }
+        crate::send::ack_when_sent(&ctx, "webhook delivery", self.deliver(&event)).await
     }
 }
 
