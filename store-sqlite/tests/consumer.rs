@@ -183,6 +183,11 @@ fn project(tx: &Transaction<'_>, table: &str, event: &Event) -> rusqlite::Result
 impl ConsumerDb for SqliteConsumerDb {
     type Consumer = ProcessedEvents;
 
+    /// One writer at a time: the takeover's lease write waits for the frozen transaction.
+    fn leases_beside_an_open_write(&self) -> bool {
+        false
+    }
+
     fn consumer(&self) -> &ProcessedEvents {
         &self.processed
     }

@@ -69,6 +69,14 @@ pub trait ConsumerDb: Send + Sync + 'static {
     /// first delivery commit, so the overlap is proven, not hoped for.
     async fn waiting(&self) -> Result<bool, CaseError>;
 
+    /// Whether another connection can take the engine store's lease while a transaction of
+    /// this database holds written rows: true on servers with row locks (the default); false
+    /// where one writer excludes every other (SQLite), which skips the case of an instance
+    /// frozen inside its transaction.
+    fn leases_beside_an_open_write(&self) -> bool {
+        true
+    }
+
     /// A new, empty read model with its own processed-events table in the same database (to
     /// rebuild a model by replay), as a database of its own sharing the engine store.
     async fn rebuilt(&self) -> Result<Self, CaseError>

@@ -31,6 +31,7 @@ macro_rules! for_each_consumer_case {
             a_late_redelivery_after_newer_events_is_a_duplicate,
             repeated_ids_of_new_changes_apply_again,
             a_lost_lease_commits_nothing,
+            an_instance_frozen_inside_its_transaction_past_its_lease_cannot_commit,
             markers_are_pruned_by_age_and_migrations_are_idempotent,
             replay_rebuilds_a_model_and_changes_nothing_in_an_up_to_date_one,
             a_delete_and_a_re_create_with_identical_content_end_present,
