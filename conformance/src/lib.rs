@@ -87,6 +87,7 @@ macro_rules! for_each_case {
                 recommitting_event_overwrites_row,
                 empty_batch_applies_patch,
                 writes_validators_with_the_page,
+                json_and_text_come_back_verbatim,
             }
             outbox {
                 load_pending_orders_by_sequence,

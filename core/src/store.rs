@@ -311,6 +311,9 @@ pub trait Store: Send + Sync + 'static {
     /// 7. Writes `batch.validators` with the rest, replacing a URL hash's stored validators whole
     ///    and leaving other URL hashes alone; with a bad lease none of them lands
     ///    (`commit_poll::writes_validators_with_the_page`).
+    /// 8. JSON comes back byte for byte (key order, spacing, escapes, number spellings, repeated
+    ///    keys, `\u0000`) in payloads, events, parked rows and logs, and text with a raw NUL
+    ///    character in error messages (`commit_poll::json_and_text_come_back_verbatim`).
     async fn commit_poll(&self, key: &PKey, lease: &Lease, batch: &CommitBatch) -> Result<()>;
 
     /// Up to `limit` pending rows in sequence order. Not filtered by `next_attempt_at`: the

@@ -16,8 +16,7 @@ use watukuy_core::{
     json::Json,
     store::{
         CommitBatch, ItemRow, Lease, LogQuery, OutboxRow, PKey, ParkedError, ParkedKind,
-        ParkedQuery, ParkedRow, PollerState, ScheduleState, SerializedError, StatePatch, Store,
-        StoreErrorKind,
+        ParkedQuery, ParkedRow, PollerState, SerializedError, StatePatch, Store, StoreErrorKind,
     },
 };
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};
@@ -552,129 +551,41 @@ schema_test!(
     }
 );
 
-// JSON that `jsonb` would rewrite or refuse comes back byte for byte: key order, spacing,
-// escapes, number spellings, big integers and the `\u0000` escape, in payloads, events, parked
-// items and state (whose error message here even holds a raw NUL character).
-schema_test!(json_round_trips_verbatim, 2, |schema| async move {
-    let store = schema.store(PostgresOptions::default()).await?;
-    let k = key();
-    let lease = acquire(&store, "node-a", T0).await?;
-    let text = r#"{ "z" : 1.0, "a":[1e2, -0, 12345678901234567890123456789], "nul":"a\u0000b", "dup":1, "dup":2, "e":"caf\u00e9 ☕" }"#;
-    let json = Json::parse(text).or_fail()?;
-    let mut row = OutboxRow::pending(event("evt-1", 1, text)?, T0);
-    row.event.cursor = Some(json.clone());
-    let mut batch = page(&[], 1)?;
-    batch.upserts = vec![ItemRow {
-        payload: Some(json.clone()),
-        ..item("o1", "h")
-    }];
-    batch.events = vec![row.clone()];
-    batch.parked = vec![ParkedRow {
-        id: "invalid:1".to_owned(),
-        kind: ParkedKind::Invalid,
-        event: None,
-        item: Some(json.clone()),
-        error: ParkedError {
-            error: SerializedError::new("ValidationError", "nul \0 here"),
-            history: None,
-            issues: None,
-            details: Default::default(),
-        },
-        attempts: 0,
-        parked_at: T0,
-        hold_key: None,
-    }];
-    batch.state_patch.schedule = Some(ScheduleState {
-        last_error: Some(SerializedError::new("HttpError", "body had a \0 byte")),
-        ..ScheduleState::default()
-    });
-    store.commit_poll(&k, &lease, &batch).await?;
+// PostgreSQL text cannot hold a raw NUL: such an identity is a permanent `Rejected` error and
+// nothing of its batch lands. (JSON and NUL characters in messages come back verbatim:
+// `commit_poll::json_and_text_come_back_verbatim`, run by every store.)
+schema_test!(
+    a_nul_identity_is_rejected_and_nothing_of_its_batch_lands,
+    2,
+    |schema| async move {
+        let store = schema.store(PostgresOptions::default()).await?;
+        let k = key();
+        let lease = acquire(&store, "node-a", T0).await?;
+        store.commit_poll(&k, &lease, &page(&["o1"], 1)?).await?;
+        let before = (
+            store.load_state(&k).await?,
+            store.counts(&k).await.map(|c| c.items)?,
+        );
+        let mut bad = page(&["fine"], 50)?;
+        bad.upserts.push(item("nul\0identity", "h"));
+        let err = store
+            .commit_poll(&k, &lease, &bad)
+            .await
+            .err()
+            .ok_or_else(|| fail("a NUL identity was accepted"))?;
+        ensure!(
+            err.store_kind() == Some((StoreErrorKind::Rejected, false)),
+            "NUL identity: {err:?}"
+        );
+        let after = (
+            store.load_state(&k).await?,
+            store.counts(&k).await.map(|c| c.items)?,
+        );
+        ensure!(before == after, "a rejected batch left something behind");
 
-    let rows = store.load_versions(&k, &["o1".to_owned()]).await?;
-    let payload = rows
-        .get("o1")
-        .and_then(|r| r.payload.as_ref())
-        .map(Json::as_str);
-    ensure!(payload == Some(text), "payload changed: {payload:?}");
-    let pending = store.load_pending(&k, 10).await?;
-    ensure!(pending == vec![row.clone()], "event changed: {pending:?}");
-    let logged = store.read_log(&k, LogQuery::default(), 10).await?;
-    ensure!(
-        logged.first().is_some_and(|l| l.event == row.event),
-        "logged event changed"
-    );
-    let parked = store.list_parked(&k, ParkedQuery::default()).await?;
-    ensure!(parked == batch.parked, "parked row changed: {parked:?}");
-    let expected = PollerState::patched(None, &batch.state_patch);
-    ensure!(
-        store.load_state(&k).await? == Some(expected),
-        "state changed"
-    );
-
-    // A poison row with that event goes back to the outbox unchanged.
-    let poison = ParkedRow {
-        id: "evt-1".to_owned(),
-        kind: ParkedKind::Poison,
-        event: Some(row.event.clone()),
-        item: None,
-        error: ParkedError {
-            error: SerializedError::new("HandlerError", "x"),
-            history: None,
-            issues: None,
-            details: Default::default(),
-        },
-        attempts: 3,
-        parked_at: T0 + 5,
-        hold_key: Some("o1".to_owned()),
-    };
-    store.park_event(&k, &lease, &poison).await?;
-    ensure!(
-        store.counts(&k).await.map(|c| c.pending)? == 0,
-        "park_event left the outbox row"
-    );
-    ensure!(
-        store
-            .resolve_parked(
-                &k,
-                &["evt-1".to_owned()],
-                watukuy_core::store::ParkedAction::Retry
-            )
-            .await?
-            == 1,
-        "retry count"
-    );
-    let back = store.load_pending(&k, 10).await?;
-    ensure!(
-        back.first()
-            .is_some_and(|r| r.event == row.event && r.created_at == T0 + 5),
-        "retried row changed: {back:?}"
-    );
-
-    // PostgreSQL text cannot hold a raw NUL: such an identity is a permanent Rejected error
-    // and nothing of its batch lands.
-    let before = (
-        store.load_state(&k).await?,
-        store.counts(&k).await.map(|c| c.items)?,
-    );
-    let mut bad = page(&["fine"], 50)?;
-    bad.upserts.push(item("nul\0identity", "h"));
-    let err = store
-        .commit_poll(&k, &lease, &bad)
-        .await
-        .err()
-        .ok_or_else(|| fail("a NUL identity was accepted"))?;
-    ensure!(
-        err.store_kind() == Some((StoreErrorKind::Rejected, false)),
-        "NUL identity: {err:?}"
-    );
-    let after = (
-        store.load_state(&k).await?,
-        store.counts(&k).await.map(|c| c.items)?,
-    );
-    ensure!(before == after, "a rejected batch left something behind");
-
-    Ok(())
-});
+        Ok(())
+    }
+);
 
 /// A closed local port is a clear, transient `Connection` store error naming where the store
 /// tried to connect; an unusable URL and invalid identifiers are `Config` errors before any

@@ -4,12 +4,13 @@ use std::collections::HashMap;
 
 use watukuy_core::store::{
     CommitBatch, ItemRow, LaneCursor, Lanes, LogQuery, LoggedEvent, OutboxRow, OutboxStatus,
-    ParkedQuery, PollerState, ScheduleState, SerializedError, StatePatch, UrlValidator, Validator,
+    ParkedAction, ParkedQuery, PollerState, ScheduleState, SerializedError, StatePatch,
+    UrlValidator, Validator,
 };
 
 use super::fixtures::{
     NODE_A, T0, acquire, commit_events, event, invalid, item, json, key, leased, owned_ids,
-    pending, pending_ids, progress,
+    pending, pending_ids, poison, progress,
 };
 use crate::harness::{CaseError, CaseResult, Env};
 use crate::{check, check_eq};
@@ -419,6 +420,83 @@ pub async fn writes_validators_with_the_page(env: Env) -> CaseResult {
             .await?
             .is_none(),
         "another partition sees no validator"
+    );
+    Ok(())
+}
+
+/// JSON text a database would rewrite or refuse (key order, spacing, escapes, number spellings,
+/// a big integer, a repeated key, the `\u0000` escape), and messages holding a raw NUL character.
+const VERBATIM: &str = r#"{ "z" : 1.0, "a":[1e2, -0, 12345678901234567890123456789], "nul":"a\u0000b", "dup":1, "dup":2, "e":"caf\u00e9 ☕" }"#;
+
+/// `Store::commit_poll` contract 8: JSON comes back byte for byte and text character for
+/// character, wherever a batch puts it: an item's payload, an event's data and cursor (in the
+/// outbox, the log, and a parked poison row retried back to the outbox), a quarantined item, and
+/// error messages with a raw NUL character in a parked row and in the state.
+pub async fn json_and_text_come_back_verbatim(env: Env) -> CaseResult {
+    let (store, k, lease) = leased(&env).await?;
+    let text = json(VERBATIM);
+    let mut row = pending(&k, "evt-1", 1, "o1");
+    row.event.data = Some(text.clone());
+    row.event.cursor = Some(text.clone());
+    let mut quarantined = invalid("invalid:1", VERBATIM, T0);
+    quarantined.error.error = SerializedError::new("ValidationError", "nul \0 here");
+    let mut patch = progress(1, T0);
+    patch.schedule = Some(ScheduleState {
+        last_error: Some(SerializedError::new("HttpError", "body had a \0 byte")),
+        ..ScheduleState::default()
+    });
+    let batch = CommitBatch::default()
+        .upserts(vec![ItemRow {
+            payload: Some(text.clone()),
+            ..item("o1", "h")
+        }])
+        .events(vec![row.clone()])
+        .parked(vec![quarantined.clone()])
+        .state_patch(patch.clone())
+        .log(true);
+    store.commit_poll(&k, &lease, &batch).await?;
+
+    let rows = store.load_versions(&k, &owned_ids(&["o1"])).await?;
+    check_eq!(
+        rows.get("o1")
+            .and_then(|r| r.payload.as_ref())
+            .map(|p| p.as_str()),
+        Some(VERBATIM),
+        "the item's payload"
+    );
+    check_eq!(
+        store.load_pending(&k, 10).await?,
+        vec![row.clone()],
+        "the outbox row (data and cursor)"
+    );
+    if store.capabilities().log {
+        let logged_events = store.read_log(&k, LogQuery::default(), 10).await?;
+        check_eq!(logged_events, vec![logged(&row)], "the logged event");
+    }
+    check_eq!(
+        store.list_parked(&k, ParkedQuery::default()).await?,
+        vec![quarantined],
+        "the quarantined item and its message"
+    );
+    check_eq!(
+        store.load_state(&k).await?,
+        Some(PollerState::patched(None, &patch)),
+        "the state and its error message"
+    );
+
+    // Parked as poison, then retried: the event is back in the outbox unchanged.
+    store
+        .park_event(&k, &lease, &poison(row.event.clone(), Some("o1"), T0 + 5))
+        .await?;
+    let retried = store
+        .resolve_parked(&k, &owned_ids(&["evt-1"]), ParkedAction::Retry)
+        .await?;
+    check_eq!(retried, 1, "the poison row is retried");
+    let back = store.load_pending(&k, 10).await?;
+    check_eq!(
+        back.first().map(|r| &r.event),
+        Some(&row.event),
+        "the event retried from the parked row"
     );
     Ok(())
 }
