@@ -86,12 +86,17 @@ pub struct Fresh {
     /// The store, migrated and empty.
     pub store: Arc<dyn Store>,
     cleanup: Option<BoxFuture<'static, ()>>,
+    instances: Option<Opener>,
 }
+
+/// Opens another instance of a fresh store (see [`Fresh::with_instances`]).
+type Opener = Arc<dyn Fn() -> BoxFuture<'static, Result<Arc<dyn Store>, CaseError>> + Send + Sync>;
 
 impl fmt::Debug for Fresh {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Fresh")
             .field("cleanup", &self.cleanup.is_some())
+            .field("instances", &self.instances.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -102,7 +107,22 @@ impl Fresh {
         Self {
             store,
             cleanup: None,
+            instances: None,
         }
+    }
+
+    /// Lets cases open more instances on this store's data with `open`: another store value
+    /// with its own connections (a pool, a client, a file handle), as a second process of the
+    /// same service would open. The cases that need one ([`Env::another_instance`]) are skipped
+    /// for a harness without it.
+    #[must_use]
+    pub fn with_instances<F, Fut>(mut self, open: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<Arc<dyn Store>, CaseError>> + Send + 'static,
+    {
+        self.instances = Some(Arc::new(move || Box::pin(open())));
+        self
     }
 
     /// Adds a cleanup (drop a schema, delete keys, remove a file) run after a passing case.
@@ -176,6 +196,7 @@ pub struct Env {
     pub harness: Arc<dyn Harness>,
     /// Which case this is.
     pub ctx: CaseContext,
+    instances: Option<Opener>,
 }
 
 impl fmt::Debug for Env {
@@ -191,6 +212,28 @@ impl Env {
     /// The case's store.
     pub fn store(&self) -> &dyn Store {
         &*self.store
+    }
+
+    /// The case's store and what opens more instances of it (see [`Fresh::with_instances`]).
+    pub(crate) fn new(fresh: &Fresh, harness: Arc<dyn Harness>, ctx: CaseContext) -> Self {
+        Self {
+            store: Arc::clone(&fresh.store),
+            harness,
+            ctx,
+            instances: fresh.instances.clone(),
+        }
+    }
+
+    /// Another instance on the case's store's data, with connections of its own, as a second
+    /// process would open it. Skips the case when the harness opens none
+    /// ([`Fresh::with_instances`]).
+    pub async fn another_instance(&self) -> Result<Arc<dyn Store>, CaseError> {
+        match &self.instances {
+            Some(open) => open().await,
+            None => Err(CaseError::skipped(
+                "the harness opens no second instance of a store (Fresh::with_instances)",
+            )),
+        }
     }
 
     /// Another fresh, isolated store from the same harness (for cases that compare two

@@ -63,6 +63,7 @@ macro_rules! for_each_case {
                 fenced_writes_without_lease_are_rejected,
                 released_lease_fails_fence,
                 lease_lost_carries_key_and_epoch,
+                a_second_instance_shares_data_and_is_fenced,
             }
             state {
                 load_state_is_none_for_unknown_key,

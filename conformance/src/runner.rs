@@ -50,11 +50,7 @@ pub async fn run_case(harness: Arc<dyn Harness>, case: Case) -> Outcome {
             return Outcome::Failed(format!("could not get a fresh store: {message}"));
         }
     };
-    let env = Env {
-        store: Arc::clone(&fresh.store),
-        harness,
-        ctx,
-    };
+    let env = Env::new(&fresh, harness, ctx);
     let result = AssertUnwindSafe((case.run)(env)).catch_unwind().await;
     match result {
         Ok(Ok(())) => {

@@ -146,8 +146,12 @@ impl Defect for Broken {
 
 /// A fresh broken store.
 fn broken(flaw: Flaw) -> Arc<dyn Store> {
-    let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    Arc::new(FaultyStore::new(inner).with_defect(Arc::new(Broken(flaw))))
+    view(&(Arc::new(MemoryStore::new()) as Arc<dyn Store>), flaw)
+}
+
+/// A broken view of `inner`.
+fn view(inner: &Arc<dyn Store>, flaw: Flaw) -> Arc<dyn Store> {
+    Arc::new(FaultyStore::new(Arc::clone(inner)).with_defect(Arc::new(Broken(flaw))))
 }
 
 struct BrokenHarness(Flaw);
@@ -158,8 +162,12 @@ impl Harness for BrokenHarness {
         format!("{:?}", self.0)
     }
 
+    /// A broken view of a new memory store; another instance is another view of its data.
     async fn fresh(&self, _ctx: CaseContext) -> std::result::Result<Fresh, CaseError> {
-        Ok(Fresh::new(broken(self.0)))
+        let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let flaw = self.0;
+        Ok(Fresh::new(view(&inner, flaw))
+            .with_instances(move || std::future::ready(Ok(view(&inner, flaw)))))
     }
 }
 

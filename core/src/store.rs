@@ -170,6 +170,9 @@ pub trait Store: Send + Sync + 'static {
     /// 2. A stale epoch, another owner or another key is a silent no-op
     ///    (`leases::release_with_stale_lease_is_noop`).
     /// 3. A released lease no longer passes the fence (`fencing::released_lease_fails_fence`).
+    /// 4. Leases and fences hold across instances of one store (two pools or clients on the same
+    ///    data): a takeover by one fences the other, and of two instances racing for an expired
+    ///    lease exactly one wins (`fencing::a_second_instance_shares_data_and_is_fenced`).
     async fn release_lease(&self, key: &PKey, lease: &Lease) -> Result<()>;
 
     /// The current holder of `key`, expired or not, or `None` if unowned.

@@ -58,13 +58,23 @@ impl Harness for BouncerHarness {
         let store = Arc::new(pooled_store(&schema, 4).await?);
         store.migrate().await?;
         let cleanup = Arc::clone(&store);
-        Ok(Fresh::new(store).with_cleanup(async move {
-            let _ = cleanup.close().await;
-            if let Err(e) = schema.remove().await {
-                eprintln!("[pgbouncer] after a passing case: {e}");
-            }
-            schema.pool.close().await;
-        }))
+        let instances = schema.clone();
+        Ok(Fresh::new(store)
+            .with_cleanup(async move {
+                let _ = cleanup.close().await;
+                if let Err(e) = schema.remove().await {
+                    eprintln!("[pgbouncer] after a passing case: {e}");
+                }
+                schema.pool.close().await;
+            })
+            // Another store through the pooler, as a second process would connect.
+            .with_instances(move || {
+                let schema = instances.clone();
+                async move {
+                    let store = pooled_store(&schema, 2).await?;
+                    Ok(Arc::new(store) as Arc<dyn watukuy_core::store::Store>)
+                }
+            }))
     }
 }
 

@@ -386,57 +386,6 @@ server_test!(
     }
 );
 
-// Two stores on two connections and one prefix share data, and a lease taken over by one
-// fences every write of the other.
-server_test!(
-    two_instances_share_data_and_fence_each_other,
-    |server| async move {
-        let prefix = unique_prefix("two");
-        let a = store_at(&server.url, RedisOptions::default().prefix(&prefix)).await?;
-        let b = RedisStore::connect(&server.url, RedisOptions::default().prefix(&prefix)).await?;
-        let key = PKey::new("orders", "");
-        let lease_a = acquire(&a, &key, "node-a", T0).await?;
-        ensure!(
-            b.acquire_lease(&key, "node-b", TTL, T0 + 1)
-                .await?
-                .is_none(),
-            "b took a's valid lease"
-        );
-        a.commit_poll(&key, &lease_a, &page(&key, "o1", 1, &json("{}")?))
-            .await?;
-        ensure!(
-            b.counts(&key).await.map(|c| c.items)? == 1,
-            "b does not see a's commit"
-        );
-        let lease_b = acquire(&b, &key, "node-b", T0 + TTL).await?;
-        ensure!(lease_b.epoch == lease_a.epoch + 1, "epoch did not advance");
-        match a
-            .commit_poll(&key, &lease_a, &page(&key, "o2", 2, &json("{}")?))
-            .await
-        {
-            Err(Error::LeaseLost { epoch, .. }) if epoch == lease_a.epoch => {}
-            other => return Err(fail(format!("a's stale commit: {other:?}"))),
-        }
-        ensure!(
-            b.counts(&key).await.map(|c| c.items)? == 1,
-            "a's stale commit landed"
-        );
-        // Both race for an expired lease: exactly one wins each round.
-        let mut now = T0 + TTL;
-        for round in 0..20 {
-            now += TTL;
-            let (x, y) = tokio::join!(
-                a.acquire_lease(&key, "node-a", TTL, now),
-                b.acquire_lease(&key, "node-b", TTL, now)
-            );
-            let winners = usize::from(x?.is_some()) + usize::from(y?.is_some());
-            ensure!(winners == 1, "round {round}: {winners} winners");
-        }
-        a.purge().await?;
-        Ok(())
-    }
-);
-
 // Values of other types or unreadable rows under the store's keys are permanent errors, never
 // panics.
 server_test!(foreign_data_is_a_permanent_error, |server| async move {

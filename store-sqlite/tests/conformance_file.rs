@@ -41,7 +41,7 @@ impl Harness for FileHarness {
             path.display()
         );
         let options = SqliteOptions::file(&path).synchronous(self.synchronous);
-        let store = SqliteStore::open(options)?;
+        let store = SqliteStore::open(options.clone())?;
         store.migrate().await?;
         // The level asked for is the level SQLite applies, or every case below proves nothing
         // about it.
@@ -54,11 +54,20 @@ impl Harness for FileHarness {
         }
         let store = Arc::new(store);
         let cleanup = Arc::clone(&store);
-        Ok(Fresh::new(store).with_cleanup(async move {
-            // Best effort: a leftover temporary directory is harmless.
-            let _ = cleanup.close().await;
-            let _ = std::fs::remove_dir_all(&dir);
-        }))
+        Ok(Fresh::new(store)
+            .with_cleanup(async move {
+                // Best effort: a leftover temporary directory is harmless.
+                let _ = cleanup.close().await;
+                let _ = std::fs::remove_dir_all(&dir);
+            })
+            // Another store opening the same file, as a second process would.
+            .with_instances(move || {
+                let options = options.clone();
+                async move {
+                    Ok(Arc::new(SqliteStore::open(options)?)
+                        as Arc<dyn watukuy_core::store::Store>)
+                }
+            }))
     }
 }
 

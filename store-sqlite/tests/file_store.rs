@@ -101,13 +101,6 @@ fn corrupt_message<T: std::fmt::Debug>(result: Result<T, Error>) -> String {
     message
 }
 
-fn expect_lease_lost<T: std::fmt::Debug>(result: Result<T, Error>, epoch: i64) {
-    match result {
-        Err(Error::LeaseLost { epoch: e, .. }) if e == epoch => {}
-        other => panic!("expected LeaseLost carrying epoch {epoch}, got {other:?}"),
-    }
-}
-
 /// Runs raw SQL on the file, as another program (or a careless operator) would.
 fn raw(path: &Path, sql: &str) {
     let conn = rusqlite::Connection::open(path).expect("raw connection");
@@ -116,106 +109,6 @@ fn raw(path: &Path, sql: &str) {
 
 // ---------------------------------------------------------------------------------------------
 // Several stores on one file.
-
-/// Two stores on one file (separate connections, as two processes would have) share data and
-/// fencing: while A holds the lease B is refused and fenced out; once it expired B takes over
-/// with epoch + 1, A is fenced out, and each store sees the other's writes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_stores_on_one_file_share_data_and_fencing() {
-    let (_dir, path) = temp_db("shared.db");
-    let a = file_store(&path);
-    let b = file_store(&path);
-    let (ma, mb) = tokio::join!(a.migrate(), b.migrate());
-    ma.expect("a migrates");
-    mb.expect("b migrates concurrently");
-    let key = key();
-
-    let lease_a = a
-        .acquire_lease(&key, NODE_A, TTL, T0)
-        .await
-        .unwrap()
-        .expect("A takes the free key");
-    assert_eq!(lease_a.epoch, 1);
-    assert_eq!(
-        b.acquire_lease(&key, NODE_B, TTL, T0 + 1_000)
-            .await
-            .unwrap(),
-        None,
-        "B must not take A's valid lease"
-    );
-    assert_eq!(b.get_lease(&key).await.unwrap(), Some(lease_a.clone()));
-
-    a.commit_poll(&key, &lease_a, &page(&key, &["o1", "o2"], 1))
-        .await
-        .expect("A commits");
-    assert_eq!(
-        b.counts(&key).await.map(|c| c.items).unwrap(),
-        2,
-        "B sees A's items"
-    );
-    assert_eq!(
-        b.counts(&key).await.map(|c| c.pending).unwrap(),
-        2,
-        "B sees A's events"
-    );
-
-    // B is fenced out with a lease it made up.
-    let made_up = Lease {
-        owner: NODE_B.to_owned(),
-        epoch: 1,
-        expires_at: T0 + TTL,
-    };
-    expect_lease_lost(
-        b.commit_poll(&key, &made_up, &page(&key, &["x"], 3)).await,
-        1,
-    );
-    expect_lease_lost(b.ack_events(&key, &made_up, &["evt-1".into()]).await, 1);
-    assert_eq!(
-        a.counts(&key).await.map(|c| c.items).unwrap(),
-        2,
-        "B's rejected commit left nothing"
-    );
-    assert_eq!(a.counts(&key).await.map(|c| c.pending).unwrap(), 2);
-
-    // After expiry B takes over with epoch + 1 and A is fenced out.
-    let lease_b = b
-        .acquire_lease(&key, NODE_B, TTL, T0 + TTL)
-        .await
-        .unwrap()
-        .expect("B takes the expired lease");
-    assert_eq!(lease_b.epoch, lease_a.epoch + 1);
-    assert_eq!(a.get_lease(&key).await.unwrap(), Some(lease_b.clone()));
-    expect_lease_lost(
-        a.commit_poll(&key, &lease_a, &page(&key, &["late"], 3))
-            .await,
-        1,
-    );
-    expect_lease_lost(a.save_state(&key, &lease_a, &paused()).await, 1);
-    assert!(!a.renew_lease(&key, &lease_a, TTL, T0 + TTL).await.unwrap());
-
-    b.ack_events(&key, &lease_b, &["evt-1".into()])
-        .await
-        .unwrap();
-    b.commit_poll(&key, &lease_b, &page(&key, &["o3"], 3))
-        .await
-        .expect("B commits");
-    assert_eq!(
-        a.counts(&key).await.map(|c| c.items).unwrap(),
-        3,
-        "A sees B's items"
-    );
-    let pending: Vec<String> = a
-        .load_pending(&key, 10)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|row| row.event_id.to_string())
-        .collect();
-    assert_eq!(pending, ["evt-2", "evt-3"], "A sees B's ack and commit");
-    let state = a.load_state(&key).await.unwrap().expect("state");
-    assert_eq!(state.sequence, 3);
-    assert!(!state.paused, "A's rejected save changed nothing");
-}
 
 /// Writers of two stores on one file, racing, never see a busy error: BEGIN IMMEDIATE waits for
 /// the other store's transaction (busy timeout), and every commit lands exactly once.

@@ -500,3 +500,109 @@ pub async fn lease_lost_carries_key_and_epoch(env: Env) -> CaseResult {
     );
     Ok(())
 }
+
+/// The fence across instances: two instances of one store (two pools, two clients, two file
+/// handles, as two processes of a service hold) share data, and a lease taken over by one
+/// fences every write of the other. Then both race for an expired lease twenty times: exactly
+/// one wins each round, with the next epoch, and a write with the winner's epoch but another
+/// owner is rejected. Skipped for a harness that opens no second instance.
+pub async fn a_second_instance_shares_data_and_is_fenced(env: Env) -> CaseResult {
+    let b = env.another_instance().await?;
+    let a = env.store();
+    let k = key();
+    let lease_a = acquire(a, &k, NODE_A, T0).await?;
+    check!(
+        b.acquire_lease(&k, NODE_B, TTL, T0 + 1).await?.is_none(),
+        "b took a valid lease held by a"
+    );
+    let seed = CommitBatch::default()
+        .upserts(vec![item("i1", "h1")])
+        .events(vec![pending(&k, "e1", 1, "i1")])
+        .state_patch(progress(1, T0));
+    a.commit_poll(&k, &lease_a, &seed).await?;
+    check_eq!(b.counts(&k).await?.items, 1, "b sees a's commit");
+    check_eq!(
+        b.get_lease(&k).await?,
+        Some(lease_a.clone()),
+        "b sees a's lease"
+    );
+
+    // b takes the expired lease: every fenced write of a is rejected and changes nothing.
+    let lease_b = acquire(&*b, &k, NODE_B, T0 + TTL).await?;
+    check_eq!(lease_b.epoch, lease_a.epoch + 1, "the epoch advances");
+    let before = observe(&*b, &k, &[]).await?;
+    let stale = CommitBatch::default()
+        .upserts(vec![item("i2", "h2")])
+        .state_patch(progress(2, T0 + TTL));
+    expect_lease_lost(
+        a.commit_poll(&k, &lease_a, &stale).await,
+        &k,
+        lease_a.epoch,
+        "a's commit_poll",
+    )?;
+    expect_lease_lost(
+        a.ack_events(&k, &lease_a, &["e1".to_owned()]).await,
+        &k,
+        lease_a.epoch,
+        "a's ack_events",
+    )?;
+    check!(
+        !a.renew_lease(&k, &lease_a, TTL, T0 + TTL).await?,
+        "a renewed a lease b took"
+    );
+    check_eq!(
+        observe(&*b, &k, &[]).await?,
+        before,
+        "a's stale writes changed nothing"
+    );
+    b.commit_poll(&k, &lease_b, &stale).await?;
+    check_eq!(a.counts(&k).await?.items, 2, "a sees b's commit");
+
+    // Both race for an expired lease: exactly one wins each round.
+    let mut now = T0 + TTL;
+    let mut last_epoch = lease_b.epoch;
+    for round in 0..20 {
+        now += TTL;
+        let (owner_a, owner_b) = (format!("a-{round}"), format!("b-{round}"));
+        let (won_a, won_b) = futures::join!(
+            a.acquire_lease(&k, &owner_a, TTL, now),
+            b.acquire_lease(&k, &owner_b, TTL, now),
+        );
+        let winner = match (won_a?, won_b?) {
+            (Some(winner), None) | (None, Some(winner)) => winner,
+            other => {
+                return Err(CaseError::failed(format!(
+                    "round {round}: not exactly one winner: {other:?}"
+                )));
+            }
+        };
+        check_eq!(
+            winner.epoch,
+            last_epoch + 1,
+            "round {round}: the next epoch"
+        );
+        last_epoch = winner.epoch;
+        let ghost = Lease {
+            owner: "ghost".to_owned(),
+            ..winner.clone()
+        };
+        expect_lease_lost(
+            a.save_state(&k, &ghost, &StatePatch::default()).await,
+            &k,
+            winner.epoch,
+            "a write with the winner's epoch and another owner",
+        )?;
+        let patch = StatePatch {
+            sequence: Some(last_epoch),
+            ..StatePatch::default()
+        };
+        b.save_state(&k, &winner, &patch).await?;
+    }
+    let state = a.load_state(&k).await?;
+    check_eq!(
+        state.map(|s| s.sequence),
+        Some(last_epoch),
+        "the last winner's write, seen by the other instance"
+    );
+    Ok(())
+}

@@ -152,11 +152,21 @@ impl Harness for MySqlHarness {
     async fn fresh(&self, ctx: CaseContext) -> Result<Fresh, CaseError> {
         let database = Database::new(&format!("{}_{}", ctx.module, ctx.name), 4).await?;
         let store = database.store(MySqlOptions::default()).await?;
-        Ok(Fresh::new(Arc::new(store)).with_cleanup(async move {
-            if let Err(e) = database.remove().await {
-                eprintln!("[mysql] after a passing case: {e}");
-            }
-        }))
+        let url = database.url.clone();
+        Ok(Fresh::new(Arc::new(store))
+            .with_cleanup(async move {
+                if let Err(e) = database.remove().await {
+                    eprintln!("[mysql] after a passing case: {e}");
+                }
+            })
+            // A store on a pool of its own, as a second process would open.
+            .with_instances(move || {
+                let url = url.clone();
+                async move {
+                    let store = MySqlStore::connect(&url, MySqlOptions::default()).await?;
+                    Ok(Arc::new(store) as Arc<dyn watukuy_core::store::Store>)
+                }
+            }))
     }
 }
 

@@ -226,13 +226,23 @@ impl Harness for PgHarness {
         let database = database().await?;
         let schema = Schema::new(&database, &format!("{}_{}", ctx.module, ctx.name), 4).await?;
         let store = schema.store(PostgresOptions::default()).await?;
-        Ok(Fresh::new(Arc::new(store)).with_cleanup(async move {
-            if let Err(e) = schema.remove().await {
-                eprintln!("[postgres] after a passing case: {e}");
-            }
-            schema.pool.close().await;
-            drop(database);
-        }))
+        let (url, options) = (schema.url.clone(), schema.options());
+        Ok(Fresh::new(Arc::new(store))
+            .with_cleanup(async move {
+                if let Err(e) = schema.remove().await {
+                    eprintln!("[postgres] after a passing case: {e}");
+                }
+                schema.pool.close().await;
+                drop(database);
+            })
+            // A store on a pool of its own, as a second process would open.
+            .with_instances(move || {
+                let (url, options) = (url.clone(), options.clone());
+                async move {
+                    let store = PostgresStore::from_pool(pool(&url, 2).await?, options)?;
+                    Ok(Arc::new(store) as Arc<dyn watukuy_core::store::Store>)
+                }
+            }))
     }
 }
 

@@ -104,6 +104,14 @@ pub async fn store_at(url: &str, options: RedisOptions) -> Result<RedisStore, Ca
     Ok(store)
 }
 
+/// Another store on `url` under the same options (a client of its own, as a second process
+/// would connect), for the cases that need a second instance.
+async fn another_client(
+    (url, options): (String, RedisOptions),
+) -> Result<Arc<dyn watukuy_core::store::Store>, CaseError> {
+    Ok(Arc::new(RedisStore::connect(&url, options).await?))
+}
+
 /// Hands every conformance case a store under its own prefix, purged when the case passes.
 pub struct RedisHarness;
 
@@ -118,14 +126,17 @@ impl Harness for RedisHarness {
         let prefix = unique_prefix(&format!("{}.{}", ctx.module, ctx.name));
         let store = store_at(&server.url, RedisOptions::default().prefix(&prefix)).await?;
         let cleanup = store.clone();
-        Ok(Fresh::new(Arc::new(store)).with_cleanup(async move {
-            if let Err(e) = cleanup.purge().await {
-                eprintln!(
-                    "[redis] could not delete the keys of {prefix} after a passing case: {e}"
-                );
-            }
-            drop(server);
-        }))
+        let instances = (server.url.clone(), RedisOptions::default().prefix(&prefix));
+        Ok(Fresh::new(Arc::new(store))
+            .with_cleanup(async move {
+                if let Err(e) = cleanup.purge().await {
+                    eprintln!(
+                        "[redis] could not delete the keys of {prefix} after a passing case: {e}"
+                    );
+                }
+                drop(server);
+            })
+            .with_instances(move || another_client(instances.clone())))
     }
 }
 
@@ -181,12 +192,15 @@ impl Harness for ClusterHarness {
             ));
         }
         let cleanup = store.clone();
-        Ok(Fresh::new(Arc::new(store)).with_cleanup(async move {
-            if let Err(e) = cleanup.purge().await {
-                eprintln!(
-                    "[redis-cluster] could not delete the keys of {prefix} after a passing case: {e}"
-                );
-            }
-        }))
+        let instances = (cluster.url(), RedisOptions::default().prefix(&prefix));
+        Ok(Fresh::new(Arc::new(store))
+            .with_cleanup(async move {
+                if let Err(e) = cleanup.purge().await {
+                    eprintln!(
+                        "[redis-cluster] could not delete the keys of {prefix} after a passing case: {e}"
+                    );
+                }
+            })
+            .with_instances(move || another_client(instances.clone())))
     }
 }
