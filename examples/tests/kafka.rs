@@ -3,6 +3,7 @@
 //! topic read back with kafka-python: the ERP's first orders are there, keyed by order id, with
 //! their CloudEvents headers and the order as the value.
 
+mod common;
 #[path = "../../sinks/tests/kafka/tansu.rs"]
 mod tansu;
 
@@ -30,21 +31,16 @@ async fn the_erp_s_orders_arrive_in_the_topic() {
         .output()
         .await
         .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{:?}\n{stdout}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
+    let stdout = common::printed(
+        "kafka",
+        &output,
+        &[
+            "polling http://127.0.0.1:",
+            "produced created ord-1001 #1",
+            "time is up: stopping",
+            "stopped: ",
+        ],
     );
-    for expected in [
-        "polling http://127.0.0.1:",
-        "produced created ord-1001 #1",
-        "time is up: stopping",
-        "stopped: ",
-    ] {
-        assert!(stdout.contains(expected), "no {expected:?} in:\n{stdout}");
-    }
     assert!(dir.path().join("kafka.sqlite").exists());
 
     let records = tansu.read("orders").await;

@@ -2,6 +2,8 @@
 //! `WATUKUY_TEST_POSTGRES_URL` (CI sets it). While it is unset the tests are ignored with the
 //! reason (docs/testing.md); run anyway, they fail.
 
+mod common;
+
 use std::process::Command;
 
 use watukuy_conformance::backend_url;
@@ -20,19 +22,7 @@ fn assert_prints(binary: &str, expected: &[&str]) {
         .args(["--url", &postgres_url()])
         .output()
         .expect("the example binary runs");
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "{binary} failed: {:?}\n{stdout}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    for expected in expected {
-        assert!(
-            stdout.contains(expected),
-            "missing {expected:?} in:\n{stdout}"
-        );
-    }
+    common::printed(binary, &output, expected);
 }
 
 #[watukuy_testenv::requires(postgres)]

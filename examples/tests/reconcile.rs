@@ -8,6 +8,8 @@
 //! The scenario runs on a manual clock driven by `tick()`: no real sleeps. The second test runs
 //! the binary with `--scenario`, as CI does.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::process::Command;
 
@@ -115,23 +117,15 @@ fn the_binary_runs_its_scenario_and_stops_by_itself() {
         .arg("--scenario")
         .output()
         .expect("the reconcile binary runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{:?}\n{stdout}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
+    common::printed(
+        "reconcile --scenario",
+        &output,
+        &[
+            "api: item-08 deleted (while the full listing is read, after its page 1)",
+            "deleted item-08 (reconcile lane)",
+            "item-09 found",
+            "created item-10 (reconcile lane)",
+            "scenario done: 20 events (6 deletes); the read model equals the API's 4 items",
+        ],
     );
-    for expected in [
-        "api: item-08 deleted (while the full listing is read, after its page 1)",
-        "deleted item-08 (reconcile lane)",
-        "item-09 found",
-        "created item-10 (reconcile lane)",
-        "scenario done: 20 events (6 deletes); the read model equals the API's 4 items",
-    ] {
-        assert!(
-            stdout.contains(expected),
-            "missing {expected:?} in:\n{stdout}"
-        );
-    }
 }
