@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{Outage, Relay, broker_url, ctx, event, free_port};
+use common::{Outage, Relay, broker_url, ctx, event, fails_as, free_port};
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 use watukuy_core::{
@@ -310,11 +310,12 @@ async fn options_are_checked_when_built_and_redis_errors_are_classified() {
         .unwrap()
         .prefix(&prefix)
         .unwrap();
-    let error = sink
-        .handle(event("orders", 1, EventType::Created), ctx())
-        .await
-        .unwrap_err();
-    assert_eq!(error.kind(), &HandlerErrorKind::Permanent, "{error}");
+    let error = fails_as(
+        &sink,
+        event("orders", 1, EventType::Created),
+        HandlerErrorKind::Permanent,
+    )
+    .await;
     assert!(error.to_string().contains("WRONGTYPE"), "{error}");
     clean(&prefix).await;
 }
@@ -342,13 +343,9 @@ async fn redis_cut_off_mid_run_keeps_events_in_the_outbox_then_adds_them_all() {
         .unwrap()
         .timeout(Duration::from_secs(2));
 
-    let run = Outage::new(sink);
-    // Redis goes away before the run delivers.
-    relay.stop().await;
-    run.tick_while_down().await;
-    // Redis is back: retries deliver everything, nothing is parked.
-    let relay = Relay::start(port, upstream).await;
-    run.deliver_all().await;
+    // Redis goes away before the run delivers, and comes back: retries deliver everything,
+    // nothing is parked.
+    let relay = Outage::new(sink).through(relay, port, upstream).await;
     let mut conn = redis().await;
     let wait: Vec<String> = conn
         .lrange(format!("{prefix}:orders:wait"), 0, -1)

@@ -18,7 +18,7 @@ mod tansu;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{Outage, Relay, ctx, event, free_port};
+use common::{Outage, Relay, ctx, event, fails_as, free_port};
 use serde_json::Value;
 use tansu::{Read, Tansu};
 use watukuy_core::{
@@ -259,11 +259,12 @@ async fn a_broker_that_is_not_there_is_transient() {
         KafkaOptions::new([format!("127.0.0.1:{port}")], "orders").timeout(Duration::from_secs(5)),
     )
     .unwrap();
-    let error = sink
-        .handle(event("orders", 1, EventType::Created), ctx())
-        .await
-        .unwrap_err();
-    assert_eq!(error.kind(), &HandlerErrorKind::Transient, "{error}");
+    let error = fails_as(
+        &sink,
+        event("orders", 1, EventType::Created),
+        HandlerErrorKind::Transient,
+    )
+    .await;
     assert!(
         error.to_string().starts_with("kafka: topic orders: ")
             && error.to_string().contains(&format!("127.0.0.1:{port}")),
@@ -286,13 +287,9 @@ async fn broker_cut_off_mid_run_keeps_events_in_the_outbox_then_produces_them_al
     )
     .unwrap();
 
-    let run = Outage::new(sink);
-    // The broker goes away before the run delivers.
-    relay.stop().await;
-    run.tick_while_down().await;
-    // The broker is back: retries deliver everything, nothing is parked.
-    let relay = Relay::start(port, upstream).await;
-    run.deliver_all().await;
+    // The broker goes away before the run delivers, and comes back: retries deliver everything,
+    // nothing is parked.
+    let relay = Outage::new(sink).through(relay, port, upstream).await;
     let records = tansu.read("outage").await;
     let mut ids: Vec<&str> = records.iter().filter_map(|r| r.header("ce_id")).collect();
     ids.sort_unstable();

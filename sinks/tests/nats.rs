@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_nats::header::NATS_MESSAGE_ID;
 use async_nats::jetstream::{self, stream};
-use common::{broker_url, ctx, event, free_port, unique};
+use common::{broker_url, ctx, event, fails_as, free_port, unique};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use watukuy_core::{
@@ -148,16 +148,12 @@ async fn raw_format_and_a_custom_subject() {
 async fn no_stream_for_the_subject_is_a_transient_error() {
     let client = connect(&nats_url()).await;
     let sink = NatsSink::new(client).ack_timeout(Duration::from_secs(2));
-    let ctx = ctx();
-    let err = sink
-        .handle(
-            event(&unique("sinks_nats_nostream"), 4, EventType::Created),
-            ctx.clone(),
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), &HandlerErrorKind::Transient);
-    assert!(ctx.ack(), "a failed publish is not acknowledged");
+    fails_as(
+        &sink,
+        event(&unique("sinks_nats_nostream"), 4, EventType::Created),
+        HandlerErrorKind::Transient,
+    )
+    .await;
 }
 
 /// A `nats-server` child process with JetStream, storing in `dir`.
@@ -232,10 +228,7 @@ async fn a_server_that_is_down_fails_transiently_then_delivers_when_back() {
     let b = event(poller, 2, EventType::Created);
 
     // 1. Nothing listens yet: the delivery fails, transiently.
-    let ctx1 = ctx();
-    let err = sink.handle(a.clone(), ctx1.clone()).await.unwrap_err();
-    assert_eq!(err.kind(), &HandlerErrorKind::Transient, "{err}");
-    assert!(ctx1.ack(), "not acknowledged");
+    fails_as(&sink, a.clone(), HandlerErrorKind::Transient).await;
 
     // 2. The server comes up (file storage, so the stream survives restarts).
     let server = ChildServer::start(port, dir.path()).await;
@@ -246,8 +239,7 @@ async fn a_server_that_is_down_fails_transiently_then_delivers_when_back() {
 
     // 3. The server dies: the next delivery fails, transiently.
     server.kill().await;
-    let err = sink.handle(b.clone(), ctx()).await.unwrap_err();
-    assert_eq!(err.kind(), &HandlerErrorKind::Transient, "{err}");
+    fails_as(&sink, b.clone(), HandlerErrorKind::Transient).await;
 
     // 4. It comes back on the same port and store: the retried delivery succeeds.
     let server = ChildServer::start(port, dir.path()).await;

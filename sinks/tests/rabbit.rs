@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{Relay, broker_url, ctx, event, free_port, unique};
+use common::{Relay, broker_url, ctx, event, fails_as, free_port, unique};
 use futures::StreamExt as _;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions,
@@ -183,11 +183,12 @@ async fn a_consumer_sees_raw_events_with_their_ids() {
 async fn a_routing_key_longer_than_amqp_allows_is_permanent() {
     let sink = RabbitSink::new("amqp://guest:guest@127.0.0.1:1/%2f")
         .routing_key(|_: &Event| "k".repeat(300));
-    let err = sink
-        .handle(event("orders", 9, EventType::Created), ctx())
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), &HandlerErrorKind::Permanent, "{err}");
+    fails_as(
+        &sink,
+        event("orders", 9, EventType::Created),
+        HandlerErrorKind::Permanent,
+    )
+    .await;
 }
 
 #[watukuy_testenv::requires(rabbitmq)]
@@ -196,14 +197,13 @@ async fn a_publish_the_broker_cannot_route_fails_when_mandatory() {
     let sink = RabbitSink::new(amqp_url())
         .mandatory(true)
         .routing_key(|_: &Event| unique("watukuy_sinks_no_such_queue"));
-    let ctx = ctx();
-    let err = sink
-        .handle(event("orders", 8, EventType::Created), ctx.clone())
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), &HandlerErrorKind::Transient, "{err}");
+    let err = fails_as(
+        &sink,
+        event("orders", 8, EventType::Created),
+        HandlerErrorKind::Transient,
+    )
+    .await;
     assert!(err.to_string().contains("unroutable"), "{err}");
-    assert!(ctx.ack(), "not acknowledged");
 }
 
 /// The broker's `host:port`, from the AMQP URL.
@@ -238,10 +238,7 @@ async fn a_broker_that_is_down_fails_transiently_then_delivers_when_back() {
     let [a, b, c] = [1, 2, 3].map(|n| event("orders", n, EventType::Created));
 
     // 1. Nothing listens on the port: connection refused, a transient failure.
-    let ctx1 = ctx();
-    let err = sink.handle(a.clone(), ctx1.clone()).await.unwrap_err();
-    assert_eq!(err.kind(), &HandlerErrorKind::Transient, "{err}");
-    assert!(ctx1.ack(), "not acknowledged");
+    fails_as(&sink, a.clone(), HandlerErrorKind::Transient).await;
 
     // 2. The broker is reachable: the retried delivery succeeds.
     let relay = Relay::start(port, broker_address()).await;
@@ -250,8 +247,7 @@ async fn a_broker_that_is_down_fails_transiently_then_delivers_when_back() {
 
     // 3. The connection drops (as in a broker crash): the next delivery fails, transiently.
     relay.stop().await;
-    let err = sink.handle(c.clone(), ctx()).await.unwrap_err();
-    assert_eq!(err.kind(), &HandlerErrorKind::Transient, "{err}");
+    fails_as(&sink, c.clone(), HandlerErrorKind::Transient).await;
 
     // 4. The broker is back: the sink reconnects on the retried delivery.
     let relay = Relay::start(port, broker_address()).await;

@@ -21,7 +21,7 @@ use std::time::Duration;
 use aws_sdk_sqs::config::retry::RetryConfig;
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_sqs::types::{Message, MessageSystemAttributeName, QueueAttributeName};
-use common::{Outage, Relay, ctx, event, free_port};
+use common::{Outage, Relay, ctx, event, fails_as, free_port};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use watukuy_core::{
@@ -423,8 +423,7 @@ async fn a_missing_queue_and_a_message_too_large_are_permanent() {
     .unwrap();
     let mut large = event("orders", 2, EventType::Created);
     large.data = Some(Json::parse(&format!(r#"{{"blob":"{}"}}"#, "x".repeat(4096))).unwrap());
-    let error = sink.handle(large, ctx()).await.unwrap_err();
-    assert_eq!(error.kind(), &HandlerErrorKind::Permanent, "{error}");
+    let error = fails_as(&sink, large, HandlerErrorKind::Permanent).await;
     assert!(
         error.to_string().contains("InvalidParameterValue")
             && error
@@ -451,11 +450,12 @@ async fn credentials_the_service_does_not_know_are_permanent() {
         SqsOptions::new(&url).endpoint_url(moto.endpoint()),
     )
     .unwrap();
-    let error = sink
-        .handle(event("orders", 1, EventType::Created), ctx())
-        .await
-        .unwrap_err();
-    assert_eq!(error.kind(), &HandlerErrorKind::Permanent, "{error}");
+    let error = fails_as(
+        &sink,
+        event("orders", 1, EventType::Created),
+        HandlerErrorKind::Permanent,
+    )
+    .await;
     assert_eq!(
         error.to_string(),
         format!(
@@ -593,11 +593,12 @@ async fn sqs_unreachable_is_transient_until_it_is_back() {
     let relay = Relay::start(port, upstream.clone()).await;
     sink.handle(first.clone(), ctx()).await.unwrap();
     relay.stop().await;
-    let error = sink
-        .handle(event("orders", 2, EventType::Created), ctx())
-        .await
-        .unwrap_err();
-    assert_eq!(error.kind(), &HandlerErrorKind::Transient, "{error}");
+    fails_as(
+        &sink,
+        event("orders", 2, EventType::Created),
+        HandlerErrorKind::Transient,
+    )
+    .await;
 
     // Back: the retried send arrives.
     let relay = Relay::start(port, upstream).await;
@@ -624,13 +625,9 @@ async fn sqs_cut_off_mid_run_keeps_events_in_the_outbox_then_sends_them_all() {
     )
     .unwrap();
 
-    let run = Outage::new(sink);
-    // SQS goes away before the run delivers.
-    relay.stop().await;
-    run.tick_while_down().await;
-    // SQS is back: retries deliver everything, nothing is parked.
-    let relay = Relay::start(port, upstream).await;
-    run.deliver_all().await;
+    // SQS goes away before the run delivers, and comes back: retries deliver everything,
+    // nothing is parked.
+    let relay = Outage::new(sink).through(relay, port, upstream).await;
     relay.stop().await;
     let messages = moto.drain(&url).await;
     let mut ids: Vec<&str> = messages

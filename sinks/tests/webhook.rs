@@ -12,7 +12,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use common::{ctx, event, free_port, spawn_server};
+use common::{ctx, event, fails_as, free_port, spawn_server};
 use watukuy_core::{
     CloudEvent, Event, EventType,
     clock::ManualClock,
@@ -286,22 +286,24 @@ async fn success_statuses_are_configurable() {
 #[tokio::test]
 async fn network_errors_and_timeouts_are_transient() {
     let refused = sink(format!("http://127.0.0.1:{}/hook", free_port()));
-    let err = refused
-        .handle(event("orders", 6, EventType::Created), ctx())
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), &HandlerErrorKind::Transient);
+    fails_as(
+        &refused,
+        event("orders", 6, EventType::Created),
+        HandlerErrorKind::Transient,
+    )
+    .await;
 
     // The server never answers /hang: the request's timeout ends the attempt.
     let (base, _receiver) = serve().await;
     let hanging =
         WebhookSink::new(options(format!("{base}/hang")).timeout(Duration::from_millis(200)))
             .unwrap();
-    let err = hanging
-        .handle(event("orders", 6, EventType::Created), ctx())
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), &HandlerErrorKind::Transient);
+    fails_as(
+        &hanging,
+        event("orders", 6, EventType::Created),
+        HandlerErrorKind::Transient,
+    )
+    .await;
 }
 
 #[tokio::test]

@@ -7,10 +7,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use watukuy_conformance::world::{POLLER, StrategyKind, World, key};
-use watukuy_core::delivery::Handler;
+use watukuy_core::delivery::{Handler, HandlerErrorKind};
 use watukuy_core::store::{ParkedQuery, Store};
 use watukuy_core::{
-    DeliveryOptions, Engine, Event, EventType, HandlerContext, Partition, json::Json,
+    DeliveryOptions, Engine, Event, EventType, HandlerContext, HandlerError, Partition, json::Json,
 };
 use watukuy_store_memory::MemoryStore;
 
@@ -25,6 +25,16 @@ pub fn event(poller: &str, n: u32, event_type: EventType) -> Event {
 }
 
 /// A fresh context for attempt 1 (not cancelled).
+/// Delivers `event` to `sink`, which must fail with an error of `kind` and leave the event
+/// unacknowledged; returns the error.
+pub async fn fails_as(sink: &impl Handler, event: Event, kind: HandlerErrorKind) -> HandlerError {
+    let context = ctx();
+    let error = sink.handle(event, context.clone()).await.unwrap_err();
+    assert_eq!(error.kind(), &kind, "{error}");
+    assert!(context.ack(), "a failed delivery is not acknowledged");
+    error
+}
+
 pub fn ctx() -> HandlerContext {
     HandlerContext::new(1, Partition::new(""), CancellationToken::new())
 }
@@ -100,12 +110,8 @@ impl Relay {
     }
 }
 
-/// An engine run of three events into a sink whose destination goes away: each sink's outage
-/// test cuts its destination off (stops its [`Relay`]), calls [`tick_while_down`], brings it
-/// back, calls [`deliver_all`], then reads the destination.
-///
-/// [`tick_while_down`]: Outage::tick_while_down
-/// [`deliver_all`]: Outage::deliver_all
+/// An engine run of three events into a sink whose destination goes away and comes back
+/// ([`Outage::through`]); each sink's outage test then reads the destination.
 pub struct Outage {
     world: World,
     store: Arc<dyn Store>,
@@ -134,9 +140,20 @@ impl Outage {
         }
     }
 
+    /// The outage: cuts `relay` (the destination as the sink reaches it), ticks while it is
+    /// away, starts it again on `port` to `upstream`, and delivers everything. Returns the
+    /// relay, up.
+    pub async fn through(&self, relay: Relay, port: u16, upstream: String) -> Relay {
+        relay.stop().await;
+        self.tick_while_down().await;
+        let relay = Relay::start(port, upstream).await;
+        self.deliver_all().await;
+        relay
+    }
+
     /// One tick with the destination away: the cycle commits, every delivery fails
     /// transiently, the three events stay in the outbox.
-    pub async fn tick_while_down(&self) {
+    async fn tick_while_down(&self) {
         let result = self.world.tick(&self.engine).await.unwrap();
         assert_eq!(result.delivered, 0, "{result:?}");
         assert_eq!(self.store.counts(&key()).await.unwrap().pending, 3);
@@ -144,7 +161,7 @@ impl Outage {
 
     /// With the destination back: ticks (a minute apart, on the world's clock) until the
     /// retries delivered all three; the outbox is empty and nothing is parked.
-    pub async fn deliver_all(&self) {
+    async fn deliver_all(&self) {
         let mut delivered = 0;
         for _ in 0..50 {
             self.world.advance(std::time::Duration::from_secs(60));
