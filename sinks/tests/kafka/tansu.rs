@@ -117,44 +117,31 @@ impl Tansu {
 
     /// Creates a topic with Tansu's own command line, straight at the broker's listener.
     pub async fn create_topic(&self, name: &str, partitions: u32) {
-        let output = Command::new(program("tansu"))
-            .args([
-                "topic",
-                "create",
-                "--broker",
-                &format!("tcp://127.0.0.1:{}", self.listener),
-                "--partitions",
-                &partitions.to_string(),
-                name,
-            ])
-            .stdin(Stdio::null())
-            .output()
-            .await
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "tansu topic create {name}: {}\n{}\n{:#?}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr),
-            self.log.lock().unwrap()
-        );
+        let mut command = Command::new(program("tansu"));
+        command.args([
+            "topic",
+            "create",
+            "--broker",
+            &format!("tcp://127.0.0.1:{}", self.listener),
+            "--partitions",
+            &partitions.to_string(),
+            name,
+        ]);
+        let log = format!("{:#?}", self.log.lock().unwrap());
+        succeeded(command, &format!("tansu topic create {name}"), &log).await;
     }
 
     /// Every record of `topic`, read with kafka-python through the advertised address.
     pub async fn read(&self, topic: &str) -> Vec<Read> {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../sinks/tests/kafka/read.py");
-        let output = Command::new(program("python3"))
-            .args([script, &self.bootstrap(), topic])
-            .stdin(Stdio::null())
-            .output()
-            .await
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "read.py {topic}: {}\n{}\n(pip install kafka-python==3.0.12)",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        let mut command = Command::new(program("python3"));
+        command.args([script, &self.bootstrap(), topic]);
+        let output = succeeded(
+            command,
+            &format!("read.py {topic}"),
+            "(pip install kafka-python==3.0.12)",
+        )
+        .await;
         String::from_utf8(output.stdout)
             .unwrap()
             .lines()
@@ -198,4 +185,17 @@ impl Read {
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).map(String::as_str)
     }
+}
+
+/// Runs `command` without input; its output, once it exited 0 (else a panic naming `what`, with
+/// what it printed and `hint`).
+async fn succeeded(mut command: Command, what: &str, hint: &str) -> std::process::Output {
+    let output = command.stdin(Stdio::null()).output().await.unwrap();
+    assert!(
+        output.status.success(),
+        "{what}: {}\n{}\n{hint}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    output
 }
