@@ -384,7 +384,7 @@ pub(super) struct PagePlan {
 /// What a committed page moves the cycle to.
 #[derive(Default)]
 pub(super) struct Progress {
-    /// The sequence of the page's last event (`None`: the page made no event).
+    /// The sequence of the page's last event (`None`: it stays).
     pub(super) sequence: Option<i64>,
     /// Where the lane's cursor moves (`None`: it stays).
     pub(super) cursor: Option<Cursor>,
