@@ -14,14 +14,14 @@ use common::{example, failing};
 use serde_json::{Value, json};
 use tower::ServiceExt as _;
 use watukuy_admin::{AdminState, Mode, health_router, router};
-use watukuy_conformance::world::POLLER;
-use watukuy_conformance::world::{Consumer, key};
 use watukuy_core::clock::ManualClock;
 use watukuy_core::ops::HealthOptions;
 use watukuy_core::schedule::CircuitOptions;
 use watukuy_core::store::{PKey, StatePatch, Store};
 use watukuy_core::{BoxError, Engine, FetchContext, Page, Poller, TickOptions, cursor};
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::world::POLLER;
+use watukuy_testkit::world::{Consumer, key};
 
 struct Reply {
     status: StatusCode,

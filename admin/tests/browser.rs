@@ -19,9 +19,9 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use watukuy_admin::{AdminState, Mode, router};
-use watukuy_conformance::world::{Consumer, key};
 use watukuy_core::store::Store;
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
+use watukuy_testkit::world::{Consumer, key};
 
 /// Chromium and chromedriver as found when this test was compiled (`Err`: why not).
 const CHROMIUM: Result<&str, &str> = watukuy_testenv::program!("chromium");

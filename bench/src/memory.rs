@@ -4,12 +4,12 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use watukuy_conformance::{FakeApi, FakeApiOptions};
 use watukuy_core::cursor;
 use watukuy_core::{
     BoxError, DeliveryOptions, Engine, Event, FetchContext, Poller, TickOptions,
     clock::SystemClock, delivery::DrainContext, store::PKey,
 };
+use watukuy_testkit::{FakeApi, FakeApiOptions};
 
 use crate::measure::{Stopwatch, fmt_mib, peak_rss_kb, rate, reset_peak_rss, rss_kb};
 use crate::pipeline;

@@ -120,7 +120,7 @@ fn delivery(p: &Params) -> DeliveryOptions {
 /// handler with per-key ordering.
 ///
 /// The fake serves page `n` as a clone of its slice of a prepared list: O(page), so the figure
-/// is the engine's and not the fake's (`watukuy_conformance::FakeApi` walks its map from the
+/// is the engine's and not the fake's (`watukuy_testkit::FakeApi` walks its map from the
 /// first item for every page, which cost ~15 % of a 50,000-event memory-store run).
 pub(crate) async fn end_to_end(store: Arc<dyn Store>, p: &Params) -> Result<EndToEnd, BoxError> {
     // Partition `j` serves items `j`, `j + partitions`, ...; one partition is the key "".
@@ -217,7 +217,7 @@ pub(crate) async fn end_to_end(store: Arc<dyn Store>, p: &Params) -> Result<EndT
 /// same calls on every store; only what each call costs differs): `(operation, calls per page)`
 /// for every operation called at least once.
 pub(crate) async fn calls_per_page(p: &Params) -> Result<Vec<(String, f64)>, BoxError> {
-    use watukuy_conformance::{FaultyStore, Op};
+    use watukuy_testkit::{FaultyStore, Op};
     let counted = Arc::new(FaultyStore::new(Arc::new(
         watukuy_store_memory::MemoryStore::new(),
     )));

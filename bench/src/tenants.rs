@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use watukuy_conformance::{FaultyStore, LeaseAudit, Op};
 use watukuy_core::cursor;
 use watukuy_core::delivery::Unsubscribe;
 use watukuy_core::schedule::ScheduleOptions;
@@ -19,6 +18,7 @@ use watukuy_core::{
     clock::{Clock, SystemClock},
     store::Store,
 };
+use watukuy_testkit::{FaultyStore, LeaseAudit, Op};
 
 use crate::measure::{
     Stopwatch, as_f64, fmt_rate, fmt_ratio, peak_rss_kb, rate, reset_peak_rss, rss_kb,

@@ -5,7 +5,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{Backend, Kind, engine, failing, on, text, watukuy};
-use watukuy_conformance::world::{POLLER, World};
+use watukuy_testkit::world::{POLLER, World};
 
 fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|a| (*a).to_owned()).collect()
@@ -18,7 +18,7 @@ async fn binary_on(b: Arc<Backend>) {
     let consumer = failing(&["item-002"]);
     let engine = engine(&world, &b.store, &consumer);
     world.tick(&engine).await.unwrap();
-    let key = watukuy_conformance::world::key();
+    let key = watukuy_testkit::world::key();
 
     let out = watukuy(&b.argv(&["inspect", "--json"]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
@@ -66,7 +66,7 @@ async fn inspect_points_at_a_cycle_that_quarantined_its_items() {
     on(Kind::Sqlite, "quarantined", |b: Arc<Backend>| async move {
         let world = World::new(3, 10).unwrap();
         let poller = world
-            .poller(watukuy_conformance::world::StrategyKind::Timestamp)
+            .poller(watukuy_testkit::world::StrategyKind::Timestamp)
             .check(|_: &serde_json::Value| {
                 Err(vec![watukuy_core::store::ValidationIssue {
                     message: "a number where a string was expected".into(),

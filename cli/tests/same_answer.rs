@@ -14,10 +14,10 @@ use tower::ServiceExt as _;
 use watukuy_admin::{AdminState, Mode, router};
 use watukuy_cli::Session;
 use watukuy_cli::args::Cli;
-use watukuy_conformance::world::{POLLER, Parked, World, key};
 use watukuy_core::ops;
 use watukuy_core::store::Store;
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::world::{POLLER, Parked, World, key};
 
 /// An answer, whoever gave it: a count, or an error's code and message.
 #[derive(Debug, PartialEq, Eq)]

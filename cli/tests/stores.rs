@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use common::{Backend, Kind, engine, failing, on};
 use serde_json::{Value, json};
-use watukuy_conformance::world::{Consumer, POLLER, World, key};
 use watukuy_core::{
     Lane,
     store::{LogQuery, PKey, ParkedKind, ParkedQuery, StatePatch},
 };
+use watukuy_testkit::world::{Consumer, POLLER, World, key};
 
 /// The whole tour on one backend: inspect shows what the engine wrote; parked ls, retry and
 /// discard change the store (and the engine then delivers); pause, resume, trigger and

@@ -43,8 +43,8 @@ impl From<watukuy_core::Error> for CaseError {
     }
 }
 
-impl From<crate::FakeApiError> for CaseError {
-    fn from(error: crate::FakeApiError) -> Self {
+impl From<watukuy_testkit::FakeApiError> for CaseError {
+    fn from(error: watukuy_testkit::FakeApiError) -> Self {
         CaseError::Failed(format!("the fake API refused a test step: {error}"))
     }
 }

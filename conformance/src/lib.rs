@@ -1,22 +1,10 @@
 #![doc = include_str!("../README.md")]
 
 pub mod cases;
-pub mod chaos;
 pub mod consumer;
-mod fake_api;
-mod faulty;
 mod harness;
 mod runner;
-pub mod world;
 
-pub use fake_api::{
-    DEFAULT_BASE_URL, FakeApi, FakeApiError, FakeApiOptions, Fault, Listing, LogEntry, Query,
-    RateLimitSpec, RequestOptions, fake_items,
-};
-pub use faulty::{
-    Defect, FaultyStore, KillPoint, KillSwitch, LeaseAudit, Op, PROBE_EVENT_ID, Timing,
-    simulated_crash,
-};
 pub use harness::{
     CaseContext, CaseError, CaseResult, Env, Fresh, Harness, OrFail, REQUIRE_BACKENDS_ENV,
     backend_url,

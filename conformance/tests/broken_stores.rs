@@ -5,14 +5,13 @@ use std::sync::Arc;
 
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
-use watukuy_conformance::{
-    CaseContext, CaseError, Defect, FaultyStore, Fresh, Harness, Outcome, Report, run_all,
-};
+use watukuy_conformance::{CaseContext, CaseError, Fresh, Harness, Outcome, Report, run_all};
 use watukuy_core::{
     Result,
     store::{Capabilities, CommitBatch, Lease, OutboxRow, PKey, Store},
 };
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::{Defect, FaultyStore};
 
 /// The one thing a broken store gets wrong.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -292,8 +291,8 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
 async fn a_full_scan_over_a_store_streaming_backwards_deletes_nothing_and_warns() {
     use std::time::Duration;
 
-    use watukuy_conformance::world::{POLLER, StrategyKind, World};
     use watukuy_core::EventType;
+    use watukuy_testkit::world::{POLLER, StrategyKind, World};
 
     warnings();
     for (defect, deletes) in [(Flaw::None, 2), (Flaw::IdentitiesDescending, 0)] {
@@ -363,7 +362,7 @@ async fn a_full_scan_over_a_store_streaming_backwards_deletes_nothing_and_warns(
 fn a_poller_with_a_log_is_refused_on_a_store_without_one() {
     use std::time::Duration;
 
-    use watukuy_conformance::world::{StrategyKind, World};
+    use watukuy_testkit::world::{StrategyKind, World};
 
     let world = World::new(1, 10).unwrap();
     let store = broken(Flaw::NoLog);

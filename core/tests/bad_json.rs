@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use watukuy_conformance::world::{POLLER, Recorder, key};
 use watukuy_core::{
     Engine, EventType, FetchContext, Page, Poller, TickOptions, TickResult,
     clock::ManualClock,
@@ -19,6 +18,7 @@ use watukuy_core::{
 };
 use watukuy_store_memory::MemoryStore;
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
+use watukuy_testkit::world::{POLLER, Recorder, key};
 
 /// 2026-01-01T00:00:00Z.
 const T0: i64 = 1_767_225_600_000;

@@ -9,8 +9,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use watukuy_conformance::world::{POLLER, Recorder, StrategyKind, World};
-use watukuy_conformance::{FakeApi, Fault};
 use watukuy_core::cursor;
 use watukuy_core::{
     DeliveryOptions, Engine, Event, EventType, FetchContext, Poller, PollerBuilder, TickResult,
@@ -20,6 +18,8 @@ use watukuy_core::{
     store::{ParkedKind, ParkedQuery, ParkedRow, Store},
 };
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::world::{POLLER, Recorder, StrategyKind, World};
+use watukuy_testkit::{FakeApi, Fault};
 
 /// The seeds every randomized test runs; each assertion message names its seed.
 const SEEDS: std::ops::RangeInclusive<u32> = 1..=20;

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use watukuy_conformance::cases::fixtures::{NODE_B, T0, TTL, event, key};
+use watukuy_conformance::cases::fixtures::{NODE_B, TTL, event, key};
 use watukuy_core::{
     DeliveryOptions, Error, ErrorCode, Event, HandlerContext, HandlerError,
     backoff::Backoff,
@@ -16,6 +16,7 @@ use watukuy_core::{
     store::{Lease, PKey, ParkedQuery, Store},
 };
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::T0;
 
 mod common;
 use common::Setup;
@@ -278,7 +279,7 @@ async fn lease_loss_fails_the_drain_and_cancels_in_flight_handlers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acks_of_different_keys_share_store_calls_without_reordering_a_key() {
-    use watukuy_conformance::{FaultyStore, Op};
+    use watukuy_testkit::{FaultyStore, Op};
     // 8 keys × 4 events, interleaved, 8 keys in flight.
     let subjects: Vec<String> = (0..32).map(|i| format!("k{}", i % 8)).collect();
     let refs: Vec<&str> = subjects.iter().map(String::as_str).collect();
@@ -333,7 +334,7 @@ async fn acks_of_different_keys_share_store_calls_without_reordering_a_key() {
 /// throughput.
 #[tokio::test]
 async fn a_drain_reads_the_store_once_per_slice() {
-    use watukuy_conformance::{FaultyStore, Op};
+    use watukuy_testkit::{FaultyStore, Op};
     // `n` events of distinct keys drained through a counting store by a handler that succeeds.
     async fn drained(n: u64) -> Arc<FaultyStore<dyn Store>> {
         let subjects: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
@@ -409,7 +410,7 @@ impl AckCalls {
 }
 
 #[async_trait::async_trait]
-impl watukuy_conformance::Defect<MemoryStore> for AckCalls {
+impl watukuy_testkit::Defect<MemoryStore> for AckCalls {
     async fn ack_events(
         &self,
         inner: &MemoryStore,
@@ -428,7 +429,7 @@ impl watukuy_conformance::Defect<MemoryStore> for AckCalls {
 
 fn windowed(s: &Setup, options: DeliveryOptions) -> (Dispatcher, Arc<AckCalls>) {
     let calls = Arc::new(AckCalls::default());
-    let store = watukuy_conformance::FaultyStore::new(s.store.clone()).with_defect(calls.clone());
+    let store = watukuy_testkit::FaultyStore::new(s.store.clone()).with_defect(calls.clone());
     (s.dispatcher_over(Arc::new(store), options), calls)
 }
 

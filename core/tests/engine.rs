@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use watukuy_conformance::world::{StrategyKind, World};
 use watukuy_core::{EventType, store::Store};
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::world::{StrategyKind, World};
 
 #[tokio::test]
 async fn a_tick_polls_commits_and_delivers_for_every_strategy() {

@@ -7,13 +7,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use watukuy_conformance::world::{POLLER, StrategyKind, World};
 use watukuy_core::hooks::{HookContext, Hooks, Phase};
 use watukuy_core::{
     BoxError, Error, FetchContext, Page, TickResult, cursor, ops::KeyInspect,
     store::SerializedError,
 };
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::world::{POLLER, StrategyKind, World};
 
 /// Records every `on_error` call.
 #[derive(Default)]

@@ -13,7 +13,6 @@ use tracing::Metadata;
 use tracing::field::{Field, Visit};
 use tracing::subscriber::Interest;
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
-use watukuy_conformance::world::{POLLER, Recorder};
 use watukuy_core::{
     BoxError, Engine, Event, EventType, FetchContext, Page, Poller, TickOptions,
     clock::ManualClock,
@@ -23,6 +22,7 @@ use watukuy_core::{
     store::Store,
 };
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::world::{POLLER, Recorder};
 
 /// The message of the runner's summary of a full scan's merge.
 const MERGED: &str = "full scan merged against the stored identities";

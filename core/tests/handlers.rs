@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use watukuy_conformance::cases::fixtures::{T0, event, key};
+use watukuy_conformance::cases::fixtures::{event, key};
 use watukuy_core::delivery::{
     DeliveryCounters, DeliveryOutcome, LiveOnly, Redaction, Timeout, TransientStatuses,
     classify_http_response,
@@ -22,6 +22,7 @@ use watukuy_core::{
     json::Json,
     store::{ParkedError, ParkedQuery, ParkedRow, Store},
 };
+use watukuy_testkit::T0;
 
 mod common;
 use common::Setup;

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::{Value, json};
-use watukuy_conformance::world::{POLLER, Recorder, StrategyKind, World, key, lock};
 use watukuy_core::BackfillOptions;
 use watukuy_core::cursor::Cursor;
 use watukuy_core::poller::Fetch;
@@ -24,6 +23,7 @@ use watukuy_core::{
     store::{LaneCursor, Lanes, LogQuery, Store},
 };
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::world::{POLLER, Recorder, StrategyKind, World, key, lock};
 
 // ----- helpers -----
 

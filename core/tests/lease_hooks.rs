@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use watukuy_conformance::world::{POLLER, StrategyKind, World};
 use watukuy_core::hooks::{HookContext, Hooks};
 use watukuy_core::{
     Engine, FetchContext,
@@ -15,6 +14,7 @@ use watukuy_core::{
     store::{Lease, PKey, Store},
 };
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::world::{POLLER, StrategyKind, World};
 
 /// What the lease hooks saw: `acquired <owner> <epoch>` and `lost <epoch>`.
 #[derive(Default)]

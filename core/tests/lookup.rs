@@ -9,13 +9,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use watukuy_conformance::world::{Recorder, StrategyKind, World, lock};
 use watukuy_core::budget::{BudgetStore, MemoryBudgetStore};
 use watukuy_core::{
     BoxError, Engine, Error, EventType, FetchContext, Lane, Page, PollerBuilder,
     budget::BudgetPolicy, cursor, poller::DeleteConfirmation, store::Store,
 };
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::world::{Recorder, StrategyKind, World, lock};
 
 const PAGE_SIZE: usize = 4;
 

@@ -17,7 +17,6 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state_machine};
-use watukuy_conformance::FaultyStore;
 use watukuy_conformance::cases::fixtures::event;
 use watukuy_core::{
     DeliveryOptions, Event, HandlerContext, HandlerError, HandlerResult,
@@ -28,6 +27,7 @@ use watukuy_core::{
     store::{CommitBatch, Lease, OutboxRow, PKey, ParkedQuery, StatePatch, Store},
 };
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::FaultyStore;
 
 /// Ordering keys (subjects) the model uses.
 const KEYS: usize = 3;

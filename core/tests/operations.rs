@@ -12,9 +12,6 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-use watukuy_conformance::cases::fixtures::T0;
-use watukuy_conformance::world::{POLLER, Recorder, StrategyKind, World, key, lock};
-use watukuy_conformance::{FakeApi, FakeApiOptions, Fault, FaultyStore, Op, Timing, fake_items};
 use watukuy_core::cursor;
 use watukuy_core::hooks::{CommitInfo, FetchInfo, HookContext, Hooks, Phase};
 use watukuy_core::schedule::{CircuitOptions, ScheduleOptions, ScheduleReason};
@@ -31,6 +28,9 @@ use watukuy_core::{
     },
 };
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::T0;
+use watukuy_testkit::world::{POLLER, Recorder, StrategyKind, World, key, lock};
+use watukuy_testkit::{FakeApi, FakeApiOptions, Fault, FaultyStore, Op, Timing, fake_items};
 
 // ----- helpers -----
 

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use watukuy_conformance::world::{POLLER, Parked, World, key};
 use watukuy_core::store::{PKey, ParkedKind, Store};
 use watukuy_core::{Error, ErrorCode, ops};
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::world::{POLLER, Parked, World, key};
 
 /// A memory store holding the rows `World::park` parks: item-001 and item-003 poison, item-004
 /// quarantined.

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::Notify;
-use watukuy_conformance::world::{POLLER, StrategyKind, World};
 use watukuy_core::hooks::{FetchInfo, HookContext, Hooks};
 use watukuy_core::{
     DeliveryOptions, Engine, Event, HandlerContext, HandlerError,
@@ -15,6 +14,7 @@ use watukuy_core::{
     store::{Circuit, PKey, Store},
 };
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::world::{POLLER, StrategyKind, World};
 
 /// Records fetches and deliveries in one log, and opens `second_page` when page 2 is fetched.
 #[derive(Default)]

@@ -10,10 +10,10 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
-use watukuy_conformance::world::{POLLER, StrategyKind, World};
 use watukuy_core::telemetry::is_traceparent;
 use watukuy_core::{Event, HandlerContext, HandlerError, store::Store};
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::world::{POLLER, StrategyKind, World};
 
 /// A span as the layer saw it: name, parent name and fields.
 #[derive(Clone, Debug, Default)]

@@ -21,7 +21,6 @@ use opentelemetry_sdk::metrics::{
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
-use watukuy_conformance::{FakeApi, FakeApiOptions, fake_items};
 use watukuy_core::backoff::Backoff;
 use watukuy_core::clock::{Clock, ManualClock, SystemClock};
 use watukuy_core::telemetry::{HISTOGRAM_BUCKETS_MS, MetricsHooks, PollTrace, TraceContext};
@@ -30,6 +29,7 @@ use watukuy_core::{
     TickOptions, TickResult, cursor,
 };
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
+use watukuy_testkit::{FakeApi, FakeApiOptions, fake_items};
 
 const INSTANCE: &str = "otel-test";
 

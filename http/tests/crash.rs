@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use watukuy_conformance::{FaultyStore, KillPoint, KillSwitch, backend_url};
+use watukuy_conformance::backend_url;
 use watukuy_core::cursor::{self, Cursor};
 use watukuy_core::{
     Engine, Event, EventType, FetchContext, Poller, TickOptions, clock::ManualClock,
@@ -18,6 +18,7 @@ use watukuy_core::{
 };
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
+use watukuy_testkit::{FaultyStore, KillPoint, KillSwitch};
 
 use common::{Item, Reply, Server, T0, client, collect_events};
 

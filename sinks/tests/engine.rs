@@ -14,7 +14,6 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use watukuy_conformance::world::{POLLER, StrategyKind, World};
 use watukuy_core::{
     CloudEvent,
     clock::{Clock, ManualClock},
@@ -22,6 +21,7 @@ use watukuy_core::{
 };
 use watukuy_sinks::{WebhookOptions, WebhookSecret, WebhookSink, verify_webhook_signature};
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::world::{POLLER, StrategyKind, World};
 
 use common::spawn_server;
 

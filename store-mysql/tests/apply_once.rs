@@ -27,7 +27,7 @@ use sqlx::{Executor, MySql, MySqlPool, Transaction};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use watukuy_conformance::CaseError;
-use watukuy_conformance::cases::fixtures::{NODE_A, NODE_B, T0, TTL, event, key};
+use watukuy_conformance::cases::fixtures::{NODE_A, NODE_B, TTL, event, key};
 use watukuy_core::delivery::{ApplyError, ApplyOutcome, ConsumerStore, Fence};
 use watukuy_core::{
     BoxError, Error, Event,
@@ -35,6 +35,7 @@ use watukuy_core::{
     store::{Store, StoreErrorKind},
 };
 use watukuy_store_mysql::{MySqlOptions, PROCESSED_EVENTS_VERSION, ProcessedEvents, apply_once};
+use watukuy_testkit::T0;
 
 /// What one delivery gave.
 type Applied = Result<ApplyOutcome<()>, ApplyError<BoxError>>;

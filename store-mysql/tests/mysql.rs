@@ -12,7 +12,7 @@ use common::{Database, OrFail, ensure, fail, with_database};
 use sqlx::mysql::MySqlConnectOptions;
 use sqlx::{ConnectOptions, Executor, MySqlConnection};
 use watukuy_conformance::CaseError;
-use watukuy_conformance::cases::fixtures::{NODE_A, T0, TTL, item, json, key, pending};
+use watukuy_conformance::cases::fixtures::{NODE_A, TTL, item, json, key, pending};
 use watukuy_core::{
     ErrorCode,
     store::{
@@ -21,6 +21,7 @@ use watukuy_core::{
     },
 };
 use watukuy_store_mysql::{MySqlOptions, MySqlStore, SCHEMA_VERSION};
+use watukuy_testkit::T0;
 
 /// A test `$name` running `$body` on a database of its own named after it, with a pool of
 /// `$connections` ([`with_database`]).

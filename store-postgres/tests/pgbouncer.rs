@@ -13,10 +13,11 @@ use std::sync::{Arc, LazyLock};
 
 use common::{Database, OrFail, Schema, ensure, fail};
 use servers::Bouncer;
-use watukuy_conformance::cases::fixtures::{T0, TTL, pending};
+use watukuy_conformance::cases::fixtures::{TTL, pending};
 use watukuy_conformance::{CaseContext, CaseError, Fresh, Harness};
 use watukuy_core::store::{CommitBatch, PKey, Store};
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};
+use watukuy_testkit::T0;
 
 /// The pooler (and the server behind it) of this test process.
 static BOUNCER: LazyLock<Bouncer> = LazyLock::new(Bouncer::start);

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{Database, OrFail, Schema, ensure, fail, pool, with_database, with_schema};
 use sqlx::{Connection, PgConnection, Row};
 use watukuy_conformance::CaseError;
-use watukuy_conformance::cases::fixtures::{self, T0, TTL, item, key};
+use watukuy_conformance::cases::fixtures::{self, TTL, item, key};
 use watukuy_core::{
     Error, ErrorCode, Event,
     json::Json,
@@ -20,6 +20,7 @@ use watukuy_core::{
     },
 };
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};
+use watukuy_testkit::T0;
 
 /// A created event of `o<sequence>` on [`key`] carrying `data`, without a cursor.
 fn event(id: &str, sequence: i64, data: &str) -> Result<Event, CaseError> {

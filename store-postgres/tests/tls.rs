@@ -11,12 +11,13 @@ use std::path::PathBuf;
 use std::sync::LazyLock;
 
 use servers::{Access, PgServer, TestCa};
-use watukuy_conformance::cases::fixtures::{NODE_A, T0, TTL, key, pending};
+use watukuy_conformance::cases::fixtures::{NODE_A, TTL, key, pending};
 use watukuy_core::{
     Error, ErrorCode,
     store::{CommitBatch, Store, StoreErrorKind},
 };
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};
+use watukuy_testkit::T0;
 
 /// The TLS-only server of this test process, with the CA that signed its certificate.
 static SERVER: LazyLock<PgServer> = LazyLock::new(|| {

@@ -29,7 +29,6 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::sync::watch;
 use watukuy_conformance::CaseError;
-use watukuy_conformance::world::{StrategyKind, World};
 use watukuy_core::budget::{BucketPolicy, BudgetPolicy, BudgetStore, MemoryBudgetStore, Take};
 use watukuy_core::{
     Engine, TickOptions,
@@ -38,6 +37,7 @@ use watukuy_core::{
     store::Store,
 };
 use watukuy_store_redis::{RedisOptions, RedisStore};
+use watukuy_testkit::world::{StrategyKind, World};
 
 mod common;
 

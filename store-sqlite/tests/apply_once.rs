@@ -22,10 +22,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::{Connection, Transaction};
-use watukuy_conformance::cases::fixtures::{T0, event, key};
+use watukuy_conformance::cases::fixtures::{event, key};
 use watukuy_core::delivery::{ApplyError, ApplyOutcome};
 use watukuy_core::{Event, clock::ManualClock};
 use watukuy_store_sqlite::ProcessedEvents;
+use watukuy_testkit::T0;
 
 use common::temp_db;
 

@@ -14,12 +14,13 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use futures::TryStreamExt;
-use watukuy_conformance::cases::fixtures::{T0, item, pending};
+use watukuy_conformance::cases::fixtures::{item, pending};
 use watukuy_core::{
     json::Json,
     store::{CommitBatch, LogQuery, PKey, StatePatch, Store},
 };
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
+use watukuy_testkit::T0;
 
 /// Names the database file of a child process; unset in the parent.
 const CHILD_ENV: &str = "WATUKUY_SQLITE_CRASH_CHILD_DB";

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use common::{temp_db, temp_dir};
 
-use watukuy_conformance::cases::fixtures::{NODE_A, NODE_B, T0, TTL, item, key, pending};
+use watukuy_conformance::cases::fixtures::{NODE_A, NODE_B, TTL, item, key, pending};
 use watukuy_core::{
     Error, ErrorCode,
     store::{
@@ -17,6 +17,7 @@ use watukuy_core::{
     },
 };
 use watukuy_store_sqlite::{SCHEMA_VERSION, SqliteOptions, SqliteStore, Synchronous};
+use watukuy_testkit::T0;
 
 fn file_store(path: &Path) -> SqliteStore {
     SqliteStore::open(SqliteOptions::file(path)).expect("valid options")

@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
-use watukuy_conformance::world::Consumer;
-use watukuy_conformance::world::World;
 use watukuy_core::{Engine, store::Store};
+use watukuy_testkit::world::Consumer;
+use watukuy_testkit::world::World;
 
 /// The admin tests' consumer: it fails the given subjects with "downstream rejected".
 pub fn failing(subjects: &[&str]) -> Consumer {

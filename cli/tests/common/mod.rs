@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use watukuy_cli::{CliError, Output, RunOptions, StoreOptions, StoreUrl};
-use watukuy_conformance::world::Consumer;
-use watukuy_conformance::world::World;
 use watukuy_conformance::{CaseError, backend_url};
 use watukuy_core::{Engine, store::Store};
+use watukuy_testkit::world::Consumer;
+use watukuy_testkit::world::World;
 
 /// Which backend a test runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -15,11 +15,11 @@ use watukuy_core::{
     store::{PKey, Store},
 };
 
-use crate::chaos::{ChaosOptions, ChaosReport, ChaosStrategy, run_chaos, seeds_from_env};
-use crate::faulty::{FaultyStore, KillPoint, KillSwitch};
 use crate::harness::{CaseError, CaseResult, Env, Fresh};
-use crate::world::{POLLER, Recorder, StrategyKind, World};
 use crate::{check, check_eq};
+use watukuy_testkit::chaos::{ChaosOptions, ChaosReport, ChaosStrategy, run_chaos, seeds_from_env};
+use watukuy_testkit::world::{POLLER, Recorder, StrategyKind, World};
+use watukuy_testkit::{FaultyStore, KillPoint, KillSwitch};
 
 /// Seeds per strategy case unless `WATUKUY_CHAOS_SEEDS` says otherwise.
 pub const DEFAULT_SEEDS: u32 = 3;

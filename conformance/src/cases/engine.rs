@@ -1,4 +1,4 @@
-//! Guarantees driven through the engine against the [`FakeApi`](crate::FakeApi), on the store
+//! Guarantees driven through the engine against the [`FakeApi`](watukuy_testkit::FakeApi), on the store
 //! under test: G2 (deterministic ids), G4 (atomic commit, crash recovery), G5 (one active
 //! instance per key), G8 (determinism, nothing left running after stop), and the lifecycle order
 //! of hooks.
@@ -15,10 +15,10 @@ use watukuy_core::{
     store::{Lease, PollSummary, Store},
 };
 
-use crate::faulty::{FaultyStore, Op, Timing};
 use crate::harness::{CaseError, CaseResult, Env};
-use crate::world::{POLLER, Recorder, StrategyKind, World, key, lock};
 use crate::{check, check_eq};
+use watukuy_testkit::world::{POLLER, Recorder, StrategyKind, World, key, lock};
+use watukuy_testkit::{FaultyStore, Op, Timing};
 
 fn world(items: usize) -> Result<World, CaseError> {
     World::new(items, 4).map_err(|e| CaseError::failed(format!("cannot build the fake API: {e}")))

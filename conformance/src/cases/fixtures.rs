@@ -14,10 +14,10 @@ use watukuy_core::{
     },
 };
 
+pub(crate) use watukuy_testkit::T0;
+
 use crate::harness::{CaseError, CaseResult, Env};
 
-/// 2026-01-01T00:00:00Z in epoch ms: the suite's start of time.
-pub const T0: i64 = 1_767_225_600_000;
 /// The lease time-to-live the suite uses.
 pub const TTL: i64 = 30_000;
 /// The first instance.

@@ -18,11 +18,11 @@ use watukuy_core::{
     poller::DeleteConfirmation, rng::SeededRng, store::Store,
 };
 
-use crate::fake_api::FakeApi;
-use crate::faulty::{FaultyStore, KillPoint, KillSwitch};
 use crate::harness::{CaseError, CaseResult, Env, OrFail};
-use crate::world::{Recorder, StrategyKind, World};
 use crate::{check, check_eq};
+use watukuy_testkit::FakeApi;
+use watukuy_testkit::world::{Recorder, StrategyKind, World};
+use watukuy_testkit::{FaultyStore, KillPoint, KillSwitch};
 
 /// Items of the API and items a page.
 const ITEMS: usize = 12;

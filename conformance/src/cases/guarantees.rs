@@ -19,9 +19,9 @@ use watukuy_core::{
 };
 
 use super::fixtures::{NODE_A, T0, acquire, event, key, poison};
-use crate::faulty::{FaultyStore, Op, Timing};
 use crate::harness::{CaseError, CaseResult, Env};
 use crate::{check, check_eq};
+use watukuy_testkit::{FaultyStore, Op, Timing};
 
 /// A store with committed events, a lease on the key and a manual clock.
 struct World {

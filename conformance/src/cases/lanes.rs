@@ -1,5 +1,5 @@
 //! The lanes and the live schedule driven through the engine against the
-//! [`FakeApi`](crate::FakeApi), on the store under test: the pinned
+//! [`FakeApi`](watukuy_testkit::FakeApi), on the store under test: the pinned
 //! AIMD sequence, a 429's Retry-After, the circuit through an outage, reconcile deletes, a forced
 //! backfill, a failing backfill's lane backoff, replay with the original ids, and log retention.
 //!
@@ -23,10 +23,10 @@ use watukuy_core::{
     store::{Circuit, LaneCursor, Lanes, LogQuery, LoggedEvent},
 };
 
-use crate::fake_api::{FakeApiError, Fault};
 use crate::harness::{CaseError, CaseResult, Env};
-use crate::world::{POLLER, Recorder, StrategyKind, World, key, lock};
 use crate::{check, check_eq};
+use watukuy_testkit::world::{POLLER, Recorder, StrategyKind, World, key, lock};
+use watukuy_testkit::{FakeApiError, Fault};
 
 // ----- helpers -----
 

@@ -22,8 +22,8 @@ use crate::cases::fixtures::{
     CrashBeforeAck, NODE_A, NODE_B, PendingDelivery, T0, TTL, acquire, event, key,
 };
 use crate::harness::{CaseError, CaseResult, OrFail};
-use crate::world::{POLLER, StrategyKind, World, lock};
 use crate::{check, check_eq};
+use watukuy_testkit::world::{POLLER, StrategyKind, World, lock};
 
 /// What one delivery through `apply_once` gave.
 type Applied = Result<ApplyOutcome<()>, ApplyError<BoxError>>;

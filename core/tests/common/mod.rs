@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use watukuy_conformance::cases::fixtures::{NODE_A, T0, acquire, key};
+use watukuy_conformance::cases::fixtures::{NODE_A, acquire, key};
 use watukuy_core::{
     DeliveryOptions, Event,
     clock::ManualClock,
@@ -12,6 +12,7 @@ use watukuy_core::{
     store::{CommitBatch, Lease, OutboxRow, PKey, Store},
 };
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::T0;
 
 /// A leased key with pending events, on a manual clock.
 pub(crate) struct Setup {

@@ -32,15 +32,15 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use sqlx::postgres::PgPoolOptions;
-use watukuy_conformance::{
-    KillPoint,
-    chaos::{ChaosOptions, ChaosReport, ChaosStrategy, run_chaos},
-};
 use watukuy_core::{poller::Retain, store::Store};
 use watukuy_store_memory::MemoryStore;
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};
 use watukuy_store_redis::{RedisOptions, RedisStore};
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
+use watukuy_testkit::{
+    KillPoint,
+    chaos::{ChaosOptions, ChaosReport, ChaosStrategy, run_chaos},
+};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -6,12 +6,12 @@
 
 use std::sync::Arc;
 
-use watukuy_conformance::{FakeApi, FakeApiOptions};
 use watukuy_core::{
     Engine, Event, HandlerContext, HandlerError, Poller, TickOptions, clock::SystemClock, cursor,
 };
 use watukuy_examples::custom_store::CountingStore;
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::{FakeApi, FakeApiOptions};
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -7,13 +7,13 @@
 use std::sync::Arc;
 
 use metrics_exporter_prometheus::PrometheusBuilder;
-use watukuy_conformance::{FakeApi, FakeApiOptions, fake_items};
 use watukuy_core::telemetry::{HISTOGRAM_BUCKETS_MS, MetricsHooks, record_gauges};
 use watukuy_core::{
     Engine, Event, FetchContext, HandlerContext, HandlerError, Poller, TickOptions,
     clock::SystemClock, cursor,
 };
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::{FakeApi, FakeApiOptions, fake_items};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -35,13 +35,13 @@ use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{Layer as _, fmt};
-use watukuy_conformance::{FakeApi, FakeApiOptions, fake_items};
 use watukuy_core::telemetry::{HISTOGRAM_BUCKETS_MS, MetricsHooks, PollTrace, TraceContext};
 use watukuy_core::{
     Engine, Event, FetchContext, HandlerContext, HandlerError, Poller, TickOptions, TickResult,
     clock::SystemClock, cursor,
 };
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
+use watukuy_testkit::{FakeApi, FakeApiOptions, fake_items};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

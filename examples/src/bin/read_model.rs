@@ -19,7 +19,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sqlx::Row;
-use watukuy_conformance::{FakeApi, FakeApiOptions};
 use watukuy_core::delivery::ApplyOutcome;
 use watukuy_core::{
     DeliveryOptions, Engine, Event, EventType, HandlerContext, HandlerError, Poller, TickOptions,
@@ -28,6 +27,7 @@ use watukuy_core::{
     cursor,
 };
 use watukuy_store_postgres::{PgPool, PostgresOptions, PostgresStore, ProcessedEvents};
+use watukuy_testkit::{FakeApi, FakeApiOptions};
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]

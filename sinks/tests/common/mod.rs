@@ -6,13 +6,13 @@ use std::sync::{Arc, Mutex};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use watukuy_conformance::world::{POLLER, StrategyKind, World, key};
 use watukuy_core::delivery::{Handler, HandlerErrorKind};
 use watukuy_core::store::{ParkedQuery, Store};
 use watukuy_core::{
     DeliveryOptions, Engine, Event, EventType, HandlerContext, HandlerError, Partition, json::Json,
 };
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::world::{POLLER, StrategyKind, World, key};
 
 /// An event of poller `poller` with the given id suffix (ids are 64 hex characters).
 pub fn event(poller: &str, n: u32, event_type: EventType) -> Event {

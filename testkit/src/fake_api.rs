@@ -11,7 +11,7 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use watukuy_conformance::{FakeApi, FakeApiOptions};
+//! use watukuy_testkit::{FakeApi, FakeApiOptions};
 //! use watukuy_core::{FetchContext, clock::ManualClock, Poller, cursor};
 //!
 //! let api = FakeApi::new(FakeApiOptions::new(Arc::new(ManualClock::new(0))));
@@ -51,11 +51,10 @@ use watukuy_core::{
     store::{RateLimitInfo, RateLimitSource},
 };
 
+use crate::T0;
+
 /// The default base URL of a fake API, used in error messages and as the validator key.
 pub const DEFAULT_BASE_URL: &str = "https://fake.api";
-
-/// 2026-01-01T00:00:00Z in epoch milliseconds: where [`fake_items`] timestamps start.
-const FAKE_ITEMS_START_MS: i64 = 1_767_225_600_000;
 
 /// How a [`FakeApi`] is built.
 #[derive(Clone)]
@@ -1220,7 +1219,7 @@ pub fn fake_items(n: usize) -> Vec<Value> {
                 "id": format!("item-{i:0width$}"),
                 "name": format!("Item {i}"),
                 "value": i,
-                "updatedAt": format_rfc3339_ms(FAKE_ITEMS_START_MS.saturating_add(offset_ms)),
+                "updatedAt": format_rfc3339_ms(T0.saturating_add(offset_ms)),
             })
         })
         .collect()

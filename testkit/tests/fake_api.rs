@@ -7,9 +7,6 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-use watukuy_conformance::{
-    FakeApi, FakeApiError, FakeApiOptions, Fault, Query, RateLimitSpec, RequestOptions, fake_items,
-};
 use watukuy_core::clock::format_rfc3339_ms;
 use watukuy_core::cursor::Cursor;
 use watukuy_core::{
@@ -19,6 +16,9 @@ use watukuy_core::{
     store::{CommitBatch, PKey, RateLimitSource, Store},
 };
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::{
+    FakeApi, FakeApiError, FakeApiOptions, Fault, Query, RateLimitSpec, RequestOptions, fake_items,
+};
 
 /// 2026-01-01T00:00:00Z.
 const T0: i64 = 1_767_225_600_000;

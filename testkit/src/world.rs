@@ -15,7 +15,7 @@ use watukuy_core::{
     store::{PKey, ParkedKind, ParkedQuery, Store, ValidationIssue},
 };
 
-use crate::cases::fixtures::T0;
+use crate::T0;
 use crate::fake_api::{FakeApi, FakeApiOptions, fake_items};
 
 /// The cursor strategies a world's poller can use.

@@ -9,17 +9,17 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::json;
-use watukuy_conformance::world::{POLLER, Recorder, StrategyKind, World};
-use watukuy_conformance::{
-    Defect, FaultyStore, KillPoint, KillSwitch, Op,
-    chaos::{ChaosError, ChaosOptions, ChaosReport, ChaosStrategy, assert_chaos_report, run_chaos},
-};
 use watukuy_core::{
     Error, EventType, Result, StopOptions, TickOptions,
     json::Json,
     store::{CommitBatch, Lease, PKey, Store},
 };
 use watukuy_store_memory::MemoryStore;
+use watukuy_testkit::world::{POLLER, Recorder, StrategyKind, World};
+use watukuy_testkit::{
+    Defect, FaultyStore, KillPoint, KillSwitch, Op,
+    chaos::{ChaosError, ChaosOptions, ChaosReport, ChaosStrategy, assert_chaos_report, run_chaos},
+};
 
 fn memory() -> Arc<dyn Store> {
     Arc::new(MemoryStore::new())
