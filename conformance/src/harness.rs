@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use watukuy_core::store::Store;
+use watukuy_core::store::{PKey, Store};
 
 /// Why a case did not pass.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,17 +86,47 @@ pub struct Fresh {
     /// The store, migrated and empty.
     pub store: Arc<dyn Store>,
     cleanup: Option<BoxFuture<'static, ()>>,
-    instances: Option<Opener>,
+    hooks: Hooks,
 }
 
-/// Opens another instance of a fresh store (see [`Fresh::with_instances`]).
+/// Opens another instance of a store (see [`Fresh::with_instances`]).
 type Opener = Arc<dyn Fn() -> BoxFuture<'static, Result<Arc<dyn Store>, CaseError>> + Send + Sync>;
+
+/// Writes data beneath a store (see [`Fresh::with_raw_writes`]).
+type RawWriter = Arc<dyn Fn(RawWrite) -> BoxFuture<'static, CaseResult> + Send + Sync>;
+
+/// What a harness lets cases do beyond using the store: shared by [`Fresh`] and [`Env`].
+#[derive(Clone, Default)]
+struct Hooks {
+    instances: Option<Opener>,
+    unmigrated: Option<Opener>,
+    raw: Option<RawWriter>,
+}
+
+/// Data a case asks the harness to write beneath the store, as another program, a newer release
+/// or a damaged disk would leave it (see [`Fresh::with_raw_writes`]). A harness answers
+/// `Err(CaseError::Skipped(..))` for a write its backend cannot hold (a column type that refuses
+/// the bytes, a store without a schema version), and the case goes on without it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RawWrite {
+    /// The key's stored state (cursor, sequence, schedule) no longer decodes.
+    State(PKey),
+    /// Every stored item of the key (its version, hash or payload) no longer decodes.
+    Items(PKey),
+    /// Every pending outbox event of the key no longer decodes.
+    Pending(PKey),
+    /// The store's recorded schema version becomes this one, newer than any release knows.
+    SchemaVersion(u32),
+}
 
 impl fmt::Debug for Fresh {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Fresh")
             .field("cleanup", &self.cleanup.is_some())
-            .field("instances", &self.instances.is_some())
+            .field("instances", &self.hooks.instances.is_some())
+            .field("unmigrated", &self.hooks.unmigrated.is_some())
+            .field("raw_writes", &self.hooks.raw.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -107,7 +137,7 @@ impl Fresh {
         Self {
             store,
             cleanup: None,
-            instances: None,
+            hooks: Hooks::default(),
         }
     }
 
@@ -121,7 +151,36 @@ impl Fresh {
         F: Fn() -> Fut + Send + Sync + 'static,
         Fut: std::future::Future<Output = Result<Arc<dyn Store>, CaseError>> + Send + 'static,
     {
-        self.instances = Some(Arc::new(move || Box::pin(open())));
+        self.hooks.instances = Some(Arc::new(move || Box::pin(open())));
+        self
+    }
+
+    /// Lets cases open instances on a namespace of the case's own that nobody has migrated yet
+    /// (a schema, a database, a file or a key prefix that does not exist), the same namespace on
+    /// every call, each instance with its own connections; the harness's cleanup removes it. The
+    /// cases that migrate new instances at once ([`Env::unmigrated_instance`]) are skipped for a
+    /// harness without it.
+    #[must_use]
+    pub fn with_unmigrated<F, Fut>(mut self, open: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<Arc<dyn Store>, CaseError>> + Send + 'static,
+    {
+        self.hooks.unmigrated = Some(Arc::new(move || Box::pin(open())));
+        self
+    }
+
+    /// Lets cases write data beneath the store with `write` (see [`RawWrite`]), with the
+    /// backend's own client, to prove the store reads what it did not write as an error naming
+    /// it, never a panic. The cases that need it ([`Env::raw_write`]) are skipped for a harness
+    /// without it.
+    #[must_use]
+    pub fn with_raw_writes<F, Fut>(mut self, write: F) -> Self
+    where
+        F: Fn(RawWrite) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = CaseResult> + Send + 'static,
+    {
+        self.hooks.raw = Some(Arc::new(move |raw| Box::pin(write(raw))));
         self
     }
 
@@ -196,7 +255,7 @@ pub struct Env {
     pub harness: Arc<dyn Harness>,
     /// Which case this is.
     pub ctx: CaseContext,
-    instances: Option<Opener>,
+    hooks: Hooks,
 }
 
 impl fmt::Debug for Env {
@@ -220,7 +279,7 @@ impl Env {
             store: Arc::clone(&fresh.store),
             harness,
             ctx,
-            instances: fresh.instances.clone(),
+            hooks: fresh.hooks.clone(),
         }
     }
 
@@ -228,10 +287,33 @@ impl Env {
     /// process would open it. Skips the case when the harness opens none
     /// ([`Fresh::with_instances`]).
     pub async fn another_instance(&self) -> Result<Arc<dyn Store>, CaseError> {
-        match &self.instances {
+        match &self.hooks.instances {
             Some(open) => open().await,
             None => Err(CaseError::skipped(
                 "the harness opens no second instance of a store (Fresh::with_instances)",
+            )),
+        }
+    }
+
+    /// An instance on the case's own namespace that nobody has migrated yet, with connections
+    /// of its own: every call opens another on the same namespace. Skips the case when the
+    /// harness opens none ([`Fresh::with_unmigrated`]).
+    pub async fn unmigrated_instance(&self) -> Result<Arc<dyn Store>, CaseError> {
+        match &self.hooks.unmigrated {
+            Some(open) => open().await,
+            None => Err(CaseError::skipped(
+                "the harness opens no unmigrated instance (Fresh::with_unmigrated)",
+            )),
+        }
+    }
+
+    /// Writes `raw` beneath the case's store with the backend's own client. Skipped when the
+    /// harness writes nothing raw ([`Fresh::with_raw_writes`]) or not this (its answer).
+    pub async fn raw_write(&self, raw: RawWrite) -> CaseResult {
+        match &self.hooks.raw {
+            Some(write) => write(raw).await,
+            None => Err(CaseError::skipped(
+                "the harness writes nothing beneath the store (Fresh::with_raw_writes)",
             )),
         }
     }

@@ -7,7 +7,7 @@ mod runner;
 
 pub use harness::{
     CaseContext, CaseError, CaseResult, Env, Fresh, Harness, OrFail, REQUIRE_BACKENDS_ENV,
-    backend_url,
+    RawWrite, backend_url,
 };
 pub use runner::{Case, Outcome, Report, run_all, run_case, run_test};
 
@@ -25,6 +25,9 @@ macro_rules! for_each_case {
                 exposes_capabilities,
                 migrate_is_idempotent,
                 close_is_idempotent_and_keeps_data,
+                concurrent_migrations_of_new_instances_succeed,
+                a_newer_schema_is_refused,
+                undecodable_rows_are_corrupt_errors,
             }
             leases {
                 acquire_on_empty_key_returns_epoch_1,

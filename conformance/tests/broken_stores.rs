@@ -190,7 +190,24 @@ fn assert_fails(report: &Report, case: &str) {
 async fn the_honest_store_passes_every_case() {
     let report = report(Flaw::None).await;
     assert!(report.is_ok(), "{report}");
-    assert_eq!(report.passed(), report.outcomes.len());
+    // Only the cases that need a backend's own client (rows written beneath the store, a
+    // namespace nobody migrated) do not apply to a store in memory.
+    let skipped: Vec<String> = report
+        .outcomes
+        .iter()
+        .filter(|(_, outcome)| matches!(outcome, Outcome::Skipped(_)))
+        .map(|(case, _)| format!("{}::{}", case.module, case.name))
+        .collect();
+    assert_eq!(
+        skipped,
+        [
+            "setup::concurrent_migrations_of_new_instances_succeed",
+            "setup::a_newer_schema_is_refused",
+            "setup::undecodable_rows_are_corrupt_errors",
+        ],
+        "{report}"
+    );
+    assert_eq!(report.passed() + skipped.len(), report.outcomes.len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -81,6 +81,12 @@ pub trait Store: Send + Sync + 'static {
     /// **Contract**
     /// 1. Idempotent: calling it again changes nothing and the store reads as empty
     ///    (`setup::migrate_is_idempotent`).
+    /// 2. Instances with connections of their own may migrate a new namespace at once: every
+    ///    call succeeds and they share one working store
+    ///    (`setup::concurrent_migrations_of_new_instances_succeed`).
+    /// 3. A schema newer than the build knows is refused with [`Error::Store`](crate::Error::Store)
+    ///    of kind [`StoreErrorKind::Schema`], permanent, naming the version found
+    ///    (`setup::a_newer_schema_is_refused`).
     async fn migrate(&self) -> Result<()> {
         Ok(())
     }
@@ -186,6 +192,10 @@ pub trait Store: Send + Sync + 'static {
     /// **Contract**
     /// 1. `None` for an unknown key, even after a lease was acquired on it
     ///    (`state::load_state_is_none_for_unknown_key`).
+    /// 2. Stored data that does not decode (another program wrote it, a disk damaged it) is
+    ///    [`Error::Store`](crate::Error::Store) of kind [`StoreErrorKind::Corrupt`], permanent,
+    ///    here and in every read that meets it (`load_versions`, `load_pending`), never a panic
+    ///    (`setup::undecodable_rows_are_corrupt_errors`).
     async fn load_state(&self, key: &PKey) -> Result<Option<PollerState>>;
 
     /// Fenced: applies `patch` (top-level replace, see [`PollerState::apply`]). Provided: a

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Database, OrFail, Schema, ensure, fail, pool, with_database, with_schema};
-use sqlx::{Connection, PgConnection, Row};
+use sqlx::{Connection, PgConnection};
 use watukuy_conformance::CaseError;
 use watukuy_conformance::cases::fixtures::{self, TTL, item, key};
 use watukuy_core::{
@@ -141,62 +141,6 @@ async fn acquire(store: &dyn Store, owner: &str, now: i64) -> Result<Lease, Case
         .await?
         .ok_or_else(|| fail(format!("{owner} could not acquire at {now}")))
 }
-
-// Ten instances (ten pools) run `migrate()` at once on a schema that does not exist yet, plus
-// two other prefixes in the same schema: every call succeeds, each prefix records each
-// migration once, and the store works.
-schema_test!(ten_concurrent_migrations_succeed, 1, |schema| async move {
-    let admin = &schema.pool;
-    let mut pools = Vec::new();
-    let mut tasks = Vec::new();
-    for i in 0..10 {
-        let pool = pool(&schema.url, 1).await?;
-        let prefix = match i % 5 {
-            0 => "other_",
-            1 => "",
-            _ => "watukuy_",
-        };
-        let options = schema.options().table_prefix(prefix);
-        let store = PostgresStore::from_pool(pool.clone(), options)?;
-        pools.push(pool);
-        tasks.push(tokio::spawn(async move { store.migrate().await }));
-    }
-    for (i, task) in tasks.into_iter().enumerate() {
-        task.await
-            .or_fail_with(format_args!("migrate task {i} panicked"))?
-            .or_fail_with(format_args!("migrate call {i} failed"))?;
-    }
-    for prefix in ["watukuy_", "other_", ""] {
-        let rows = sqlx::query(&format!(
-            "SELECT version, name FROM \"{schema}\".\"{prefix}schema_version\" ORDER BY version"
-        ))
-        .fetch_all(admin)
-        .await
-        .or_fail()?;
-        let versions: Vec<(i32, String)> = rows
-            .iter()
-            .map(|r| (r.get::<i32, _>(0), r.get::<String, _>(1)))
-            .collect();
-        ensure!(
-            versions == vec![(1, "init".to_owned()), (2, "queue_indexes".to_owned())],
-            "prefix {prefix:?}: versions {versions:?}"
-        );
-    }
-    let store = schema.store(PostgresOptions::default()).await?;
-    let lease = acquire(&store, "node-a", T0).await?;
-    store
-        .commit_poll(&key(), &lease, &page(&["o1"], 1)?)
-        .await?;
-    ensure!(
-        store.counts(&key()).await.map(|c| c.items)? == 1,
-        "store unusable after migrations"
-    );
-
-    for pool in pools {
-        pool.close().await;
-    }
-    Ok(())
-});
 
 // The backend running a `commit_poll` is terminated while the statement waits on a row lock
 // (after it already applied the state patch): the store reports a transient error, nothing of

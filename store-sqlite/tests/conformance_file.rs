@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use watukuy_conformance::{CaseContext, CaseError, Fresh, Harness};
+use watukuy_conformance::{CaseContext, CaseError, CaseResult, Fresh, Harness, RawWrite};
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore, Synchronous};
 
 /// A fresh, migrated store on a new file in its own temporary directory per case. The directory
@@ -54,6 +54,8 @@ impl Harness for FileHarness {
         }
         let store = Arc::new(store);
         let cleanup = Arc::clone(&store);
+        let (raw_path, new_path) = (path.clone(), dir.join("unmigrated.db"));
+        let synchronous = self.synchronous;
         Ok(Fresh::new(store)
             .with_cleanup(async move {
                 // Best effort: a leftover temporary directory is harmless.
@@ -67,8 +69,37 @@ impl Harness for FileHarness {
                     Ok(Arc::new(SqliteStore::open(options)?)
                         as Arc<dyn watukuy_core::store::Store>)
                 }
+            })
+            // Stores on a file nobody has created yet, in the case's directory.
+            .with_unmigrated(move || {
+                let options = SqliteOptions::file(&new_path).synchronous(synchronous);
+                async move {
+                    Ok(Arc::new(SqliteStore::open(options)?)
+                        as Arc<dyn watukuy_core::store::Store>)
+                }
+            })
+            .with_raw_writes(move |raw| {
+                let path = raw_path.clone();
+                async move { raw_write(&path, &raw) }
             }))
     }
+}
+
+/// Writes `raw` into the file with SQLite itself, over every row of the case's own database.
+fn raw_write(path: &std::path::Path, raw: &RawWrite) -> CaseResult {
+    let sql = match raw {
+        RawWrite::State(_) => "UPDATE watukuy_pollers SET state = '{\"lanes\": oops'".to_owned(),
+        RawWrite::Items(_) => "UPDATE watukuy_items SET payload = '{\"half\":'".to_owned(),
+        RawWrite::Pending(_) => "UPDATE watukuy_outbox SET event = '[1, 2'".to_owned(),
+        RawWrite::SchemaVersion(version) => {
+            format!("INSERT INTO watukuy_schema_version (version) VALUES ({version})")
+        }
+        other => return Err(CaseError::skipped(format!("{other:?} is not written here"))),
+    };
+    let conn = rusqlite::Connection::open(path)
+        .map_err(|e| CaseError::failed(format!("open {}: {e}", path.display())))?;
+    conn.execute_batch(&sql)
+        .map_err(|e| CaseError::failed(format!("{sql}: {e}")))
 }
 
 watukuy_conformance::store_tests!(FileHarness {

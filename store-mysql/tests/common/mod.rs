@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use sqlx::MySqlPool;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
-use watukuy_conformance::{CaseContext, CaseError, Fresh, Harness, backend_url};
+use watukuy_conformance::{
+    CaseContext, CaseError, CaseResult, Fresh, Harness, RawWrite, backend_url,
+};
 use watukuy_store_mysql::{MySqlOptions, MySqlStore};
 
 /// The variable naming the test server.
@@ -152,7 +154,11 @@ impl Harness for MySqlHarness {
     async fn fresh(&self, ctx: CaseContext) -> Result<Fresh, CaseError> {
         let database = Database::new(&format!("{}_{}", ctx.module, ctx.name), 4).await?;
         let store = database.store(MySqlOptions::default()).await?;
-        let url = database.url.clone();
+        let (url, new_url, raw) = (
+            database.url.clone(),
+            database.url.clone(),
+            database.pool.clone(),
+        );
         Ok(Fresh::new(Arc::new(store))
             .with_cleanup(async move {
                 if let Err(e) = database.remove().await {
@@ -166,8 +172,37 @@ impl Harness for MySqlHarness {
                     let store = MySqlStore::connect(&url, MySqlOptions::default()).await?;
                     Ok(Arc::new(store) as Arc<dyn watukuy_core::store::Store>)
                 }
+            })
+            // Stores on tables nobody has created yet: another prefix in the case's database.
+            .with_unmigrated(move || {
+                let url = new_url.clone();
+                async move {
+                    let options = MySqlOptions::default().table_prefix("new_");
+                    let store = MySqlStore::connect(&url, options).await?;
+                    Ok(Arc::new(store) as Arc<dyn watukuy_core::store::Store>)
+                }
+            })
+            .with_raw_writes(move |write| {
+                let pool = raw.clone();
+                async move { raw_write(&pool, &write).await }
             }))
     }
+}
+
+/// Writes `raw` with SQL of the test's own, over every row of the case's database.
+async fn raw_write(pool: &MySqlPool, raw: &RawWrite) -> CaseResult {
+    let sql = match raw {
+        RawWrite::State(_) => "UPDATE `watukuy_keys` SET state_json = '{not json'".to_owned(),
+        // Not UTF-8: a payload is JSON text.
+        RawWrite::Items(_) => "UPDATE `watukuy_items` SET payload = X'FF'".to_owned(),
+        RawWrite::Pending(_) => "UPDATE `watukuy_outbox` SET event_json = '[1, 2'".to_owned(),
+        RawWrite::SchemaVersion(version) => {
+            format!("UPDATE `watukuy_schema_version` SET version = {version}")
+        }
+        other => return Err(CaseError::skipped(format!("{other:?} is not written here"))),
+    };
+    sqlx::query(&sql).execute(pool).await.or_fail_with(&sql)?;
+    Ok(())
 }
 
 /// Runs a test body in a fresh [`Database`] named after `what`; a failing or skipping body, or

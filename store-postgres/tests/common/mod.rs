@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
-use watukuy_conformance::{CaseContext, CaseError, Fresh, Harness, backend_url};
+use watukuy_conformance::{
+    CaseContext, CaseError, CaseResult, Fresh, Harness, RawWrite, backend_url,
+};
 use watukuy_store_postgres::{PostgresOptions, PostgresStore};
 
 /// The variable naming the test database.
@@ -226,11 +228,17 @@ impl Harness for PgHarness {
         let database = database().await?;
         let schema = Schema::new(&database, &format!("{}_{}", ctx.module, ctx.name), 4).await?;
         let store = schema.store(PostgresOptions::default()).await?;
+        // A schema nobody has created yet, for new instances migrating at once.
+        let new_schema = schema.another(&format!("{}_new", ctx.name)).await?;
         let (url, options) = (schema.url.clone(), schema.options());
+        let (new_url, new_options) = (schema.url.clone(), new_schema.options());
+        let raw = schema.clone();
         Ok(Fresh::new(Arc::new(store))
             .with_cleanup(async move {
-                if let Err(e) = schema.remove().await {
-                    eprintln!("[postgres] after a passing case: {e}");
+                for schema in [&new_schema, &schema] {
+                    if let Err(e) = schema.remove().await {
+                        eprintln!("[postgres] after a passing case: {e}");
+                    }
                 }
                 schema.pool.close().await;
                 drop(database);
@@ -242,8 +250,41 @@ impl Harness for PgHarness {
                     let store = PostgresStore::from_pool(pool(&url, 2).await?, options)?;
                     Ok(Arc::new(store) as Arc<dyn watukuy_core::store::Store>)
                 }
+            })
+            .with_unmigrated(move || {
+                let (url, options) = (new_url.clone(), new_options.clone());
+                async move {
+                    let store = PostgresStore::from_pool(pool(&url, 1).await?, options)?;
+                    Ok(Arc::new(store) as Arc<dyn watukuy_core::store::Store>)
+                }
+            })
+            .with_raw_writes(move |write| {
+                let schema = raw.clone();
+                async move { raw_write(&schema, &write).await }
             }))
     }
+}
+
+/// Writes `raw` with SQL of the test's own, over every row of the case's schema. The columns are
+/// `json`, which refuses text that is not JSON: the damage is JSON of the wrong shape. Items are
+/// not written: any JSON is a valid payload.
+async fn raw_write(schema: &Schema, raw: &RawWrite) -> CaseResult {
+    let sql = match raw {
+        RawWrite::State(_) => {
+            format!("UPDATE \"{schema}\".watukuy_pollers SET lanes = '[\"not\", \"lanes\"]'")
+        }
+        RawWrite::Pending(_) => format!("UPDATE \"{schema}\".watukuy_outbox SET event = '[1, 2]'"),
+        RawWrite::SchemaVersion(version) => format!(
+            "INSERT INTO \"{schema}\".watukuy_schema_version (version, name) \
+             VALUES ({version}, 'from the future')"
+        ),
+        other => return Err(CaseError::skipped(format!("{other:?} is not written here"))),
+    };
+    sqlx::query(&sql)
+        .execute(&schema.pool)
+        .await
+        .or_fail_with(&sql)?;
+    Ok(())
 }
 
 /// Runs a test body that needs the database. Its test is marked

@@ -13,7 +13,9 @@ pub mod servers;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use watukuy_conformance::{CaseContext, CaseError, Fresh, Harness, backend_url};
+use watukuy_conformance::{
+    CaseContext, CaseError, CaseResult, Fresh, Harness, RawWrite, backend_url,
+};
 use watukuy_store_redis::{RedisOptions, RedisStore};
 
 /// The variable naming the test server.
@@ -127,6 +129,13 @@ impl Harness for RedisHarness {
         let store = store_at(&server.url, RedisOptions::default().prefix(&prefix)).await?;
         let cleanup = store.clone();
         let instances = (server.url.clone(), RedisOptions::default().prefix(&prefix));
+        // A prefix nobody has written under yet, for new instances loading their scripts at once
+        // (purged with the case's: it starts with the case's prefix).
+        let unmigrated = (
+            server.url.clone(),
+            RedisOptions::default().prefix(format!("{prefix}new:")),
+        );
+        let raw = (server.url.clone(), prefix.clone());
         Ok(Fresh::new(Arc::new(store))
             .with_cleanup(async move {
                 if let Err(e) = cleanup.purge().await {
@@ -136,8 +145,59 @@ impl Harness for RedisHarness {
                 }
                 drop(server);
             })
-            .with_instances(move || another_client(instances.clone())))
+            .with_instances(move || another_client(instances.clone()))
+            .with_unmigrated(move || another_client(unmigrated.clone()))
+            .with_raw_writes(move |write| {
+                let (url, prefix) = raw.clone();
+                async move { raw_write(&url, &prefix, write).await }
+            }))
     }
+}
+
+/// Writes `raw` with a client of the test's own: a value of another type for the state, text
+/// that is not JSON for every item and pending event. Redis keeps no schema version.
+async fn raw_write(url: &str, prefix: &str, raw: RawWrite) -> CaseResult {
+    let fail = |e: redis::RedisError| CaseError::failed(format!("raw write to {url}: {e}"));
+    let base =
+        |key: &watukuy_core::store::PKey| format!("{prefix}p:{{{}:{}}}", key.poller, key.partition);
+    let mut conn = redis::Client::open(url)
+        .map_err(fail)?
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(fail)?;
+    let (hash, garbage) = match &raw {
+        RawWrite::State(key) => {
+            let state = format!("{}:state", base(key));
+            let _: () = redis::pipe()
+                .del(&state)
+                .set(&state, "not a hash")
+                .query_async(&mut conn)
+                .await
+                .map_err(fail)?;
+            return Ok(());
+        }
+        RawWrite::Items(key) => (format!("{}:items", base(key)), "{not json"),
+        RawWrite::Pending(key) => (format!("{}:outbox:rows", base(key)), "[1, 2"),
+        other => return Err(CaseError::skipped(format!("{other:?} is not written here"))),
+    };
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(&hash)
+        .query_async(&mut conn)
+        .await
+        .map_err(fail)?;
+    if fields.is_empty() {
+        return Err(CaseError::failed(format!("{hash} holds nothing to damage")));
+    }
+    for field in fields {
+        let _: () = redis::cmd("HSET")
+            .arg(&hash)
+            .arg(field)
+            .arg(garbage)
+            .query_async(&mut conn)
+            .await
+            .map_err(fail)?;
+    }
+    Ok(())
 }
 
 /// Runs a test body that needs the server. Its test is marked
