@@ -10,6 +10,18 @@ Store URLs: sqlite:<path>, postgres://user[:password]@host[:port]/database, mysq
 (rediss://…?tls_ca_file=<path> over TLS; redis+cluster://host:port,host:port for Redis Cluster).
 Exit codes: 0 ok, 1 error (printed as `error (<CODE>): message`), 2 usage.")]
 pub struct Cli {
+    /// Which store, and how to print.
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The options `watukuy` and a service's binary share: the store and its options, and the
+/// output format.
+#[derive(Clone, Debug, Args)]
+pub struct CommonArgs {
     /// The store URL (or set WATUKUY_STORE).
     #[arg(
         long,
@@ -33,9 +45,6 @@ pub struct Cli {
     /// Print JSON instead of text.
     #[arg(long, global = true)]
     pub json: bool,
-    /// What to do.
-    #[command(subcommand)]
-    pub command: Command,
 }
 
 /// The commands.
@@ -191,32 +200,14 @@ Store URLs: sqlite:<path>, postgres://user[:password]@host[:port]/database, mysq
 Durations: 500ms, 50s, 10m, 2h.
 Exit codes: 0 ok, 1 error (printed as `error (<CODE>): message`), 2 usage, 130 stopped by a second signal.")]
 pub struct ServiceCli {
-    /// The store URL (or set WATUKUY_STORE).
-    #[arg(
-        long,
-        short = 's',
-        env = "WATUKUY_STORE",
-        global = true,
-        hide_env_values = true
-    )]
-    pub store: Option<String>,
-    /// PostgreSQL: the schema holding watukuy's tables (default `public`).
-    #[arg(long, global = true)]
-    pub schema: Option<String>,
-    /// The table prefix (SQL stores; default `watukuy_`) or key prefix (Redis; default `watukuy:`).
-    #[arg(long, global = true)]
-    pub prefix: Option<String>,
-    /// PostgreSQL: the URL is a pooler in transaction mode (PgBouncer `pool_mode = transaction`).
-    #[arg(long, global = true)]
-    pub transaction_pooling: bool,
+    /// Which store, and how to print.
+    #[command(flatten)]
+    pub common: CommonArgs,
     /// This process's lease owner id (or set WATUKUY_INSTANCE_ID). Give each process slot a
     /// stable one (a pod name) and a restarted process takes its keys back at once instead of
     /// waiting for its old leases to expire; never give two live processes the same one.
     #[arg(long, env = "WATUKUY_INSTANCE_ID", global = true)]
     pub instance_id: Option<String>,
-    /// Print JSON instead of text.
-    #[arg(long, global = true)]
-    pub json: bool,
     /// What to do.
     #[command(subcommand)]
     pub command: ServiceCommand,

@@ -201,18 +201,7 @@ where
 
 /// Opens the store named by `cli` and runs its command.
 pub async fn execute(cli: &Cli, options: RunOptions) -> Result<Output, CliError> {
-    let Some(url) = cli.store.as_deref() else {
-        return Err(CliError::usage(
-            "no store: pass --store <URL> or set WATUKUY_STORE (sqlite:<path>, postgres://…, mysql://…, redis://…)",
-        ));
-    };
-    let url = StoreUrl::parse(url)?;
-    let store_options = StoreOptions {
-        schema: cli.schema.clone(),
-        prefix: cli.prefix.clone(),
-        transaction_pooling: cli.transaction_pooling,
-        max_connections: None,
-    };
+    let (url, store_options) = url::store_from(&cli.common, None, None)?;
     let create = matches!(cli.command, Command::Migrate);
     let store = url.open(&store_options, create).await?;
     if let Command::Admin(admin) = &cli.command {
@@ -491,7 +480,7 @@ where
     };
     match runtime.block_on(execute(&cli, RunOptions::default())) {
         Ok(output) => {
-            let _ = write!(stdout, "{}", output.render(cli.json));
+            let _ = write!(stdout, "{}", output.render(cli.common.json));
             EXIT_OK
         }
         Err(error) => {

@@ -23,7 +23,7 @@ use watukuy_core::{
 use crate::args::{Backfill, Command, Run, ServiceCli, ServiceCommand, Tick};
 use crate::ops::{Report, Session};
 use crate::serve::{self, Signals};
-use crate::{CliError, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, Output, StoreOptions, StoreUrl};
+use crate::{CliError, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, Output, StoreUrl};
 
 /// What [`Service::new`]'s function returns: the engine, with its handlers attached.
 pub type BuildFuture = Pin<Box<dyn Future<Output = Result<Engine, BoxError>> + Send>>;
@@ -150,7 +150,7 @@ impl Service {
         };
         match self.execute(&cli).await {
             Ok((output, code)) => {
-                print!("{}", output.render(cli.json));
+                print!("{}", output.render(cli.common.json));
                 code
             }
             Err(error) => {
@@ -161,19 +161,9 @@ impl Service {
     }
 
     async fn execute(&self, cli: &ServiceCli) -> Result<(Output, u8), CliError> {
-        let Some(url) = cli.store.as_deref().or(self.default_store.as_deref()) else {
-            return Err(CliError::usage(
-                "no store: pass --store <URL> or set WATUKUY_STORE (sqlite:<path>, postgres://…, mysql://…, redis://…)",
-            ));
-        };
-        let url = StoreUrl::parse(url)?;
-        let options = StoreOptions {
-            schema: cli.schema.clone(),
-            prefix: cli.prefix.clone(),
-            transaction_pooling: cli.transaction_pooling,
-            // The daemon delivers several keys at once.
-            max_connections: Some(10),
-        };
+        // The daemon delivers several keys at once.
+        let (url, options) =
+            crate::url::store_from(&cli.common, self.default_store.as_deref(), Some(10))?;
         // The commands that poll create the schema (and a new SQLite file) as they start.
         let polls = matches!(
             cli.command,

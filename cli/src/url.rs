@@ -11,6 +11,7 @@ use watukuy_store_redis::{RedisOptions, RedisStore};
 use watukuy_store_sqlite::{SqliteOptions, SqliteStore};
 
 use crate::CliError;
+use crate::args::CommonArgs;
 
 /// Where the store is, parsed from a URL.
 ///
@@ -79,6 +80,27 @@ pub struct StoreOptions {
     /// PostgreSQL and MySQL: the pool's size (default 2, enough for one command; a service's
     /// daemon uses 10).
     pub max_connections: Option<u32>,
+}
+
+/// The store the command line names (`--store`, else `WATUKUY_STORE`, else `default`), and
+/// its options from the same command line, with a pool of `max_connections`.
+pub(crate) fn store_from(
+    args: &CommonArgs,
+    default: Option<&str>,
+    max_connections: Option<u32>,
+) -> Result<(StoreUrl, StoreOptions), CliError> {
+    let Some(url) = args.store.as_deref().or(default) else {
+        return Err(CliError::usage(
+            "no store: pass --store <URL> or set WATUKUY_STORE (sqlite:<path>, postgres://…, mysql://…, redis://…)",
+        ));
+    };
+    let options = StoreOptions {
+        schema: args.schema.clone(),
+        prefix: args.prefix.clone(),
+        transaction_pooling: args.transaction_pooling,
+        max_connections,
+    };
+    Ok((StoreUrl::parse(url)?, options))
 }
 
 impl StoreUrl {

@@ -306,20 +306,6 @@ impl TimestampCursor {
     }
 }
 
-impl fmt::Debug for TimestampCursor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TimestampCursor")
-            .field("field", &self.field)
-            .field("tie_break", &self.tie_break)
-            .field("initial", &self.initial)
-            .field("lag_ms", &self.lag_ms)
-            .field("overlap_ms", &self.overlap_ms)
-            .field("parse", &self.parse.as_ref().map(|_| "custom"))
-            .field("format", &self.format.as_ref().map(|_| "custom"))
-            .finish()
-    }
-}
-
 /// The newest kept item of a page: its timestamp, the server's string and the largest
 /// tie-break at that timestamp.
 /// How a `timestamp` cursor compares tie-break values.
@@ -650,7 +636,10 @@ mod tests {
     fn an_empty_field_is_a_config_error() -> crate::error::Result<()> {
         use crate::cursor::TimestampCursor;
 
-        let err = TimestampCursor::builder("").build().unwrap_err();
+        let err = TimestampCursor::builder("")
+            .build()
+            .err()
+            .expect("an error");
         assert!(err.to_string().contains("`cursor.field`"));
         Ok(())
     }
@@ -752,7 +741,7 @@ mod tests {
                 "`cursor.initial`",
             ),
         ] {
-            let err = builder.build().unwrap_err();
+            let err = builder.build().err().expect("an error");
             assert_eq!(err.code(), ErrorCode::Config);
             assert!(err.to_string().contains(option), "{err}");
         }
@@ -771,7 +760,6 @@ mod tests {
         assert_eq!(plain().initial(), ts(None, None));
         assert_eq!(plain().name(), "timestamp");
         assert!(!plain().is_full_scan());
-        assert!(format!("{ok:?}").contains("meta.updatedAt"));
     }
 
     #[test]
@@ -1321,7 +1309,7 @@ mod tests {
                 "overlap",
             ),
         ] {
-            let error = builder.build().unwrap_err();
+            let error = builder.build().err().expect("an error");
             assert!(
                 error.to_string().contains("`cursor.skip_seen`"),
                 "{why}: {error}"
