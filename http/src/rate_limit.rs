@@ -25,7 +25,7 @@ const DAY_MS: i64 = 86_400_000;
 /// and IETF headers are specified as seconds from now; the heuristic only changes how values no
 /// API would send as a delta are read, so an epoch sent by mistake does not pace for decades.)
 ///
-/// Lenient and total: malformed values are skipped, and it never panics.
+/// Lenient and total: malformed values (and negative counts) are skipped, and it never panics.
 pub fn parse_rate_limit(headers: &HeaderMap, now_ms: i64) -> Option<RateLimitInfo> {
     ietf(headers, now_ms)
         .or_else(|| legacy(headers, now_ms))
@@ -57,8 +57,11 @@ fn first_number(headers: &HeaderMap, name: &str) -> Option<f64> {
     parse_number(item)
 }
 
+/// A quota or a number of requests left: a negative one means nothing and is skipped.
 fn count(value: Option<f64>) -> Option<i64> {
-    value.and_then(|v| f64_to_i64(v.floor()))
+    value
+        .filter(|v| *v >= 0.0)
+        .and_then(|v| f64_to_i64(v.floor()))
 }
 
 /// A reset value as epoch milliseconds (see [`parse_rate_limit`]); negative values are ignored.
@@ -281,6 +284,28 @@ fn vendor(headers: &HeaderMap, now_ms: i64) -> Option<RateLimitInfo> {
 
 #[cfg(test)]
 mod tests {
+    /// Found by tests/properties.rs: a negative quota or remaining count was taken as is.
+    #[test]
+    fn negative_counts_are_skipped() {
+        let mut map = HeaderMap::new();
+        map.insert(
+            HeaderName::from_static("ratelimit-policy"),
+            HeaderValue::from_static("-4509840866133.797"),
+        );
+        assert_eq!(parse_rate_limit(&map, NOW), None);
+        let mut map = HeaderMap::new();
+        map.insert(
+            HeaderName::from_static("x-ratelimit-remaining"),
+            HeaderValue::from_static("-3"),
+        );
+        map.insert(
+            HeaderName::from_static("x-ratelimit-limit"),
+            HeaderValue::from_static("60"),
+        );
+        let info = parse_rate_limit(&map, NOW).expect("the limit");
+        assert_eq!((info.limit, info.remaining), (Some(60), None));
+    }
+
     use super::*;
     use reqwest::header::{HeaderName, HeaderValue};
 

@@ -8,9 +8,11 @@ use crate::num::f64_to_i64;
 
 /// Reads a `Retry-After` value as milliseconds from `now_ms`.
 ///
-/// Non-negative (possibly fractional) seconds become milliseconds; an HTTP date (IMF-fixdate,
-/// RFC 850 or asctime) becomes `max(0, date − now)`; anything else is `None`. `now_ms` comes from
-/// the engine's clock, never from the system clock. Never panics.
+/// Non-negative (possibly fractional) seconds become milliseconds, whole seconds exactly, and a
+/// wait too long for `i64` milliseconds saturates at `i64::MAX` (the engine then waits for good:
+/// never a wrapped, negative wait); an HTTP date (IMF-fixdate, RFC 850 or asctime) becomes
+/// `max(0, date − now)`; anything else is `None`. `now_ms` comes from the engine's clock, never
+/// from the system clock. Never panics.
 ///
 /// ```
 /// use watukuy_http::parse_retry_after;
@@ -28,12 +30,24 @@ pub fn parse_retry_after(value: &str, now_ms: i64) -> Option<i64> {
     if value.is_empty() {
         return None;
     }
+    if value.bytes().all(|b| b.is_ascii_digit()) {
+        // Whole seconds, exact (an f64 is not past 2^53 ms); more than u64 holds saturates too.
+        let seconds = value.parse::<u64>().unwrap_or(u64::MAX);
+        let ms = i64::try_from(seconds).map_or(i64::MAX, |s| s.saturating_mul(1000));
+        return Some(ms);
+    }
     if value.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
         let seconds: f64 = value.parse().ok()?;
         if !seconds.is_finite() || seconds < 0.0 {
             return None;
         }
-        return f64_to_i64((seconds * 1000.0).round());
+        let ms = (seconds * 1000.0).round();
+        // Saturates as whole seconds do (f64_to_i64 stops short of i64::MAX).
+        return if ms >= 9.2e18 {
+            Some(i64::MAX)
+        } else {
+            f64_to_i64(ms)
+        };
     }
     let at = httpdate::parse_http_date(value).ok()?;
     let at_ms = at.duration_since(UNIX_EPOCH).map_or(0, duration_ms);
@@ -85,12 +99,27 @@ mod tests {
         }
         assert_eq!(
             parse_retry_after("99999999999999999999999999999999999999999999", NOW),
-            Some(9_200_000_000_000_000_000),
+            Some(i64::MAX),
             "huge delays saturate"
+        );
+        assert_eq!(
+            parse_retry_after("99999999999999999999999999999999999999999999.5", NOW),
+            Some(i64::MAX),
+            "fractional ones too"
         );
         assert_eq!(
             parse_retry_after("Thu, 01 Jan 1970 00:00:00 GMT", i64::MAX),
             Some(0)
+        );
+    }
+
+    /// Found by tests/properties.rs: whole seconds past 2^53 ms were read through an f64 and
+    /// came back rounded.
+    #[test]
+    fn whole_seconds_are_exact() {
+        assert_eq!(
+            parse_retry_after("97135965052243", NOW),
+            Some(97_135_965_052_243_000)
         );
     }
 }
