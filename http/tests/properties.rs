@@ -82,7 +82,7 @@ proptest! {
     }
 
     /// Whatever the rate-limit headers say: counts are never negative and a reset is never
-    /// before the day preceding `now` (a wait computed from it is never absurd), never a panic.
+    /// before 1970 (a delta never wraps), never a panic.
     #[test]
     fn rate_limits_are_never_negative(
         pairs in proptest::collection::vec((any::<usize>(), value()), 0..6),
@@ -93,7 +93,7 @@ proptest! {
             prop_assert!(info.limit.is_none_or(|n| n >= 0), "limit {:?} from {headers:?}", info.limit);
             prop_assert!(info.remaining.is_none_or(|n| n >= 0), "remaining {:?} from {headers:?}", info.remaining);
             prop_assert!(
-                info.reset_at.is_none_or(|at| at >= now - 86_400_000),
+                info.reset_at.is_none_or(|at| at >= 0),
                 "reset_at {:?} (now {now}) from {headers:?}", info.reset_at
             );
         }
