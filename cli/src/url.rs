@@ -219,17 +219,19 @@ impl StoreUrl {
 }
 
 /// `scheme://user:password@host…` → `scheme://user:***@host…`; anything else unchanged.
+///
+/// The user information is everything before the URL's last `@`, so a password typed with `/`,
+/// `?`, `#` or `@` in it (unencoded) is hidden whole; an `@` later in the URL (in a query) hides
+/// more than the password, never less.
 pub(crate) fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let Some((userinfo, host)) = authority.rsplit_once('@') else {
+    let Some((userinfo, host_and_tail)) = rest.rsplit_once('@') else {
         return url.to_owned();
     };
     match userinfo.split_once(':') {
-        Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+        Some((user, _password)) => format!("{scheme}://{user}:***@{host_and_tail}"),
         None => url.to_owned(),
     }
 }
@@ -308,5 +310,15 @@ mod tests {
         let mysql = StoreUrl::parse("mysql://root:hunter2@h/db").unwrap();
         assert_eq!(mysql.to_string(), "mysql://root:***@h/db");
         assert!(!format!("{mysql:?}").contains("hunter2"));
+    }
+
+    /// Found by tests/properties.rs: a password with `#` (or `/`, `?`) in it, unencoded, ended
+    /// the authority early and was printed whole.
+    #[test]
+    fn a_password_with_url_delimiters_is_hidden() {
+        assert_eq!(redact("postgres://:A%A+#0@a"), "postgres://:***@a");
+        assert_eq!(redact("mysql://u:p/w?#x@h:3306/db"), "mysql://u:***@h:3306/db");
+        // An `@` in the query hides more, never less.
+        assert_eq!(redact("postgres://u:pw@h/db?mail=a@b"), "postgres://u:***@b");
     }
 }
