@@ -152,6 +152,7 @@ fn split_outside_quotes(text: &str, sep: char) -> Vec<&str> {
         } else if c == '"' {
             in_quotes = !in_quotes;
         } else if c == sep && !in_quotes {
+            // `start` and `i` are char boundaries (from char_indices): the slices cannot panic.
             parts.push(&text[start..i]);
             start = i + c.len_utf8();
         }

@@ -334,6 +334,7 @@ impl Object<'_> {
         // RFC 8785 §3.2.3: sort by the keys' UTF-16 code units.
         self.members
             .sort_by(|(a, _), (b, _)| a.encode_utf16().cmp(b.encode_utf16()));
+        // `windows(2)` hands out slices of exactly two members: both indexes exist.
         if let Some(pair) = self.members.windows(2).find(|pair| pair[0].0 == pair[1].0) {
             let mut key = String::new();
             write_string(&mut key, &pair[0].0);

@@ -24,6 +24,7 @@ pub(super) fn write_string(out: &mut String, s: &str) {
         out.push_str(&s[start..at]);
         if escape.is_empty() {
             out.push_str("\\u00");
+            // Both nibbles are below 16, the length of HEX.
             out.push(char::from(HEX[usize::from(byte >> 4)]));
             out.push(char::from(HEX[usize::from(byte & 0x0f)]));
         } else {
