@@ -1,9 +1,15 @@
-//! A password in a store URL never appears in anything the command line prints: not in an
-//! error for a URL it refuses, nor in the URL's `Display` or `Debug`, whatever the password
-//! holds (`/`, `?`, `#`, `@`, `:`, spaces, non-ASCII) and whatever the scheme.
+//! What an operator types, for every input: a password in a store URL never appears in anything
+//! the command line prints (not in an error for a URL it refuses, nor in the URL's `Display` or
+//! `Debug`), whatever the password holds (`/`, `?`, `#`, `@`, `:`, spaces, non-ASCII) and
+//! whatever the scheme; times (`replay --from`) and durations read what they say or fail with
+//! an error naming the option, never a panic.
+
+use std::time::Duration;
 
 use proptest::prelude::*;
-use watukuy_cli::StoreUrl;
+use watukuy_cli::args::parse_duration;
+use watukuy_cli::{StoreUrl, parse_time};
+use watukuy_core::cursor::format_timestamp;
 
 proptest! {
     #[test]
@@ -23,5 +29,29 @@ proptest! {
             Err(error) => format!("{error} {error:?} {}", error.message),
         };
         prop_assert!(!printed.contains(&password), "{url:?} printed as {printed:?}");
+    }
+}
+
+proptest! {
+    /// Epoch milliseconds are themselves; an RFC 3339 time is its instant; anything else is an
+    /// error naming the option.
+    #[test]
+    fn times_are_read_as_written(ms in any::<i64>(), junk in "\\PC{0,24}") {
+        prop_assert_eq!(parse_time("--from", &ms.to_string()).ok(), Some(ms));
+        if let Some(iso) = format_timestamp(ms, "2026-01-01T00:00:00Z") {
+            prop_assert_eq!(parse_time("--from", &iso).ok(), Some(ms), "{}", iso);
+        }
+        if let Err(error) = parse_time("--from", &junk) {
+            prop_assert!(error.message.contains("--from"), "{}", error.message);
+        }
+    }
+
+    /// `<n><unit>` is n units, or an error when it overflows; anything else is an error.
+    #[test]
+    fn durations_are_read_as_written(n in any::<u64>(), unit in "ms|s|m|h", junk in "\\PC{0,12}") {
+        let factor = match unit.as_str() { "ms" => 1, "s" => 1_000, "m" => 60_000, _ => 3_600_000 };
+        let expected = n.checked_mul(factor).map(Duration::from_millis);
+        prop_assert_eq!(parse_duration(&format!("{n}{unit}")).ok(), expected);
+        let _ = parse_duration(&junk);
     }
 }
