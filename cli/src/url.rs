@@ -317,8 +317,14 @@ mod tests {
     #[test]
     fn a_password_with_url_delimiters_is_hidden() {
         assert_eq!(redact("postgres://:A%A+#0@a"), "postgres://:***@a");
-        assert_eq!(redact("mysql://u:p/w?#x@h:3306/db"), "mysql://u:***@h:3306/db");
+        assert_eq!(
+            redact("mysql://u:p/w?#x@h:3306/db"),
+            "mysql://u:***@h:3306/db"
+        );
         // An `@` in the query hides more, never less.
-        assert_eq!(redact("postgres://u:pw@h/db?mail=a@b"), "postgres://u:***@b");
+        assert_eq!(
+            redact("postgres://u:pw@h/db?mail=a@b"),
+            "postgres://u:***@b"
+        );
     }
 }
