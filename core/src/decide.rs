@@ -85,6 +85,7 @@ pub(crate) fn dedupe_last_wins<T>(items: Vec<(String, T)>) -> Vec<(String, T)> {
     let mut out: Vec<(String, T)> = Vec::with_capacity(items.len());
     for (identity, item) in items {
         match index.get(&identity) {
+            // Every index was `out.len()` just before a push: it is in range.
             Some(&i) => out[i].1 = item,
             None => {
                 index.insert(identity.clone(), out.len());

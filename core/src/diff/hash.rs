@@ -14,6 +14,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 pub(crate) fn hex_digest(digest: [u8; 32]) -> [u8; 64] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut hex = [0; 64];
+    // Exact chunks of two, and nibbles below 16 (HEX's length): no index can fail.
     for (pair, byte) in hex.chunks_exact_mut(2).zip(digest) {
         pair[0] = HEX[usize::from(byte >> 4)];
         pair[1] = HEX[usize::from(byte & 0x0f)];
