@@ -87,6 +87,7 @@ pub(crate) fn chunks<R>(rows: &[R], size: impl Fn(&R) -> usize) -> Vec<&[R]> {
     let mut bytes = 0;
     for (i, row) in rows.iter().enumerate() {
         let len = size(row);
+        // `start <= i < len` throughout: both slices are in range.
         if i > start && (i - start == MAX_ROWS || bytes + len > MAX_BYTES) {
             out.push(&rows[start..i]);
             start = i;
@@ -104,6 +105,15 @@ pub(crate) fn chunks<R>(rows: &[R], size: impl Fn(&R) -> usize) -> Vec<&[R]> {
 /// nine statement shapes (1, 2, 4 … 256 rows) and the server keeps few prepared statements.
 pub(crate) fn padded(n: usize) -> usize {
     n.next_power_of_two().min(MAX_ROWS.max(n))
+}
+
+/// `chunk`, then its first row again until there are `n` rows: the arguments of a statement
+/// prepared for [`padded`]`(chunk.len())` rows (a repeated id changes nothing in `IN (…)`).
+pub(crate) fn padded_rows<T>(chunk: &[T], n: usize) -> impl Iterator<Item = &T> {
+    let repeat = n.saturating_sub(chunk.len());
+    chunk
+        .iter()
+        .chain(chunk.first().into_iter().cycle().take(repeat))
 }
 
 /// `n` comma-separated groups of `width` placeholders: `(?,?),(?,?)`.

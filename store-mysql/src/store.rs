@@ -21,7 +21,9 @@ use crate::codec::{count, decode, encode, kind_from, opt_decode, opt_text, raw_j
 use crate::error::OrStore;
 use crate::options::MySqlOptions;
 use crate::schema;
-use crate::sql::{MAX_ROWS, MyQuery, Tables, check_len, limit, marks, padded, write_rows};
+use crate::sql::{
+    MAX_ROWS, MyQuery, Tables, check_len, limit, marks, padded, padded_rows, write_rows,
+};
 
 /// A watukuy store on MySQL 5.7+/8.x or MariaDB 10.3+. Cheap to clone (a pool handle).
 #[derive(Clone, Debug)]
@@ -365,10 +367,7 @@ impl MySqlStore {
             let n = padded(chunk.len());
             let sql = format!("{head} IN ({})", marks(n));
             let mut query = sqlx::query(&sql).bind(poller).bind(part);
-            for id in chunk
-                .iter()
-                .chain(std::iter::repeat_n(&chunk[0], n - chunk.len()))
-            {
+            for id in padded_rows(chunk, n) {
                 query = query.bind(id.as_bytes());
             }
             affected += conn.execute(query).await.store(doing)?.rows_affected();
@@ -879,10 +878,7 @@ impl Store for MySqlStore {
             >(&sql)
             .bind(poller)
             .bind(part);
-            for id in chunk
-                .iter()
-                .chain(std::iter::repeat_n(&chunk[0], n - chunk.len()))
-            {
+            for id in padded_rows(chunk, n) {
                 query = query.bind(id.as_bytes());
             }
             for (identity, version, hash, schema_version, payload, seen_at) in
@@ -1233,10 +1229,7 @@ impl Store for MySqlStore {
             let mut query = sqlx::query_as::<_, (Vec<u8>, Vec<u8>, Option<Vec<u8>>, i64)>(&sql)
                 .bind(poller)
                 .bind(part);
-            for id in chunk
-                .iter()
-                .chain(std::iter::repeat_n(&chunk[0], n - chunk.len()))
-            {
+            for id in padded_rows(chunk, n) {
                 query = query.bind(id.as_bytes());
             }
             for (id, kind, event_json, parked_at) in

@@ -115,6 +115,7 @@ fn percent_decode(value: &str) -> Cow<'_, str> {
     let bytes = value.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
+    // `i < len` in the loop, and `i + 1 <= (i + 3).min(len)`: neither index can fail.
     while i < bytes.len() {
         match bytes[i] {
             b'+' => {

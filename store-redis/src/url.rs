@@ -146,6 +146,7 @@ fn percent_decode(name: &str, value: &str) -> Result<String> {
     let bytes = value.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
+    // `i < len` in the loop; the escape's digits are read with `get`.
     while i < bytes.len() {
         match bytes[i] {
             b'%' => {
