@@ -1,7 +1,7 @@
 //! The three measurements on a store: end-to-end (fake API → engine → commit → dispatch →
 //! no-op handler → ack, with commit-to-handler latency), dispatch-only (a pre-filled outbox
-//! drained by a [`Dispatcher`]) and commit (pages of 100 items through the diff and
-//! `commit_poll`).
+//! drained by a [`Dispatcher`]) and commit (an engine's tick committing pages of 100 items,
+//! with no handler attached).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,7 +20,7 @@ use watukuy_core::{
     clock::{Clock, SystemClock},
     delivery::{Dispatcher, DrainContext},
     rng::SystemRng,
-    store::{CommitBatch, ItemRow, Lease, OutboxRow, PKey, StatePatch, Store},
+    store::{CommitBatch, Lease, OutboxRow, PKey, StatePatch, Store},
 };
 
 use crate::measure::{Stopwatch, as_f64, peak_rss_kb, percentile, rate, reset_peak_rss};
@@ -380,49 +380,58 @@ pub(crate) async fn dispatch_only(
     Ok(rate(p.events, elapsed))
 }
 
-/// Commit: `p.events` new items in pages of 100, each page diffed against the stored
-/// snapshot (`load_versions`, canonical fingerprint, `decide`, event ids) and committed with
-/// `commit_poll`, as the runner does. Items/s.
+/// Commit: `p.events` new items served 100 a page by an in-process fake API (a page cursor,
+/// the items prepared beforehand), polled by the engine's own `tick`, timed from the tick's
+/// start to its end: per page the fetch, validation, `load_versions`, canonical fingerprint,
+/// `decide`, event ids and `commit_poll` of items, events and state, plus the key's state load,
+/// lease claim and release once per tick. No handler is attached: without a consumer the
+/// engine skips the drain, so the events stay pending and delivery is not timed. Items/s.
 pub(crate) async fn commit(store: Arc<dyn Store>, p: &Params) -> Result<f64, BoxError> {
     let key = PKey::new("bench-commit", "");
-    let lease = lease(store.as_ref(), &key).await?;
-    // The engine's own page planner (validation, diff, ids), without its fetch and delivery.
+    let items: Arc<Vec<serde_json::Value>> = Arc::new(
+        (0..p.events)
+            .map(|j| workload::item(j, p.payload))
+            .collect(),
+    );
+    let pages = u32::try_from(p.events / PAGE_SIZE as u64 + 2).unwrap_or(u32::MAX);
     let poller = Poller::builder::<serde_json::Value>("bench-commit")
         .identity_field("id")
-        .cursor(cursor::snapshot_diff())
-        .fetch(|_ctx: FetchContext| async { Ok(Page::default()) })
+        .cursor(cursor::page(1))
+        .schedule(workload::one_cycle())
+        .max_pages_per_cycle(pages)
+        .fetch(move |ctx: FetchContext| {
+            let items = Arc::clone(&items);
+            async move { fake_page(&items, &ctx.cursor) }
+        })
         .build()?;
-    let mut sequence: i64 = 0;
+    let engine = Engine::builder(Arc::clone(&store))
+        .poller(poller)
+        .instance_id("bench")
+        .build()?;
+    let mut committed: u64 = 0;
     let t = Stopwatch::start();
-    let mut i = 0;
-    while i < p.events {
-        let end = (i + 100).min(p.events);
-        let page: Vec<serde_json::Value> = (i..end).map(|j| workload::item(j, p.payload)).collect();
-        let identities: Vec<String> = (i..end).map(workload::identity).collect();
-        let stored: HashMap<String, ItemRow> = store.load_versions(&key, &identities).await?;
-        let now = SystemClock.now_ms();
-        let planned = poller.plan_page("", page, &stored, &mut sequence, now)?;
-        let events: Vec<OutboxRow> = planned
-            .events
-            .into_iter()
-            .map(|event| OutboxRow::pending(event, now))
-            .collect();
-        let upserts = planned.upserts;
-        let batch = CommitBatch::default()
-            .state_patch(StatePatch {
-                sequence: Some(sequence),
-                updated_at: Some(now),
-                schema_version: Some(1),
-                ..StatePatch::default()
-            })
-            .upserts(upserts)
-            .events(events);
-        store.commit_poll(&key, &lease, &batch).await?;
-        i = end;
+    for _ in 0..5 {
+        let tick = engine.tick(TickOptions::default()).await?;
+        if let Some(error) = tick.polled.iter().find_map(|r| r.error.as_ref()) {
+            return Err(format!("commit tick failed: {}", error.message).into());
+        }
+        committed += tick.polled.iter().map(|r| r.events).sum::<u64>();
+        if committed >= p.events {
+            break;
+        }
     }
     let elapsed = t.elapsed();
-    if sequence != i64::try_from(p.events).unwrap_or(-1) {
-        return Err(format!("commit made {sequence} events of {}", p.events).into());
+    let sequence = store.load_state(&key).await?.map_or(0, |s| s.sequence);
+    let pending = store.counts(&key).await?.pending;
+    if committed != p.events
+        || sequence != i64::try_from(p.events).unwrap_or(-1)
+        || pending != p.events
+    {
+        return Err(format!(
+            "commit made {committed} events (sequence {sequence}, {pending} pending) of {}",
+            p.events
+        )
+        .into());
     }
     Ok(rate(p.events, elapsed))
 }

@@ -32,8 +32,6 @@ pub use error::{BoxError, Error, ErrorCode, Result};
 pub use event::{CloudEvent, CloudEventError, Event, EventType};
 pub use fetch::{FetchContext, Page};
 pub use model::Lane;
-#[cfg(feature = "unstable")]
-pub use poller::handle::PlannedPage;
 pub use poller::{builder::PollerBuilder, handle::Poller};
 pub use runner::PollResult;
 /// The string type of [`Event`]'s fields: a `str` that clones without copying (up to 23 bytes

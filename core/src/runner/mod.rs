@@ -27,8 +27,6 @@ mod plan;
 use cycle::{Cycle, LaneSpec};
 pub(crate) use lease::HeldLeases;
 use lease::LeaseKeeper;
-#[cfg(feature = "unstable")]
-pub(crate) use plan::{At, EventSource, plan, prepare_item};
 
 /// What the engine shares with every run.
 pub(crate) struct Shared {

@@ -157,23 +157,6 @@ pub(super) fn invalid(
     }
 }
 
-/// One raw item through validation: its candidate, or (by `on_invalid`) its quarantine row or
-/// nothing when skipped; `Err` when `on_invalid` is `Fail`.
-#[cfg(feature = "unstable")]
-pub(crate) fn prepare_item(
-    def: &PollerDef,
-    key: &PKey,
-    raw: &serde_json::Value,
-    now: i64,
-) -> Result<std::result::Result<crate::poller::Candidate, Option<ParkedRow>>> {
-    match (def.prepare)(raw) {
-        Prepared::Valid(candidate) => Ok(Ok(candidate)),
-        Prepared::Invalid { issues, .. } => {
-            invalid(def, key, || Json::from_value(raw), issues, now).map(Err)
-        }
-    }
-}
-
 /// Moves the cursor over a page and validates its items (pure: no store, no clock).
 ///
 /// The cursor moves over the page as the API returned it, before validation: an invalid item
