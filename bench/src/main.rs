@@ -5,7 +5,7 @@
 //!   same process and run, then end-to-end throughput (in-process fake API → engine → commit →
 //!   dispatch → no-op handler → ack) with commit-to-handler latency p50/p99 and peak RSS, the
 //!   same with a single hot key, dispatch-only throughput from a pre-filled outbox, commit
-//!   throughput (pages of 100 items through the diff and `commit_poll`) and, with the `apalis`
+//!   throughput (pages of 100 items through the engine's tick: the diff and `commit_poll`) and, with the `apalis`
 //!   feature, apalis on the same backend. Each figure is printed with its ratio to the limit,
 //!   medians over `--reps` repetitions, as a Markdown table.
 //! - `sweep`: end-to-end throughput against concurrency, against keys and against the ack
