@@ -188,15 +188,13 @@ async fn raw_write(url: &str, prefix: &str, raw: RawWrite) -> CaseResult {
     if fields.is_empty() {
         return Err(CaseError::failed(format!("{hash} holds nothing to damage")));
     }
+    // One HSET for every field.
+    let mut hset = redis::cmd("HSET");
+    hset.arg(&hash);
     for field in fields {
-        let _: () = redis::cmd("HSET")
-            .arg(&hash)
-            .arg(field)
-            .arg(garbage)
-            .query_async(&mut conn)
-            .await
-            .map_err(fail)?;
+        hset.arg(field).arg(garbage);
     }
+    let _: () = hset.query_async(&mut conn).await.map_err(fail)?;
     Ok(())
 }
 
