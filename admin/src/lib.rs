@@ -132,8 +132,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/api/info", get(info))
         .route("/api/pollers", get(pollers))
         .route("/api/pollers/{poller}/parked", get(parked))
-        .route("/api/pollers/{poller}/parked/retry", post(retry))
-        .route("/api/pollers/{poller}/parked/discard", post(discard))
+        .route("/api/pollers/{poller}/parked/{operation}", post(operate))
         .with_state(Arc::new(state))
 }
 
@@ -374,19 +373,45 @@ struct IdsBody {
     ids: Vec<String>,
 }
 
+/// Retry or discard, the last segment of its path.
+#[derive(Clone, Copy)]
 enum Operation {
     Retry,
     Discard,
 }
 
+impl Operation {
+    fn parse(segment: &str) -> Option<Self> {
+        match segment {
+            "retry" => Some(Self::Retry),
+            "discard" => Some(Self::Discard),
+            _ => None,
+        }
+    }
+
+    /// The answer's field: how many rows it moved or removed.
+    fn counted(self) -> &'static str {
+        match self {
+            Self::Retry => "retried",
+            Self::Discard => "discarded",
+        }
+    }
+}
+
 async fn operate(
-    state: &AdminState,
-    headers: &HeaderMap,
-    poller: &str,
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path((poller, operation)): Path<(String, String)>,
     body: Result<axum::Json<IdsBody>, JsonRejection>,
-    operation: Operation,
-) -> Result<u64, ApiError> {
-    state.authorize(headers)?;
+) -> Result<Response, ApiError> {
+    let Some(operation) = Operation::parse(&operation) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "NOT_FOUND",
+            "no such operation: the parked rows take retry or discard",
+        ));
+    };
+    state.authorize(&headers)?;
     state.writable()?;
     let axum::Json(body) =
         body.map_err(|e| ApiError::new(e.status(), "BAD_REQUEST", e.body_text()))?;
@@ -398,15 +423,15 @@ async fn operate(
         ));
     }
     let partition = body.partition.as_deref();
-    let key = state.key(poller, partition).await?;
+    let key = state.key(&poller, partition).await?;
     // The same rules either way (`ops`): the engine's methods also wake the key.
     let selection = ParkedSelection::ids(body.ids.iter().cloned());
     let count = match (&state.engine, operation) {
         (Some(engine), Operation::Retry) => {
-            engine.retry_parked(poller, partition, &body.ids).await?
+            engine.retry_parked(&poller, partition, &body.ids).await?
         }
         (Some(engine), Operation::Discard) => {
-            engine.discard_parked(poller, partition, &body.ids).await?
+            engine.discard_parked(&poller, partition, &body.ids).await?
         }
         (None, Operation::Retry) => {
             watukuy_core::ops::retry_parked(&*state.store, &key, &selection)
@@ -419,27 +444,7 @@ async fn operate(
                 .len() as u64
         }
     };
-    Ok(count)
-}
-
-async fn retry(
-    State(state): State<Shared>,
-    headers: HeaderMap,
-    Path(poller): Path<String>,
-    body: Result<axum::Json<IdsBody>, JsonRejection>,
-) -> Result<Response, ApiError> {
-    let retried = operate(&state, &headers, &poller, body, Operation::Retry).await?;
-    Ok(json_ok(&serde_json::json!({ "retried": retried })))
-}
-
-async fn discard(
-    State(state): State<Shared>,
-    headers: HeaderMap,
-    Path(poller): Path<String>,
-    body: Result<axum::Json<IdsBody>, JsonRejection>,
-) -> Result<Response, ApiError> {
-    let discarded = operate(&state, &headers, &poller, body, Operation::Discard).await?;
-    Ok(json_ok(&serde_json::json!({ "discarded": discarded })))
+    Ok(json_ok(&serde_json::json!({ operation.counted(): count })))
 }
 
 #[cfg(test)]

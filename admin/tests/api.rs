@@ -145,6 +145,15 @@ async fn an_engine_page_shows_pollers_and_parked_rows_and_retries_in_read_write_
     assert!(consumer.delivered_ids().contains(&id));
     assert_eq!(store.counts(&key()).await.map(|c| c.pending).unwrap(), 0);
 
+    // An operation the parked rows do not take is not found, and changes nothing.
+    let unknown = send(
+        &app,
+        post("/api/pollers/items/parked/requeue", &json!({ "ids": [id] })),
+    )
+    .await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    assert_eq!(unknown.body["error"]["code"], "NOT_FOUND");
+
     // Discarding what is no longer parked is refused, naming the id (as the command line does).
     let discarded = send(
         &app,

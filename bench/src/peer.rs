@@ -45,6 +45,13 @@ async fn handle(_job: BenchJob, done: Data<Done>) -> Result<(), Error> {
 
 const POLL: Duration = Duration::from_millis(10);
 const BUFFER: usize = 100;
+
+/// The SQL storages' settings: one queue, [`BUFFER`] jobs a fetch, polled every [`POLL`].
+fn apalis_config() -> apalis_sql::Config {
+    apalis_sql::Config::new("watukuy-bench")
+        .set_buffer_size(BUFFER)
+        .set_poll_interval(POLL)
+}
 /// Gives up on a run that stopped making progress.
 const GUARD: Duration = Duration::from_secs(900);
 
@@ -134,11 +141,8 @@ pub(crate) async fn run(backend: Store, t: &Targets, p: &Params) -> Result<Optio
                 .connect_with(options)
                 .await?;
             PostgresStorage::setup(&pool).await?;
-            let config = apalis_sql::Config::new("watukuy-bench")
-                .set_buffer_size(BUFFER)
-                .set_poll_interval(POLL);
             let storage: PostgresStorage<BenchJob> =
-                PostgresStorage::new_with_config(pool.clone(), config);
+                PostgresStorage::new_with_config(pool.clone(), apalis_config());
             let r = drive!(storage, p, done);
             for statement in [
                 "DROP SCHEMA IF EXISTS apalis CASCADE",
@@ -155,11 +159,8 @@ pub(crate) async fn run(backend: Store, t: &Targets, p: &Params) -> Result<Optio
             let url = format!("sqlite://{}?mode=rwc", path.display());
             let pool = apalis_sql::sqlx::SqlitePool::connect(&url).await?;
             SqliteStorage::setup(&pool).await?;
-            let config = apalis_sql::Config::new("watukuy-bench")
-                .set_buffer_size(BUFFER)
-                .set_poll_interval(POLL);
             let storage: SqliteStorage<BenchJob> =
-                SqliteStorage::new_with_config(pool.clone(), config);
+                SqliteStorage::new_with_config(pool.clone(), apalis_config());
             let r = drive!(storage, p, done);
             pool.close().await;
             remove_sqlite(&path);

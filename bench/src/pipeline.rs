@@ -16,7 +16,7 @@ use watukuy_core::delivery::DEFAULT_DISPATCH_BATCH_SIZE;
 use watukuy_core::hooks::{HookContext, Hooks};
 use watukuy_core::{
     BoxError, DeliveryOptions, Engine, Event, FetchContext, HandlerContext, HandlerError, Page,
-    Partition, Poller, TickOptions,
+    Partition, Poller, PollerBuilder, TickOptions,
     clock::{Clock, SystemClock},
     delivery::{Dispatcher, DrainContext},
     rng::SystemRng,
@@ -140,12 +140,7 @@ pub(crate) async fn end_to_end(store: Arc<dyn Store>, p: &Params) -> Result<EndT
             })
             .collect(),
     );
-    let pages = u32::try_from(p.events / PAGE_SIZE as u64 + 2).unwrap_or(u32::MAX);
-    let builder = Poller::builder::<serde_json::Value>("bench")
-        .identity_field("id")
-        .cursor(cursor::page(1))
-        .schedule(workload::one_cycle())
-        .max_pages_per_cycle(pages)
+    let builder = one_pass("bench", p)
         .delivery(delivery(p))
         .overlap_delivery(p.overlap);
     let builder = if p.partitions > 1 {
@@ -380,6 +375,17 @@ pub(crate) async fn dispatch_only(
     Ok(rate(p.events, elapsed))
 }
 
+/// A poller `name` of the fake's items (identity `id`, a page cursor) that takes every page of
+/// `p.events` in one cycle, and makes no second cycle due.
+fn one_pass(name: &str, p: &Params) -> PollerBuilder<serde_json::Value> {
+    let pages = u32::try_from(p.events / PAGE_SIZE as u64 + 2).unwrap_or(u32::MAX);
+    Poller::builder::<serde_json::Value>(name)
+        .identity_field("id")
+        .cursor(cursor::page(1))
+        .schedule(workload::one_cycle())
+        .max_pages_per_cycle(pages)
+}
+
 /// Commit: `p.events` new items served 100 a page by an in-process fake API (a page cursor,
 /// the items prepared beforehand), polled by the engine's own `tick`, timed from the tick's
 /// start to its end: per page the fetch, validation, `load_versions`, canonical fingerprint,
@@ -393,12 +399,7 @@ pub(crate) async fn commit(store: Arc<dyn Store>, p: &Params) -> Result<f64, Box
             .map(|j| workload::item(j, p.payload))
             .collect(),
     );
-    let pages = u32::try_from(p.events / PAGE_SIZE as u64 + 2).unwrap_or(u32::MAX);
-    let poller = Poller::builder::<serde_json::Value>("bench-commit")
-        .identity_field("id")
-        .cursor(cursor::page(1))
-        .schedule(workload::one_cycle())
-        .max_pages_per_cycle(pages)
+    let poller = one_pass("bench-commit", p)
         .fetch(move |ctx: FetchContext| {
             let items = Arc::clone(&items);
             async move { fake_page(&items, &ctx.cursor) }

@@ -59,6 +59,17 @@ struct Program {
     dirs: &'static [&'static str],
 }
 
+impl Program {
+    /// A program found at `var`, else on `PATH`.
+    const fn on_path(name: &'static str, var: &'static str) -> Self {
+        Self {
+            name,
+            var,
+            dirs: &[],
+        }
+    }
+}
+
 /// Every backend, in the order `docs/testing.md` lists them.
 const BACKENDS: &[Backend] = &[
     Backend {
@@ -93,37 +104,24 @@ const BACKENDS: &[Backend] = &[
     },
     Backend {
         name: "bullmq",
-        needs: Needs::Programs(&[Program {
-            name: "node",
-            var: "WATUKUY_TEST_NODE_BIN",
-            dirs: &[],
-        }]),
+        needs: Needs::Programs(&[Program::on_path("node", "WATUKUY_TEST_NODE_BIN")]),
         reason: "needs Node.js (node on PATH, or WATUKUY_TEST_NODE_BIN) with BullMQ installed by \
                  `npm ci --prefix sinks/tests/node-bullmq` (docs/testing.md)",
     },
     Backend {
         name: "moto-server",
-        needs: Needs::Programs(&[Program {
-            name: "moto_server",
-            var: "WATUKUY_TEST_MOTO_SERVER_BIN",
-            dirs: &[],
-        }]),
+        needs: Needs::Programs(&[Program::on_path(
+            "moto_server",
+            "WATUKUY_TEST_MOTO_SERVER_BIN",
+        )]),
         reason: "needs moto's SQS server: moto_server on PATH (pip install 'moto[server]') or \
                  WATUKUY_TEST_MOTO_SERVER_BIN, to start a private server (docs/testing.md)",
     },
     Backend {
         name: "kafka-server",
         needs: Needs::Programs(&[
-            Program {
-                name: "tansu",
-                var: "WATUKUY_TEST_TANSU_BIN",
-                dirs: &[],
-            },
-            Program {
-                name: "python3",
-                var: "WATUKUY_TEST_PYTHON_BIN",
-                dirs: &[],
-            },
+            Program::on_path("tansu", "WATUKUY_TEST_TANSU_BIN"),
+            Program::on_path("python3", "WATUKUY_TEST_PYTHON_BIN"),
         ]),
         reason: "needs the Kafka-compatible broker Tansu (cargo install --locked tansu --features \
                  dynostore; on PATH or at WATUKUY_TEST_TANSU_BIN) to start a private broker, and \
@@ -133,16 +131,8 @@ const BACKENDS: &[Backend] = &[
     Backend {
         name: "browser",
         needs: Needs::Programs(&[
-            Program {
-                name: "chromium",
-                var: "WATUKUY_TEST_CHROMIUM",
-                dirs: &[],
-            },
-            Program {
-                name: "chromedriver",
-                var: "WATUKUY_TEST_CHROMEDRIVER",
-                dirs: &[],
-            },
+            Program::on_path("chromium", "WATUKUY_TEST_CHROMIUM"),
+            Program::on_path("chromedriver", "WATUKUY_TEST_CHROMEDRIVER"),
         ]),
         reason: "needs a browser: chromium and chromedriver on PATH (Debian: apt-get install \
                  chromium chromium-driver) or WATUKUY_TEST_CHROMIUM and \
@@ -150,21 +140,19 @@ const BACKENDS: &[Backend] = &[
     },
     Backend {
         name: "redis-server",
-        needs: Needs::Programs(&[Program {
-            name: "redis-server",
-            var: "WATUKUY_TEST_REDIS_SERVER_BIN",
-            dirs: &[],
-        }]),
+        needs: Needs::Programs(&[Program::on_path(
+            "redis-server",
+            "WATUKUY_TEST_REDIS_SERVER_BIN",
+        )]),
         reason: "needs the redis-server program on PATH (or WATUKUY_TEST_REDIS_SERVER_BIN) to \
                  start a private server (docs/testing.md)",
     },
     Backend {
         name: "nats-server",
-        needs: Needs::Programs(&[Program {
-            name: "nats-server",
-            var: "WATUKUY_TEST_NATS_SERVER_BIN",
-            dirs: &[],
-        }]),
+        needs: Needs::Programs(&[Program::on_path(
+            "nats-server",
+            "WATUKUY_TEST_NATS_SERVER_BIN",
+        )]),
         reason: "needs the nats-server program on PATH (or WATUKUY_TEST_NATS_SERVER_BIN) to \
                  start a private server (docs/testing.md)",
     },

@@ -140,17 +140,7 @@ pub async fn page_seeds(env: Env) -> CaseResult {
 /// G1 with `retain: payload` on `timestamp` (seed 11): every update's `previous` is the payload
 /// delivered before it.
 pub async fn retain_payload_timestamp(env: Env) -> CaseResult {
-    let report = chaos(
-        &env,
-        Arc::clone(&env.store),
-        |o| {
-            o.strategy(ChaosStrategy::Timestamp)
-                .steps(CASE_STEPS)
-                .retain(Retain::Payload)
-        },
-        11,
-    )
-    .await?;
+    let report = retaining_payload(&env, ChaosStrategy::Timestamp, 11).await?;
     holds(&report)?;
     check!(report.delivered > 0, "{}", report.describe());
     Ok(())
@@ -159,17 +149,7 @@ pub async fn retain_payload_timestamp(env: Env) -> CaseResult {
 /// G1 with `retain: payload` on `snapshot_diff` (seed 12): updates carry `previous`, deletes
 /// carry the last delivered payload as `data`.
 pub async fn retain_payload_snapshot_diff(env: Env) -> CaseResult {
-    let report = chaos(
-        &env,
-        Arc::clone(&env.store),
-        |o| {
-            o.strategy(ChaosStrategy::SnapshotDiff)
-                .steps(CASE_STEPS)
-                .retain(Retain::Payload)
-        },
-        12,
-    )
-    .await?;
+    let report = retaining_payload(&env, ChaosStrategy::SnapshotDiff, 12).await?;
     holds(&report)?;
     check!(
         report.mutations.removed > 0,
@@ -177,6 +157,25 @@ pub async fn retain_payload_snapshot_diff(env: Env) -> CaseResult {
         report.describe()
     );
     Ok(())
+}
+
+/// A chaos run of `strategy` with `retain: payload`, on the case's store.
+async fn retaining_payload(
+    env: &Env,
+    strategy: ChaosStrategy,
+    seed: u32,
+) -> Result<ChaosReport, CaseError> {
+    chaos(
+        env,
+        Arc::clone(&env.store),
+        |o| {
+            o.strategy(strategy)
+                .steps(CASE_STEPS)
+                .retain(Retain::Payload)
+        },
+        seed,
+    )
+    .await
 }
 
 /// Each kill point alone (seed 7, 60 steps, probability 0.5) fires and every guarantee holds.

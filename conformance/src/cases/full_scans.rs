@@ -339,6 +339,30 @@ struct Outcome {
     api_ids: Vec<String>,
 }
 
+impl Outcome {
+    /// The events delivered against the API's items at the end.
+    fn of(w: &World, events: Vec<Event>) -> Self {
+        let api_ids: Vec<String> = w
+            .api
+            .all()
+            .iter()
+            .filter_map(|item| item["id"].as_str().map(str::to_owned))
+            .collect();
+        let deleted = deleted(&events);
+        let live_deleted = deleted
+            .iter()
+            .filter(|s| api_ids.contains(s))
+            .cloned()
+            .collect();
+        Self {
+            live_deleted,
+            deleted,
+            events,
+            api_ids,
+        }
+    }
+}
+
 /// Learns the listing, runs one listing that shifts at every page boundary, then quiet
 /// listings, on the case's store under its own poller name.
 async fn run(
@@ -370,25 +394,7 @@ async fn run(
     for _ in 0..3 {
         listing(&w, &engine, name, scan, true).await?;
     }
-    let events = recorder.events();
-    let api_ids: Vec<String> = w
-        .api
-        .all()
-        .iter()
-        .filter_map(|item| item["id"].as_str().map(str::to_owned))
-        .collect();
-    let deleted = deleted(&events);
-    let live_deleted = deleted
-        .iter()
-        .filter(|s| api_ids.contains(s))
-        .cloned()
-        .collect();
-    Ok(Outcome {
-        live_deleted,
-        deleted,
-        events,
-        api_ids,
-    })
+    Ok(Outcome::of(&w, recorder.events()))
 }
 
 /// `DeleteConfirmation::NextListing` (the default): an offset-paged listing that shifts at
@@ -656,19 +662,7 @@ async fn run_rolling(
     for _ in 0..2 {
         listing(&w, &engine, name, scan, true).await?;
     }
-    let events = recorder.events();
-    let api_ids: Vec<String> = w
-        .api
-        .all()
-        .iter()
-        .filter_map(|item| item["id"].as_str().map(str::to_owned))
-        .collect();
-    let deleted = deleted(&events);
-    let live_deleted = deleted
-        .iter()
-        .filter(|s| api_ids.contains(s))
-        .cloned()
-        .collect();
+    let outcome = Outcome::of(&w, recorder.events());
     if rule == DeleteConfirmation::Lookup {
         check_eq!(
             suspects(env, name, scan).await?,
@@ -678,12 +672,7 @@ async fn run_rolling(
         check!(engine.caught_up().await?, "{name}: caught up at the end");
     }
     Ok(Rolling {
-        outcome: Outcome {
-            live_deleted,
-            deleted,
-            events,
-            api_ids,
-        },
+        outcome,
         asked: lookups.asked(),
         removed,
     })

@@ -58,6 +58,17 @@ impl<'a> Canon<'a> {
     }
 }
 
+/// `Serializer` methods for the integers that fit an `i128`: each writes its value in decimal.
+macro_rules! integers {
+    ($($method:ident($ty:ty),)*) => {
+        $(
+            fn $method(self, v: $ty) -> Result<(), Error> {
+                write_i128(self.out, i128::from(v))
+            }
+        )*
+    };
+}
+
 impl<'a> ser::Serializer for Canon<'a> {
     type Ok = ();
     type Error = Error;
@@ -74,40 +85,19 @@ impl<'a> ser::Serializer for Canon<'a> {
         Ok(())
     }
 
-    fn serialize_i8(self, v: i8) -> Result<(), Error> {
-        write_i128(self.out, i128::from(v))
-    }
-
-    fn serialize_i16(self, v: i16) -> Result<(), Error> {
-        write_i128(self.out, i128::from(v))
-    }
-
-    fn serialize_i32(self, v: i32) -> Result<(), Error> {
-        write_i128(self.out, i128::from(v))
-    }
-
-    fn serialize_i64(self, v: i64) -> Result<(), Error> {
-        write_i128(self.out, i128::from(v))
+    integers! {
+        serialize_i8(i8),
+        serialize_i16(i16),
+        serialize_i32(i32),
+        serialize_i64(i64),
+        serialize_u8(u8),
+        serialize_u16(u16),
+        serialize_u32(u32),
+        serialize_u64(u64),
     }
 
     fn serialize_i128(self, v: i128) -> Result<(), Error> {
         write_i128(self.out, v)
-    }
-
-    fn serialize_u8(self, v: u8) -> Result<(), Error> {
-        write_i128(self.out, i128::from(v))
-    }
-
-    fn serialize_u16(self, v: u16) -> Result<(), Error> {
-        write_i128(self.out, i128::from(v))
-    }
-
-    fn serialize_u32(self, v: u32) -> Result<(), Error> {
-        write_i128(self.out, i128::from(v))
-    }
-
-    fn serialize_u64(self, v: u64) -> Result<(), Error> {
-        write_i128(self.out, i128::from(v))
     }
 
     fn serialize_u128(self, v: u128) -> Result<(), Error> {
@@ -489,6 +479,18 @@ impl StringCapture {
     }
 }
 
+/// `Serializer` methods for what a map key cannot be: each rejects its input, naming what it
+/// got.
+macro_rules! reject {
+    ($($method:ident($($ty:ty),*) -> $ret:ty => $got:literal,)*) => {
+        $(
+            fn $method(self, $(_: $ty),*) -> Result<$ret, Error> {
+                Err(self.reject($got))
+            }
+        )*
+    };
+}
+
 impl ser::Serializer for StringCapture {
     type Ok = String;
     type Error = Error;
@@ -525,76 +527,38 @@ impl ser::Serializer for StringCapture {
         value.serialize(self)
     }
 
-    fn serialize_bool(self, _v: bool) -> Result<String, Error> {
-        Err(self.reject("a boolean"))
-    }
-
-    fn serialize_i8(self, _v: i8) -> Result<String, Error> {
-        Err(self.reject("an integer"))
-    }
-
-    fn serialize_i16(self, _v: i16) -> Result<String, Error> {
-        Err(self.reject("an integer"))
-    }
-
-    fn serialize_i32(self, _v: i32) -> Result<String, Error> {
-        Err(self.reject("an integer"))
-    }
-
-    fn serialize_i64(self, _v: i64) -> Result<String, Error> {
-        Err(self.reject("an integer"))
-    }
-
-    fn serialize_i128(self, _v: i128) -> Result<String, Error> {
-        Err(self.reject("an integer"))
-    }
-
-    fn serialize_u8(self, _v: u8) -> Result<String, Error> {
-        Err(self.reject("an integer"))
-    }
-
-    fn serialize_u16(self, _v: u16) -> Result<String, Error> {
-        Err(self.reject("an integer"))
-    }
-
-    fn serialize_u32(self, _v: u32) -> Result<String, Error> {
-        Err(self.reject("an integer"))
-    }
-
-    fn serialize_u64(self, _v: u64) -> Result<String, Error> {
-        Err(self.reject("an integer"))
-    }
-
-    fn serialize_u128(self, _v: u128) -> Result<String, Error> {
-        Err(self.reject("an integer"))
-    }
-
-    fn serialize_f32(self, _v: f32) -> Result<String, Error> {
-        Err(self.reject("a number"))
-    }
-
-    fn serialize_f64(self, _v: f64) -> Result<String, Error> {
-        Err(self.reject("a number"))
-    }
-
-    fn serialize_bytes(self, _v: &[u8]) -> Result<String, Error> {
-        Err(self.reject("bytes"))
-    }
-
-    fn serialize_none(self) -> Result<String, Error> {
-        Err(self.reject("null"))
+    reject! {
+        serialize_bool(bool) -> String => "a boolean",
+        serialize_i8(i8) -> String => "an integer",
+        serialize_i16(i16) -> String => "an integer",
+        serialize_i32(i32) -> String => "an integer",
+        serialize_i64(i64) -> String => "an integer",
+        serialize_i128(i128) -> String => "an integer",
+        serialize_u8(u8) -> String => "an integer",
+        serialize_u16(u16) -> String => "an integer",
+        serialize_u32(u32) -> String => "an integer",
+        serialize_u64(u64) -> String => "an integer",
+        serialize_u128(u128) -> String => "an integer",
+        serialize_f32(f32) -> String => "a number",
+        serialize_f64(f64) -> String => "a number",
+        serialize_bytes(&[u8]) -> String => "bytes",
+        serialize_none() -> String => "null",
+        serialize_unit() -> String => "null",
+        serialize_unit_struct(&'static str) -> String => "a unit struct",
+        serialize_seq(Option<usize>) -> Self::SerializeSeq => "an array",
+        serialize_tuple(usize) -> Self::SerializeTuple => "a tuple",
+        serialize_tuple_struct(&'static str, usize) -> Self::SerializeTupleStruct
+            => "a tuple struct",
+        serialize_tuple_variant(&'static str, u32, &'static str, usize)
+            -> Self::SerializeTupleVariant => "an enum variant with data",
+        serialize_map(Option<usize>) -> Self::SerializeMap => "an object",
+        serialize_struct(&'static str, usize) -> Self::SerializeStruct => "a struct",
+        serialize_struct_variant(&'static str, u32, &'static str, usize)
+            -> Self::SerializeStructVariant => "an enum variant with data",
     }
 
     fn serialize_some<T: Serialize + ?Sized>(self, _value: &T) -> Result<String, Error> {
         Err(self.reject("an option"))
-    }
-
-    fn serialize_unit(self) -> Result<String, Error> {
-        Err(self.reject("null"))
-    }
-
-    fn serialize_unit_struct(self, _name: &'static str) -> Result<String, Error> {
-        Err(self.reject("a unit struct"))
     }
 
     fn serialize_newtype_variant<T: Serialize + ?Sized>(
@@ -604,54 +568,6 @@ impl ser::Serializer for StringCapture {
         _variant: &'static str,
         _value: &T,
     ) -> Result<String, Error> {
-        Err(self.reject("an enum variant with data"))
-    }
-
-    fn serialize_seq(self, _len: Option<usize>) -> Result<Self::SerializeSeq, Error> {
-        Err(self.reject("an array"))
-    }
-
-    fn serialize_tuple(self, _len: usize) -> Result<Self::SerializeTuple, Error> {
-        Err(self.reject("a tuple"))
-    }
-
-    fn serialize_tuple_struct(
-        self,
-        _name: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeTupleStruct, Error> {
-        Err(self.reject("a tuple struct"))
-    }
-
-    fn serialize_tuple_variant(
-        self,
-        _name: &'static str,
-        _variant_index: u32,
-        _variant: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeTupleVariant, Error> {
-        Err(self.reject("an enum variant with data"))
-    }
-
-    fn serialize_map(self, _len: Option<usize>) -> Result<Self::SerializeMap, Error> {
-        Err(self.reject("an object"))
-    }
-
-    fn serialize_struct(
-        self,
-        _name: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeStruct, Error> {
-        Err(self.reject("a struct"))
-    }
-
-    fn serialize_struct_variant(
-        self,
-        _name: &'static str,
-        _variant_index: u32,
-        _variant: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeStructVariant, Error> {
         Err(self.reject("an enum variant with data"))
     }
 }
