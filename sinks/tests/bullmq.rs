@@ -50,6 +50,15 @@ async fn clean(prefix: &str) {
     }
 }
 
+/// A sink of `queue` on the test's Redis under `prefix`.
+async fn sink_at(prefix: &str, queue: &str) -> BullMqSink {
+    BullMqSink::connect(&redis_url(), queue)
+        .await
+        .unwrap()
+        .prefix(prefix)
+        .unwrap()
+}
+
 fn node_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/node-bullmq")
 }
@@ -171,12 +180,7 @@ async fn every_key_is_what_queue_add_writes_for_each_release() {
     for version in BULLMQ_VERSIONS {
         let prefix = prefix(&format!("keys-{}", package(version)));
         clean(&prefix).await;
-        let sink = BullMqSink::connect(&redis_url(), "sink")
-            .await
-            .unwrap()
-            .prefix(&prefix)
-            .unwrap()
-            .attempts(3);
+        let sink = sink_at(&prefix, "sink").await.attempts(3);
         let first = event("orders", 1, EventType::Created);
         let data =
             String::from_utf8(serialize_event(&first, Default::default()).unwrap().body).unwrap();
@@ -230,11 +234,7 @@ async fn an_unmodified_worker_of_each_release_runs_every_job_once() {
     for version in BULLMQ_VERSIONS {
         let prefix = prefix(&format!("worker-{}", package(version)));
         clean(&prefix).await;
-        let sink = BullMqSink::connect(&redis_url(), "orders")
-            .await
-            .unwrap()
-            .prefix(&prefix)
-            .unwrap();
+        let sink = sink_at(&prefix, "orders").await;
         let events: Vec<_> = (1..=4)
             .map(|n| {
                 event(
@@ -305,11 +305,7 @@ async fn options_are_checked_when_built_and_redis_errors_are_classified() {
     clean(&prefix).await;
     let mut conn = redis().await;
     let _: () = conn.set(format!("{prefix}:q:wait"), "x").await.unwrap();
-    let sink = BullMqSink::connect(&redis_url(), "q")
-        .await
-        .unwrap()
-        .prefix(&prefix)
-        .unwrap();
+    let sink = sink_at(&prefix, "q").await;
     let error = fails_as(
         &sink,
         event("orders", 1, EventType::Created),

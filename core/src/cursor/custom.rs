@@ -243,13 +243,11 @@ pub struct FnCustomCursor<T, F> {
     _cursor: PhantomData<fn() -> T>,
 }
 
+/// The closure's bound is here so that its argument types are inferred; the rest of what a
+/// cursor needs is on the [`CustomCursor`] impl.
 impl<T, F> FnCustomCursor<T, F>
 where
-    T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-    F: Fn(&T, CustomStep<'_>) -> std::result::Result<CustomAdvance<T>, BoxError>
-        + Send
-        + Sync
-        + 'static,
+    F: Fn(&T, CustomStep<'_>) -> std::result::Result<CustomAdvance<T>, BoxError>,
 {
     /// A cursor starting at `initial`, moved by `advance`.
     pub fn new(initial: T, advance: F) -> Self {

@@ -259,7 +259,6 @@ mod tests {
     use super::*;
     use crate::error::Error;
     use crate::event::EventType;
-    use crate::model::Lane;
 
     /// A consumer store that records what `apply_once` asked of it.
     #[derive(Default)]
@@ -325,20 +324,10 @@ mod tests {
 
     fn event() -> Event {
         Event {
-            id: "e".into(),
-            event_type: EventType::Created,
-            source: "urn:watukuy:orders".into(),
-            subject: "o1".into(),
             time: "2026-01-01T00:00:00.000Z".into(),
-            poller: "orders".into(),
-            partition: "".into(),
-            lane: Lane::Live,
             sequence: 1,
-            cursor: None,
-            data: None,
-            previous: None,
             attempt: 1,
-            traceparent: None,
+            ..Event::new("e", EventType::Created, "orders", "o1")
         }
     }
 

@@ -219,26 +219,13 @@ mod tests {
 
     use super::*;
     use crate::event::{Event, EventType};
-    use crate::model::Lane;
     use crate::rng::{Rng, SeededRng};
 
     fn row(seq: i64, subject: &str) -> OutboxRow {
         OutboxRow::pending(
             Event {
-                id: format!("e{seq}").into(),
-                event_type: EventType::Created,
-                source: "urn:watukuy:t".into(),
-                subject: subject.into(),
-                time: "".into(),
-                poller: "t".into(),
-                partition: "".into(),
-                lane: Lane::Live,
                 sequence: seq,
-                cursor: None,
-                data: None,
-                previous: None,
-                attempt: 0,
-                traceparent: None,
+                ..Event::new(format!("e{seq}"), EventType::Created, "t", subject)
             },
             0,
         )

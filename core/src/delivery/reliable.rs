@@ -219,20 +219,10 @@ mod tests {
 
     fn event(lane: Lane) -> Event {
         Event {
-            id: "a".repeat(64).into(),
-            event_type: EventType::Created,
-            source: "urn:watukuy:t".into(),
-            subject: "s".into(),
-            time: "".into(),
-            poller: "t".into(),
-            partition: "".into(),
             lane,
             sequence: 1,
-            cursor: None,
-            data: None,
-            previous: None,
             attempt: 1,
-            traceparent: None,
+            ..Event::new("a".repeat(64), EventType::Created, "t", "s")
         }
     }
 

@@ -433,14 +433,7 @@ async fn a_fenced_apply_commits_only_under_the_current_lease() {
     assert_eq!(count(&reader, "processed"), 0, "the stale marker committed");
 
     // The generic one, through SqliteTx.
-    let stale = delivery::apply_once(&db.processed, &db.conn, &e, Some(&old), |tx| {
-        let projected = e.clone();
-        Box::pin(async move {
-            tx.run(move |t| project(t, &projected)).await??;
-            Ok::<_, BoxError>(())
-        })
-    })
-    .await;
+    let stale = apply_generic(&db, e.clone(), Some(&old), false).await;
     assert!(
         matches!(&stale, Err(ApplyError::Store(Error::LeaseLost { .. }))),
         "{stale:?}"
@@ -448,14 +441,7 @@ async fn a_fenced_apply_commits_only_under_the_current_lease() {
     assert_eq!(count(&reader, "rm"), 0);
     assert_eq!(count(&reader, "processed"), 0);
 
-    let applied = delivery::apply_once(&db.processed, &db.conn, &e, Some(&new), |tx| {
-        let projected = e.clone();
-        Box::pin(async move {
-            tx.run(move |t| project(t, &projected)).await??;
-            Ok::<_, BoxError>(())
-        })
-    })
-    .await;
+    let applied = apply_generic(&db, e.clone(), Some(&new), false).await;
     assert!(
         matches!(applied, Ok(ApplyOutcome::Applied(()))),
         "{applied:?}"
@@ -470,15 +456,16 @@ async fn a_fenced_apply_commits_only_under_the_current_lease() {
     assert_eq!(count(&reader, "processed"), 1);
 }
 
-/// The generic `apply_once` of `e` into `rm` through `db`'s table; the projection panics after
-/// writing when `panic` is set.
+/// The generic `apply_once` of `e` into `rm` through `db`'s table, fenced by `fence` if given;
+/// the projection panics after writing when `panic` is set.
 async fn apply_generic(
     db: &Fenced,
     e: Event,
+    fence: Option<&Fence>,
     panic: bool,
 ) -> std::result::Result<ApplyOutcome<()>, ApplyError<BoxError>> {
     let projected = e.clone();
-    delivery::apply_once(&db.processed, &db.conn, &e, None, move |tx| {
+    delivery::apply_once(&db.processed, &db.conn, &e, fence, move |tx| {
         Box::pin(async move {
             tx.run(move |t| {
                 project(t, &projected)?;
@@ -498,7 +485,7 @@ async fn apply_generic(
 async fn the_generic_apply_once_runs_on_a_sqlite_tx() {
     let db = Fenced::new().await;
     let reader = connect(&db.path);
-    let apply = |e: Event, panic: bool| apply_generic(&db, e, panic);
+    let apply = |e: Event, panic: bool| apply_generic(&db, e, None, panic);
     let first = event("evt-1", 1, "o1");
     let crashed = apply(first.clone(), true).await;
     assert!(
