@@ -13,7 +13,7 @@ use watukuy_core::{Error, store::StoreErrorKind};
 /// | `LOADING` (restarting with a dataset), `BUSY` (a script runs too long), `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `OOM` | `Busy` | yes |
 /// | `READONLY` (a replica promoted away during failover) | `Connection` | yes |
 /// | authentication failed | `Connection` | no |
-/// | `WRONGTYPE` (a key of the store holds another type: foreign data under the prefix) | `Corrupt` | no |
+/// | `WRONGTYPE` (a key of the store holds another type: foreign data under the prefix), from a command or in a pipeline | `Corrupt` | no |
 /// | a reply of an unexpected shape, or a parse error | `Corrupt` | no |
 /// | `MOVED`/`ASK` through a cluster connection (the slot moved faster than the driver followed) | `Connection` | yes |
 /// | `NOPERM` (ACL), `CROSSSLOT`, `MOVED`/`ASK` (a cluster behind a plain connection) | `Rejected` | no |
@@ -29,6 +29,7 @@ pub(crate) fn classify(error: RedisError) -> Error {
 /// errors, where a plain connection gets them because it is not cluster-aware (permanent).
 pub(crate) fn classify_in(error: RedisError, cluster: bool) -> Error {
     use StoreErrorKind::{Busy, Connection, Corrupt, Other, Rejected, Timeout};
+    let error = first_of_pipeline(error);
     #[cfg(feature = "tls")]
     if let Some(tls) = tls_error(&error) {
         return tls;
@@ -89,6 +90,20 @@ pub(crate) fn classify_in(error: RedisError, cluster: bool) -> Error {
         _ => (Other, false, "Redis client error"),
     };
     Error::store_with(kind, transient, format!("{hint}: {error}"), error)
+}
+
+/// The first server error of a failed pipeline, or `error` itself. The driver reports a pipeline
+/// whose commands failed with a code it has no kind for (`WRONGTYPE`, `BUSY`, `OOM`) as an
+/// `Extension` error without a code, so [`classify_in`] would not know it; the store's pipelines
+/// repeat one command over keys of one kind, so their first failure says what is wrong.
+fn first_of_pipeline(error: RedisError) -> RedisError {
+    if !matches!(error.kind(), ErrorKind::Extension) || error.code().is_some() {
+        return error;
+    }
+    match error.clone().into_server_errors().as_deref() {
+        Some([(_, first), ..]) => RedisError::from(first.clone()),
+        _ => error,
+    }
 }
 
 /// A TLS handshake that failed for a reason retrying cannot fix, as the [`Error::Config`] that

@@ -9,8 +9,9 @@ use watukuy_core::{
     json::Json,
     rng::SeededRng,
     store::{
-        CommitBatch, ItemRow, KeyCounts, Lease, OutboxRow, PKey, ParkedError, ParkedKind,
-        ParkedRow, SerializedError, StatePatch, Store, ValidationIssue,
+        CommitBatch, ItemRow, KeyCounts, Lease, LogQuery, OutboxRow, PKey, ParkedError, ParkedKind,
+        ParkedQuery, ParkedRow, SerializedError, StatePatch, Store, StoreErrorKind, UrlValidator,
+        ValidationIssue, Validator,
     },
 };
 
@@ -469,5 +470,247 @@ impl CrashBeforeAck {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+}
+
+/// Writes one of everything a store keeps for [`key`] into a migrated, empty `store`, under
+/// node-a's lease taken at `T0`: the state, an item `i1` with a payload, a pending event
+/// `evt-1` with a failed attempt recorded, a poison row `evt-2` holding the hold key `h1`, an
+/// invalid (quarantined) row `invalid:x`, the validator of URL hash `u1`, and both events in the
+/// log. What a test of foreign data damages before [`read_everything`].
+pub async fn populate_one_of_everything(store: &dyn Store) -> CaseResult {
+    let k = key();
+    let lease = acquire(store, &k, NODE_A, T0).await?;
+    let mut row = item("i1", "h1");
+    row.payload = Some(json(r#"{"id":"i1"}"#));
+    let batch = CommitBatch::default()
+        .state_patch(progress(2, T0))
+        .upserts(vec![row])
+        .events(vec![
+            pending(&k, "evt-1", 1, "i1"),
+            pending(&k, "evt-2", 2, "i2"),
+        ])
+        .parked(vec![invalid("invalid:x", r#"{"id":"x"}"#, T0)])
+        .validators(vec![UrlValidator {
+            url_hash: "u1".to_owned(),
+            validator: Validator {
+                etag: Some("\"v1\"".to_owned()),
+                last_modified: Some("Thu, 01 Jan 2026 00:00:00 GMT".to_owned()),
+                stored_at: T0,
+            },
+        }])
+        .log(true);
+    store.commit_poll(&k, &lease, &batch).await?;
+    let failure = SerializedError::new("HandlerError", "the sink timed out");
+    store
+        .record_attempt(&k, &lease, "evt-1", &failure, Some(T0 + 1_000))
+        .await?;
+    let poisoned = poison(event(&k, "evt-2", 2, "i2"), Some("h1"), T0);
+    store.park_event(&k, &lease, &poisoned).await?;
+    Ok(())
+}
+
+/// `Ok(())` when `result` is `Ok` or a permanent `Corrupt` store error (what a read may answer
+/// over data another program wrote), else a message naming the read (`what`) and the error.
+pub fn decoded_or_corrupt<T>(what: &str, result: Result<T, Error>) -> Result<(), String> {
+    match result {
+        Ok(_)
+        | Err(Error::Store {
+            kind: StoreErrorKind::Corrupt,
+            transient: false,
+            ..
+        }) => Ok(()),
+        Err(other) => Err(format!(
+            "{what} answered {other:?}, not a permanent Corrupt error"
+        )),
+    }
+}
+
+/// Every read of [`key`] that [`populate_one_of_everything`] gave something to read, each held to
+/// [`decoded_or_corrupt`]: keys, lease, state, counts, items (`i1` and every streamed
+/// identity), the outbox (with and without hold keys), parked rows, hold keys, the validator of
+/// `u1` and the log. The first read that answers otherwise is the error.
+pub async fn read_everything(store: &dyn Store) -> Result<(), String> {
+    use futures::TryStreamExt;
+    let k = key();
+    decoded_or_corrupt("list_keys", store.list_keys(None).await)?;
+    decoded_or_corrupt("list_keys(orders)", store.list_keys(Some(&k.poller)).await)?;
+    decoded_or_corrupt("get_lease", store.get_lease(&k).await)?;
+    decoded_or_corrupt("load_state", store.load_state(&k).await)?;
+    decoded_or_corrupt("counts", store.counts(&k).await)?;
+    let streamed = store
+        .stream_identities(&k, 10)
+        .try_collect::<Vec<Vec<String>>>()
+        .await;
+    let mut identities = vec!["i1".to_owned()];
+    if let Ok(batches) = &streamed {
+        identities.extend(batches.iter().flatten().cloned());
+    }
+    decoded_or_corrupt("stream_identities", streamed)?;
+    decoded_or_corrupt("load_versions", store.load_versions(&k, &identities).await)?;
+    decoded_or_corrupt("load_pending", store.load_pending(&k, 10).await)?;
+    decoded_or_corrupt(
+        "load_pending_with_holds",
+        store.load_pending_with_holds(&k, 10).await,
+    )?;
+    decoded_or_corrupt(
+        "list_parked",
+        store.list_parked(&k, ParkedQuery::default()).await,
+    )?;
+    decoded_or_corrupt("held_keys", store.held_keys(&k).await)?;
+    decoded_or_corrupt("get_validator", store.get_validator(&k, "u1").await)?;
+    decoded_or_corrupt(
+        "read_log",
+        store.read_log(&k, LogQuery::default(), 10).await,
+    )?;
+    Ok(())
+}
+
+/// Integers at the edges of the stores' columns and of the types they decode into: `i64`,
+/// `u32` and the integers a float holds exactly.
+pub const EDGE_INTEGERS: &[i64] = &[
+    i64::MIN,
+    -9_007_199_254_740_993,
+    -1,
+    0,
+    1,
+    4_294_967_295,
+    4_294_967_296,
+    9_007_199_254_740_993,
+    i64::MAX,
+];
+
+/// JSON values at the edges of what the stores' decoders take (integers just past `u32` and
+/// `i64`, a number no float holds, a lone surrogate, nesting deeper than any parser's limit), and
+/// a few texts that are not JSON: what a foreign program may leave where the store keeps JSON
+/// (see [`json_mutant`]).
+pub fn edge_json() -> Vec<String> {
+    let mut texts: Vec<String> = [
+        "null",
+        "true",
+        "\"\"",
+        "0",
+        "-1",
+        "0.5",
+        "4294967296",
+        "9223372036854775808",
+        "-9223372036854775809",
+        "18446744073709551616",
+        "1e400",
+        "[]",
+        "{}",
+        "{\"\":null}",
+        "\"\\ud800\"",
+        "\"\\u0000\"",
+        "\"poison\"",
+        "\"2026-02-30T25:61:00Z\"",
+        "",
+        "nul",
+        "{",
+        "[1,]",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    texts.push(format!("{}{}", "[".repeat(200), "]".repeat(200)));
+    texts
+}
+
+/// `text` (a JSON document, as a store wrote it) with its `at`-th value (counting the document
+/// itself as the first, in document order, modulo their number) replaced by the raw text
+/// `replacement`, or removed from its object or array when `replacement` is `None`: data that is
+/// almost what the store wrote, which gets past a decoder's first checks. `None` when `text` is
+/// not JSON, or the value to remove is the document itself.
+pub fn json_mutant(text: &str, at: usize, replacement: Option<&str>) -> Option<String> {
+    use serde_json::Value;
+    /// What the chosen value becomes before serializing: a string no store writes.
+    const MARK: &str = "\u{0}watukuy-mutant\u{0}";
+    fn count(value: &Value) -> usize {
+        1 + match value {
+            Value::Array(items) => items.iter().map(count).sum(),
+            Value::Object(members) => members.values().map(count).sum(),
+            _ => 0,
+        }
+    }
+    fn child(value: &mut Value, index: usize) -> Option<&mut Value> {
+        match value {
+            Value::Array(items) => items.get_mut(index),
+            Value::Object(members) => members.values_mut().nth(index),
+            _ => None,
+        }
+    }
+    /// Replaces (or removes) the `at`-th value below `value`, counting `at` down.
+    fn change(value: &mut Value, at: &mut usize, remove: bool) -> bool {
+        let mut index = 0;
+        loop {
+            if *at == 0 {
+                let marked = Value::String(MARK.to_owned());
+                return match value {
+                    Value::Array(items) if index < items.len() => {
+                        if remove {
+                            items.remove(index);
+                        } else {
+                            items[index] = marked;
+                        }
+                        true
+                    }
+                    Value::Object(members) => match members.keys().nth(index).cloned() {
+                        Some(name) if remove => members.remove(&name).is_some(),
+                        Some(name) => members.insert(name, marked).is_some(),
+                        None => false,
+                    },
+                    _ => false,
+                };
+            }
+            let Some(next) = child(value, index) else {
+                return false;
+            };
+            *at -= 1;
+            if change(next, at, remove) {
+                return true;
+            }
+            index += 1;
+        }
+    }
+    let mut document: Value = serde_json::from_str(text).ok()?;
+    let at = at % count(&document);
+    if at == 0 {
+        return replacement.map(str::to_owned);
+    }
+    change(&mut document, &mut (at - 1), replacement.is_none());
+    let marked = serde_json::to_string(&document).ok()?;
+    let mark = serde_json::to_string(MARK).ok()?;
+    Some(match replacement {
+        Some(replacement) => marked.replacen(&mark, replacement, 1),
+        None => marked,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_mutant;
+
+    #[test]
+    fn json_mutant_replaces_or_removes_one_value_in_document_order() {
+        let text = r#"{"a":[1,{"b":2}],"c":3}"#;
+        // 0 the document, 1 a, 2 1, 3 {"b":2}, 4 2, 5 c.
+        assert_eq!(json_mutant(text, 0, Some("nul")).as_deref(), Some("nul"));
+        assert_eq!(json_mutant(text, 0, None), None);
+        assert_eq!(
+            json_mutant(text, 2, Some("1e400")).as_deref(),
+            Some(r#"{"a":[1e400,{"b":2}],"c":3}"#)
+        );
+        assert_eq!(
+            json_mutant(text, 4, None).as_deref(),
+            Some(r#"{"a":[1,{}],"c":3}"#)
+        );
+        assert_eq!(
+            json_mutant(text, 5, Some("[")).as_deref(),
+            Some(r#"{"a":[1,{"b":2}],"c":[}"#)
+        );
+        assert_eq!(
+            json_mutant(text, 6 + 1, None).as_deref(),
+            Some(r#"{"c":3}"#)
+        );
+        assert_eq!(json_mutant("not json", 1, None), None);
     }
 }
