@@ -19,8 +19,8 @@ pub struct Cli {
 }
 
 /// The options `watukuy` and a service's binary share: the store and its options, and the
-/// output format.
-#[derive(Clone, Debug, Args)]
+/// output format. Its `Debug` hides the store URL's password.
+#[derive(Clone, Args)]
 pub struct CommonArgs {
     /// The store URL (or set WATUKUY_STORE).
     #[arg(
@@ -45,6 +45,18 @@ pub struct CommonArgs {
     /// Print JSON instead of text.
     #[arg(long, global = true)]
     pub json: bool,
+}
+
+impl std::fmt::Debug for CommonArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CommonArgs")
+            .field("store", &self.store.as_deref().map(crate::url::redact))
+            .field("schema", &self.schema)
+            .field("prefix", &self.prefix)
+            .field("transaction_pooling", &self.transaction_pooling)
+            .field("json", &self.json)
+            .finish()
+    }
 }
 
 /// The commands.
@@ -194,7 +206,10 @@ pub struct Replay {
 /// The command line of a service's own binary (see [`crate::Service`]): the store options of
 /// `watukuy`, the commands that run the service's pollers, and every command of `watukuy`.
 #[derive(Clone, Debug, Parser)]
-#[command(long_about = None)]
+#[command(
+    about = "The service's pollers (tick, run, backfill) and every command of watukuy on its store",
+    long_about = None
+)]
 #[command(after_help = "\
 Store URLs: sqlite:<path>, postgres://user[:password]@host[:port]/database, mysql://user[:password]@host[:port]/database, redis://host:port[/db].
 Durations: 500ms, 50s, 10m, 2h.

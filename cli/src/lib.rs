@@ -169,7 +169,7 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let cli = match parse(argv) {
+    let cli = match parse_args(argv) {
         Ok(cli) => cli,
         Err(help) if help.exit_code == EXIT_OK => {
             return Ok(Output::new(help.message, serde_json::Value::Null));
@@ -179,24 +179,66 @@ where
     execute(&cli, options).await
 }
 
-fn parse<I, T>(argv: I) -> Result<Cli, CliError>
+/// Parses `argv` (its first item is the program name) as `watukuy` does. A command line that
+/// does not parse is a `USAGE` [`CliError`] with exit code 2 and clap's message, with the
+/// password of any store URL in it hidden; `--help` and `--version` are a `HELP` one with exit
+/// code 0 and their text.
+pub fn parse_args<I, T>(argv: I) -> Result<Cli, CliError>
 where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    Cli::try_parse_from(argv).map_err(|error| {
-        let text = error.render().to_string();
-        if error.use_stderr() {
-            CliError::usage(text.trim_end().trim_start_matches("error: "))
-        } else {
-            // --help, --version: not an error; carried out of the parser as the output.
-            CliError {
-                code: "HELP".to_owned(),
-                message: text,
-                exit_code: EXIT_OK,
+    let argv: Vec<OsString> = argv.into_iter().map(Into::into).collect();
+    Cli::try_parse_from(&argv)
+        .map_err(|error| clap_error(error, &argv, |hidden| Cli::try_parse_from(hidden).err()))
+}
+
+/// clap's refusal of `argv` as the command line reports it: a `USAGE` error (exit code 2), or
+/// for `--help` and `--version` a `HELP` one (exit code 0) carrying their text.
+///
+/// clap quotes the arguments it did not expect, a store URL typed in the wrong place too: when
+/// an argument holds a password, the message is `reparse`'s, clap's refusal of the same command
+/// line with every password hidden.
+pub(crate) fn clap_error(
+    error: clap::Error,
+    argv: &[OsString],
+    reparse: impl FnOnce(&[OsString]) -> Option<clap::Error>,
+) -> CliError {
+    let hidden: Vec<OsString> = argv
+        .iter()
+        .map(|arg| {
+            let text = arg.to_string_lossy();
+            let redacted = url::redact(&text);
+            if redacted == text {
+                arg.clone()
+            } else {
+                redacted.into()
+            }
+        })
+        .collect();
+    let error = if hidden == argv {
+        error
+    } else {
+        match reparse(&hidden) {
+            Some(error) => error,
+            None => {
+                return CliError::usage(
+                    "the command line does not parse (not shown: it holds a password)",
+                );
             }
         }
-    })
+    };
+    let text = error.render().to_string();
+    if error.use_stderr() {
+        CliError::usage(text.trim_end().trim_start_matches("error: "))
+    } else {
+        // --help, --version: not an error; carried out of the parser as the output.
+        CliError {
+            code: "HELP".to_owned(),
+            message: text,
+            exit_code: EXIT_OK,
+        }
+    }
 }
 
 /// Opens the store named by `cli` and runs its command.
@@ -454,7 +496,7 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let cli = match parse(argv) {
+    let cli = match parse_args(argv) {
         Ok(cli) => cli,
         Err(error) if error.exit_code == EXIT_OK => {
             let _ = write!(stdout, "{}", error.message);

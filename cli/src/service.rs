@@ -133,19 +133,23 @@ impl Service {
         if let Some(version) = &self.version {
             command = command.version(version.clone());
         }
-        let cli = match command
-            .try_get_matches_from(argv)
-            .and_then(|matches| ServiceCli::from_arg_matches(&matches))
-        {
+        let argv: Vec<OsString> = argv.into_iter().map(Into::into).collect();
+        let parse = |argv: &[OsString]| {
+            command
+                .clone()
+                .try_get_matches_from(argv)
+                .and_then(|matches| ServiceCli::from_arg_matches(&matches))
+        };
+        let cli = match parse(&argv) {
             Ok(cli) => cli,
             Err(error) => {
-                let code = if error.use_stderr() {
-                    crate::EXIT_USAGE
+                let error = crate::clap_error(error, &argv, |hidden| parse(hidden).err());
+                if error.exit_code == EXIT_OK {
+                    print!("{}", error.message);
                 } else {
-                    EXIT_OK
-                };
-                let _ = error.print();
-                return code;
+                    eprintln!("error: {}", error.message);
+                }
+                return error.exit_code;
             }
         };
         match self.execute(&cli).await {

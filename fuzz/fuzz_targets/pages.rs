@@ -17,6 +17,7 @@ use watukuy_core::clock::ManualClock;
 use watukuy_core::cursor::{self, CursorConfig};
 use watukuy_core::rng::SeededRng;
 use watukuy_core::{Engine, FetchContext, Page, Poller, TickOptions};
+use watukuy_fuzz::block_on;
 use watukuy_store_memory::MemoryStore;
 
 /// 2026-01-01T00:00:00Z.
@@ -53,13 +54,6 @@ fn page(value: Value) -> Page {
     }
 }
 
-thread_local! {
-    static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-}
-
 fuzz_target!(|data: &[u8]| {
     let Some((&kind, text)) = data.split_first() else {
         return;
@@ -86,7 +80,7 @@ fuzz_target!(|data: &[u8]| {
         .instance_id("fuzz")
         .build()
         .expect("a valid engine");
-    let result = RUNTIME.with(|runtime| runtime.block_on(engine.tick(TickOptions::default())));
+    let result = block_on(engine.tick(TickOptions::default()));
     let result = result.expect("a tick answers");
     for poll in &result.polled {
         if let Some(error) = &poll.error {
