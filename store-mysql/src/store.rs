@@ -33,6 +33,13 @@ pub struct MySqlStore {
     migrate_lock_timeout_secs: u32,
 }
 
+/// The driver's options for `url`, before any connection: a URL the driver does not take is a
+/// `Config` error that never repeats the URL (it may hold a password).
+fn connect_options(url: &str) -> Result<MySqlConnectOptions> {
+    MySqlConnectOptions::from_str(url)
+        .map_err(|e| Error::config("url", format!("not a MySQL URL: {e}")))
+}
+
 impl MySqlStore {
     /// Opens a pool on `url` (`mysql://user:password@host:port/database`, with the driver's
     /// parameters such as `ssl-mode=REQUIRED`, `ssl-ca=/path/ca.pem` or `socket=/run/mysqld.sock`)
@@ -43,8 +50,7 @@ impl MySqlStore {
     /// that cannot be reached is a transient `Store` error.
     pub async fn connect(url: &str, options: MySqlOptions) -> Result<Self> {
         options.validate()?;
-        let connect = MySqlConnectOptions::from_str(url)
-            .map_err(|e| Error::config("url", format!("not a MySQL URL: {e}")))?;
+        let connect = connect_options(url)?;
         let pool = MySqlPoolOptions::new()
             .max_connections(options.max_connections)
             .connect_with(connect)
@@ -1375,5 +1381,30 @@ impl Store for MySqlStore {
         .await
         .store(&format!("prune_log on {key}"))?;
         Ok(done.rows_affected())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Whatever a URL holds, its password is in no error it gives before connecting.
+        #[test]
+        fn a_password_never_shows_in_an_error(
+            scheme in "mysql|MYSQL|mariadb|postgres|http",
+            user in "[a-z]{0,4}",
+            password in "[A-Z][A-Za-z0-9/?#@:%+ =&]{5,12}",
+            host in "[a-z0-9.,:\\[\\]]{0,16}",
+            tail in "(/[a-z]{0,4})?(\\?(ssl-mode|ssl-ca|charset|socket|statement-cache-capacity)=[a-z%0-9./-]{0,10})?",
+        ) {
+            let url = format!("{scheme}://{user}:{password}@{host}{tail}");
+            if let Err(error) = connect_options(&url) {
+                let printed = format!("{error} {error:?}");
+                prop_assert!(!printed.contains(&password), "{url:?}: {printed}");
+            }
+        }
     }
 }

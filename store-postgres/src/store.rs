@@ -48,6 +48,28 @@ impl std::fmt::Debug for PostgresStore {
     }
 }
 
+/// The driver's options for `url` and `options`, before any connection: a URL the driver does
+/// not take, or TLS settings that cannot work, are `Config` errors that never repeat the URL (it
+/// may hold a password).
+fn connect_options(url: &str, options: &PostgresOptions) -> Result<PgConnectOptions> {
+    let connect_options = PgConnectOptions::from_str(url).map_err(|e| {
+        Error::config(
+            "postgres.url",
+            format!("not a usable PostgreSQL connection string: {e}"),
+        )
+    })?;
+    let connect_options = tls::configure(connect_options, url, options)?;
+    Ok(if options.transaction_pooling {
+        // No statement may outlive its transaction, and PgBouncer refuses startup parameters it
+        // does not track.
+        connect_options
+            .statement_cache_capacity(0)
+            .extra_float_digits(None)
+    } else {
+        connect_options
+    })
+}
+
 impl PostgresStore {
     /// Connects to `url` (`postgres://user:password@host:port/database?...`) with a pool of
     /// [`max_connections`](PostgresOptions::max_connections).
@@ -70,20 +92,7 @@ impl PostgresStore {
     /// says so).
     pub async fn connect(url: &str, options: PostgresOptions) -> Result<Self> {
         options.validate()?;
-        let connect_options = PgConnectOptions::from_str(url).map_err(|e| {
-            Error::config(
-                "postgres.url",
-                format!("not a usable PostgreSQL connection string: {e}"),
-            )
-        })?;
-        let mut connect_options = tls::configure(connect_options, url, &options)?;
-        if options.transaction_pooling {
-            // No statement may outlive its transaction, and PgBouncer refuses startup
-            // parameters it does not track.
-            connect_options = connect_options
-                .statement_cache_capacity(0)
-                .extra_float_digits(None);
-        }
+        let connect_options = connect_options(url, &options)?;
         // One direct connection first: its error says what went wrong (refused, unknown host,
         // authentication, missing database), where the pool would retry a refused connection
         // until its acquire timeout and then report only that it timed out.
@@ -899,5 +908,30 @@ impl PostgresStore {
             removed += done.rows_affected();
         }
         Ok(removed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Whatever a URL holds, its password is in no error it gives before connecting.
+        #[test]
+        fn a_password_never_shows_in_an_error(
+            scheme in "postgres|postgresql|POSTGRES|mysql|http",
+            user in "[a-z]{0,4}",
+            password in "[A-Z][A-Za-z0-9/?#@:%+ =&]{5,12}",
+            host in "[a-z0-9.,:\\[\\]]{0,16}",
+            tail in "(/[a-z]{0,4})?(\\?(sslmode|sslrootcert|port|options|application_name)=[a-z%0-9./-]{0,10})?",
+        ) {
+            let url = format!("{scheme}://{user}:{password}@{host}{tail}");
+            if let Err(error) = connect_options(&url, &PostgresOptions::default()) {
+                let printed = format!("{error} {error:?}");
+                prop_assert!(!printed.contains(&password), "{url:?}: {printed}");
+            }
+        }
     }
 }

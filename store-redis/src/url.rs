@@ -237,4 +237,22 @@ mod tests {
             assert!(!err.to_string().contains("secret"), "{err}");
         }
     }
+
+    proptest::proptest! {
+        /// Whatever a URL holds, its password is in no error it gives.
+        #[test]
+        fn a_password_never_shows_in_an_error(
+            scheme in "redis|rediss|redis\\+cluster|rediss\\+cluster|unix|REDIS|http",
+            user in "[a-z]{0,4}",
+            password in "[A-Z][A-Za-z0-9/?#@:%+ =&,]{5,12}",
+            host in "[a-z0-9.,:]{0,16}",
+            tail in "(/[0-9a-z]{0,3})?(\\?(tls_ca_file|tls_cert_file|tls_key_file|protocol)=[a-z%0-9./]{0,8})?",
+        ) {
+            let url = format!("{scheme}://{user}:{password}@{host}{tail}");
+            if let Err(error) = parse(&url) {
+                let printed = format!("{error} {error:?}");
+                proptest::prop_assert!(!printed.contains(&password), "{url:?}: {printed}");
+            }
+        }
+    }
 }
