@@ -14,7 +14,7 @@ use axum::http::{Method, Request, StatusCode, header};
 use libfuzzer_sys::fuzz_target;
 use tower::ServiceExt as _;
 use watukuy_admin::{AdminState, Mode, router};
-use watukuy_conformance::cases::fixtures::{NODE_A, TTL, event, invalid, key, poison};
+use watukuy_conformance::cases::fixtures::{NODE_A, acquire, event, invalid, key, poison};
 use watukuy_core::clock::ManualClock;
 use watukuy_core::store::{CommitBatch, ParkedQuery, StatePatch, Store};
 use watukuy_fuzz::block_on;
@@ -27,11 +27,7 @@ const TOKEN: &str = "s3cret";
 async fn parked_store() -> Arc<dyn Store> {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let key = key();
-    let lease = store
-        .acquire_lease(&key, NODE_A, TTL, T0)
-        .await
-        .expect("memory")
-        .expect("free");
+    let lease = acquire(&*store, &key, NODE_A, T0).await.expect("memory");
     let batch = CommitBatch::default()
         .state_patch(StatePatch {
             sequence: Some(2),

@@ -244,18 +244,28 @@ async fn case(
     read_everything(store).await.map_err(TestCaseError::fail)
 }
 
+/// A store under a prefix of its own (named after `test`) on the server at `url`, holding one of
+/// everything, and a connection of the test's own to write beneath it.
+async fn populated(
+    url: &str,
+    test: &str,
+) -> Result<(String, RedisStore, MultiplexedConnection), CaseError> {
+    let prefix = unique_prefix(test);
+    let store = store_at(url, RedisOptions::default().prefix(&prefix)).await?;
+    populate_one_of_everything(&store).await?;
+    let conn = redis::Client::open(url)
+        .or_fail()?
+        .get_multiplexed_async_connection()
+        .await
+        .or_fail()?;
+    Ok((prefix, store, conn))
+}
+
 #[watukuy_testenv::requires(redis, or_cfg(feature = "testcontainers"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anything_in_any_field_of_any_key_is_read_or_corrupt() {
     with_server("foreign_rows", |server| async move {
-        let prefix = unique_prefix("foreign_rows");
-        let store = store_at(&server.url, RedisOptions::default().prefix(&prefix)).await?;
-        let mut conn = redis::Client::open(server.url.as_str())
-            .or_fail()?
-            .get_multiplexed_async_connection()
-            .await
-            .or_fail()?;
-        populate_one_of_everything(&store).await?;
+        let (prefix, store, mut conn) = populated(&server.url, "foreign_rows").await?;
         let strategy = target_change(targets(&mut conn, &prefix).await?);
         let handle = tokio::runtime::Handle::current();
         let mut runner = TestRunner::new(Config {
@@ -282,14 +292,7 @@ async fn anything_in_any_field_of_any_key_is_read_or_corrupt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_of_another_type_read_through_a_pipeline_is_corrupt() {
     with_server("foreign_rows_pipeline", |server| async move {
-        let prefix = unique_prefix("foreign_rows_pipeline");
-        let store = store_at(&server.url, RedisOptions::default().prefix(&prefix)).await?;
-        populate_one_of_everything(&store).await?;
-        let mut conn = redis::Client::open(server.url.as_str())
-            .or_fail()?
-            .get_multiplexed_async_connection()
-            .await
-            .or_fail()?;
+        let (prefix, store, mut conn) = populated(&server.url, "foreign_rows_pipeline").await?;
         for part in ["{keys}:partitions:orders", "p:{orders:}:items"] {
             let target = Target::Key(format!("{prefix}{part}"));
             if let Some(pipe) = commands(&mut conn, &target, &Change::Retype("string")).await? {
