@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
-use common::{example, failing};
+use common::{example, parked_example};
 use serde_json::{Value, json};
 use tower::ServiceExt as _;
 use watukuy_admin::{AdminState, Mode, health_router, router};
@@ -100,10 +100,7 @@ async fn the_page_is_plain_html_with_a_strict_policy() {
 
 #[tokio::test]
 async fn an_engine_page_shows_pollers_and_parked_rows_and_retries_in_read_write_mode() {
-    let store = memory();
-    let consumer = failing(&["item-002"]);
-    let (world, engine) = example(3, &store, &consumer);
-    world.tick(&engine).await.unwrap();
+    let (store, consumer, world, engine) = parked_example(3, &["item-002"]).await;
     let app = router(AdminState::new(engine.clone(), Arc::clone(&store)).mode(Mode::ReadWrite));
 
     let info = send(&app, get("/api/info")).await;
@@ -172,10 +169,7 @@ async fn an_engine_page_shows_pollers_and_parked_rows_and_retries_in_read_write_
 
 #[tokio::test]
 async fn read_only_is_the_default_and_refuses_changes() {
-    let store = memory();
-    let consumer = failing(&["item-001"]);
-    let (world, engine) = example(1, &store, &consumer);
-    world.tick(&engine).await.unwrap();
+    let (store, _consumer, _world, engine) = parked_example(1, &["item-001"]).await;
     let app = router(AdminState::new(engine, Arc::clone(&store)));
     assert_eq!(send(&app, get("/api/info")).await.body["mode"], "read-only");
     for action in ["retry", "discard"] {
@@ -275,10 +269,7 @@ async fn bad_requests_are_json_errors() {
 
 #[tokio::test]
 async fn a_store_alone_shows_every_key_and_operates_on_the_store() {
-    let store = memory();
-    let consumer = failing(&["item-001", "item-002"]);
-    let (world, engine) = example(2, &store, &consumer);
-    world.tick(&engine).await.unwrap();
+    let (store, consumer, world, engine) = parked_example(2, &["item-001", "item-002"]).await;
     store
         .save_state_unfenced(
             &PKey::new("tenants", "acme"),

@@ -9,12 +9,11 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
-use common::{example, failing};
+use common::parked_example;
 use proptest::prelude::*;
 use tower::ServiceExt as _;
 use watukuy_admin::{AdminState, Mode, router};
 use watukuy_core::store::{ParkedQuery, Store};
-use watukuy_store_memory::MemoryStore;
 use watukuy_testkit::world::key;
 
 const TOKEN: &str = "s3cret";
@@ -119,10 +118,8 @@ fn every_request_is_answered_below_500_and_nothing_moves_without_the_token() {
         .build()
         .expect("a runtime");
     let (app, store): (Router, Arc<dyn Store>) = runtime.block_on(async {
-        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-        let consumer = failing(&["item-001", "item-002", "item-003"]);
-        let (world, engine) = example(3, &store, &consumer);
-        world.tick(&engine).await.expect("a tick");
+        let (store, _consumer, world, _engine) =
+            parked_example(3, &["item-001", "item-002", "item-003"]).await;
         let app = router(
             AdminState::from_store(Arc::clone(&store))
                 .clock(Arc::new(world.clock.clone()))

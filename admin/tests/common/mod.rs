@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use watukuy_core::{Engine, store::Store};
+use watukuy_store_memory::MemoryStore;
 use watukuy_testkit::world::Consumer;
 use watukuy_testkit::world::World;
 
@@ -22,4 +23,17 @@ pub fn example(items: usize, store: &Arc<dyn Store>, consumer: &Consumer) -> (Wo
         .consumer_engine(Arc::clone(store), consumer, 11)
         .expect("engine");
     (world, engine)
+}
+
+/// An example of `items` items on a new memory store, ticked once with a consumer failing
+/// `failing_subjects`: their events are parked as poison.
+pub async fn parked_example(
+    items: usize,
+    failing_subjects: &[&str],
+) -> (Arc<dyn Store>, Consumer, World, Engine) {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let consumer = failing(failing_subjects);
+    let (world, engine) = example(items, &store, &consumer);
+    world.tick(&engine).await.expect("a tick");
+    (store, consumer, world, engine)
 }
