@@ -832,3 +832,32 @@ async fn requests_charge_the_budget_before_sending() {
     assert_eq!(*outcome.lock().unwrap(), Some(ErrorCode::BudgetTimeout));
     assert_eq!(server.seen().len(), 2, "the third request was never sent");
 }
+
+/// `max_body_bytes`: a success body of exactly the cap is read whole; one byte more fails the
+/// request with an error naming the limit, and its body never reaches a parser.
+#[tokio::test]
+async fn a_success_body_past_the_cap_fails_naming_the_limit() {
+    let server = Server::start(|seen: &Seen| {
+        let size = seen
+            .query("size")
+            .and_then(|size| size.parse().ok())
+            .unwrap_or(0);
+        Reply::status(200)
+            .header("content-type", "application/json")
+            .body(vec![b' '; size])
+    })
+    .await;
+    let http = HttpClient::builder().max_body_bytes(1024).build().unwrap();
+    let ctx = context(None);
+    let at_cap = server.get(&http, &ctx, "/body?size=1024").await.unwrap();
+    assert_eq!(at_cap.bytes().unwrap().len(), 1024);
+    let error = server
+        .get(&http, &ctx, "/body?size=1025")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, Error::Http { status: None, message: Some(m), .. }
+            if m.ends_with("larger than the limit of 1024 bytes")),
+        "{error:?}"
+    );
+}
