@@ -127,6 +127,16 @@ async fn an_engine_page_shows_pollers_and_parked_rows_and_retries_in_read_write_
     let invalid_only = send(&app, get("/api/pollers/items/parked?kind=invalid")).await;
     assert_eq!(invalid_only.body, json!([]));
 
+    // An operation the parked rows do not take is not found, and changes nothing.
+    let unknown = send(
+        &app,
+        post("/api/pollers/items/parked/requeue", &json!({ "ids": [id] })),
+    )
+    .await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    assert_eq!(unknown.body["error"]["code"], "NOT_FOUND");
+    assert_eq!(store.counts(&key()).await.map(|c| c.parked).unwrap(), 1);
+
     consumer.heal();
     let retried = send(
         &app,
@@ -141,15 +151,6 @@ async fn an_engine_page_shows_pollers_and_parked_rows_and_retries_in_read_write_
     world.tick(&engine).await.unwrap();
     assert!(consumer.delivered_ids().contains(&id));
     assert_eq!(store.counts(&key()).await.map(|c| c.pending).unwrap(), 0);
-
-    // An operation the parked rows do not take is not found, and changes nothing.
-    let unknown = send(
-        &app,
-        post("/api/pollers/items/parked/requeue", &json!({ "ids": [id] })),
-    )
-    .await;
-    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
-    assert_eq!(unknown.body["error"]["code"], "NOT_FOUND");
 
     // Discarding what is no longer parked is refused, naming the id (as the command line does).
     let discarded = send(

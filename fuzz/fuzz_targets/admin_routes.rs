@@ -3,8 +3,8 @@
 //!
 //! The input is a request as text: `METHOD target` on the first line, the `Content-Type` on the
 //! second and the `Authorization` on the third (an empty line: no such header), the body after.
-//! Each input gets a fresh memory store whose key `orders` holds two poison rows and one
-//! quarantined item.
+//! Each input gets a fresh memory store holding one of everything (`populate_one_of_everything`):
+//! on key `orders`, the poison row `evt-2` and the quarantined item `invalid:x`.
 #![no_main]
 
 use std::sync::Arc;
@@ -14,35 +14,20 @@ use axum::http::{Method, Request, StatusCode, header};
 use libfuzzer_sys::fuzz_target;
 use tower::ServiceExt as _;
 use watukuy_admin::{AdminState, Mode, router};
-use watukuy_conformance::cases::fixtures::{NODE_A, acquire, event, invalid, key, poison};
+use watukuy_conformance::cases::fixtures::{key, populate_one_of_everything};
 use watukuy_core::clock::ManualClock;
-use watukuy_core::store::{CommitBatch, ParkedQuery, StatePatch, Store};
+use watukuy_core::store::{ParkedQuery, Store};
 use watukuy_fuzz::block_on;
 use watukuy_store_memory::MemoryStore;
 use watukuy_testkit::T0;
 
 const TOKEN: &str = "s3cret";
 
-/// A memory store holding parked rows of every kind on `orders`.
-async fn parked_store() -> Arc<dyn Store> {
+/// A memory store holding one of everything on `orders`, a poison row and a quarantined item
+/// among them.
+async fn populated() -> Arc<dyn Store> {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let key = key();
-    let lease = acquire(&*store, &key, NODE_A, T0).await.expect("memory");
-    let batch = CommitBatch::default()
-        .state_patch(StatePatch {
-            sequence: Some(2),
-            updated_at: Some(T0),
-            ..StatePatch::default()
-        })
-        .parked(vec![
-            poison(event(&key, "evt-1", 1, "o1"), Some("o1"), T0),
-            poison(event(&key, "evt-2", 2, "o2"), Some("o2"), T0),
-            invalid("invalid:o3", r#"{"id":"o3","total":"x"}"#, T0),
-        ]);
-    store
-        .commit_poll(&key, &lease, &batch)
-        .await
-        .expect("memory");
+    populate_one_of_everything(&*store).await.expect("memory");
     store
 }
 
@@ -83,7 +68,8 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     block_on(async {
-        let store = parked_store().await;
+        let store = populated().await;
+        let before = parked(&*store).await;
         let app = router(
             AdminState::from_store(Arc::clone(&store))
                 .clock(Arc::new(ManualClock::new(T0)))
@@ -99,7 +85,7 @@ fuzz_target!(|data: &[u8]| {
         if !authorized {
             assert_eq!(
                 parked(&*store).await,
-                3,
+                before,
                 "{text:?} moved rows without the token"
             );
         }
